@@ -1,0 +1,720 @@
+"""The broker: destinations, subscriptions and the publish path.
+
+How this works. ``publish`` is the one path every message takes, whoever sent it (an
+in-process client, an adapter connection, a transport): stamp → route → store → confirm.
+
+* *Stamp*: message id, timestamp and trace id when absent; the destination's
+  ``expiration`` override (seed L2334-2352) and ``sender_name`` (seed L2844-2888).
+* *Route*: a topic message goes to every subscription whose pattern matches the topic name
+  (the :class:`~gateway.subindex.SubIndex`; matching never delivers), then each
+  subscription's no-local and selector test; a queue message goes to its one queue. Limits
+  and ``overflowPolicy`` are applied per subscription or per queue (seed L2566-2653).
+* *Store*: a PERSISTENT message is written when it lands on a queue or on a durable
+  subscription (seed L1190-1240); the producer's confirmation waits for the group commit
+  that makes it durable. NON_PERSISTENT and RELIABLE messages are never written.
+* *Confirm*: ``publish`` returns ``None`` when the message is accepted and nothing needs to
+  be waited for, or a future that resolves when it is durable and, with flow control on,
+  when the destination has drained below its ``flowControl`` limit (seed L3392-3398).
+
+Destinations are created on first use only when a ``topics.conf``/``queues.conf`` entry
+matches (seed L3113-3148). Temporary destinations belong to their connection and vanish
+with it. Undeliverable messages (expired, past ``maxRedelivery``) go to
+``$sys.undelivered`` when they carry ``JMS_GW_PRESERVE_UNDELIVERED``, otherwise they are
+dropped and logged (seed L1004-1032).
+
+Runs on the loop; never awaits. See ``gateway/README.md`` for what owns which state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from gateway.errors import (
+    IllegalStateError,
+    InvalidDestinationError,
+    LimitExceededError,
+    SecurityError,
+)
+from gateway.message import (
+    PROP_DISABLE_SENDER,
+    PROP_PRESERVE_UNDELIVERED,
+    PROP_SENDER,
+    QUEUE,
+    TEMP_PREFIX,
+    TOPIC,
+    DeliveryMode,
+    Destination,
+    Message,
+    estimate_size,
+)
+from gateway import subject
+from gateway.endpoint import Endpoint, QueueEndpoint, Subscription
+from gateway.subindex import SubIndex
+
+log = logging.getLogger("gateway.broker")
+trace_log = logging.getLogger("gateway.trace")
+
+UNDELIVERED = "$sys.undelivered"
+PERSISTENT = DeliveryMode.PERSISTENT
+RELIABLE = DeliveryMode.RELIABLE
+SWEEP_INTERVAL = 1.0  # seconds between expiry sweeps
+
+
+class Topic:
+    """A topic that exists on this gateway (static, dynamic or temporary)."""
+
+    __slots__ = ("name", "props", "owner", "static", "stats_in", "dest", "dest_text")
+
+    def __init__(self, name: str, props: Any, *, static: bool, owner: Any = None) -> None:
+        self.name = name
+        self.props = props
+        self.owner = owner
+        self.static = static
+        self.stats_in = 0
+        self.dest = Destination.topic(name)
+        self.dest_text = str(self.dest)
+
+
+class Broker:
+    """The JMS-style core. Create inside a running event loop, then :meth:`start`."""
+
+    def __init__(self, config: Any, store: Any, dlog: Any, *, gateway_id: str | None = None) -> None:
+        self.config = config
+        gw = config.gateway
+        self.name: str = gw.server
+        self.id = gateway_id or f"{self.name}-{uuid.uuid4().hex[:8]}"
+        self.store = store
+        self.dlog = dlog
+        self.log_enabled = bool(getattr(dlog, "enabled", False))
+        self.loop = asyncio.get_running_loop()
+        self.flow_control = bool(gw.flow_control)
+        self.authorization = bool(gw.authorization)
+        self.max_memory = int(gw.max_msg_memory)
+        self.max_msg_size = int(gw.max_client_msg_size)
+        self.memory = 0
+        self.topics: dict[str, Topic] = {}
+        self.queues: dict[str, QueueEndpoint] = {}
+        self.subs = SubIndex()
+        self.durables: dict[str, Subscription] = {}
+        self.shared: dict[str, Subscription] = {}
+        self.connections: dict[str, Any] = {}
+        self._conn_ids = itertools.count(1)
+        self._msg_seq = itertools.count(1)
+        self._temp_seq = itertools.count(1)
+        self._msg_prefix = f"ID:{self.name}.{os.getpid():x}{uuid.uuid4().hex[:6]}:"
+        self._trace_prefix = f"{self.id}:"
+        self._dest_text: dict[Destination, str] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+        self.stats = {"published": 0, "rejected": 0, "dropped": 0, "expired": 0, "undelivered": 0}
+        self.closed = False
+        self.hooks_publish: list[Callable[[Message, Any], None]] = []
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    def start(self, recovered: Any = None) -> None:
+        """Recover what the store returned at open and start the timers."""
+        from gateway.recovery import recover
+
+        self._ensure_queue(UNDELIVERED, system=True)
+        if recovered is not None:
+            recover(self, recovered)
+        self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+
+    def close(self) -> None:
+        """Stop timers; the caller flushes the store and the delivery log afterwards."""
+        self.closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for conn in list(self.connections.values()):
+            conn.close()
+        for ep in self._all_endpoints():
+            ep.closed = True
+            if ep.held_timer is not None:
+                ep.held_timer.cancel()
+
+    def now(self) -> int:
+        return int(time.time() * 1000)
+
+    def call_at_ms(self, due_ms: int, fn: Callable[[], None]) -> asyncio.TimerHandle:
+        delay = max(0.0, (due_ms - time.time() * 1000) / 1000.0)
+        return self.loop.call_later(delay, fn)
+
+    def dest_text(self, dest: Destination) -> str:
+        t = self._dest_text.get(dest)
+        if t is None:
+            if len(self._dest_text) > 100_000:
+                self._dest_text.clear()
+            t = self._dest_text[dest] = str(dest)
+        return t
+
+    def _sweep(self) -> None:
+        now = self.now()
+        for ep in self._all_endpoints():
+            if ep.expiring:
+                ep.sweep_expired(now)
+        if not self.closed:
+            self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+
+    def _all_endpoints(self) -> list[Endpoint]:
+        eps: list[Endpoint] = list(self.queues.values())
+        eps.extend(self.durables.values())
+        eps.extend(self.shared.values())
+        for conn in self.connections.values():
+            eps.extend(conn.subscriptions)
+        return eps
+
+    # -- connections ----------------------------------------------------------------------
+
+    def connect(
+        self,
+        *,
+        client_id: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        kind: str = "CLIENT",
+        authenticated: bool = False,
+        protocol: str = "inproc",
+        address: str = "",
+    ) -> Any:
+        """Open a connection (the one client seam for adapters, transports and tests).
+
+        ``authenticated=True`` means the caller (an adapter that did its own SASL or TLS
+        client-certificate check) already verified ``user``.
+
+        Raises:
+            SecurityError: bad credentials, or anonymous access not allowed.
+            IllegalStateError: the client id is already connected.
+        """
+        from gateway.client import Connection
+
+        security = self.config.security
+        if not authenticated:
+            if user is None:
+                if not self.config.gateway.allow_anonymous:
+                    raise SecurityError("anonymous connections are not allowed")
+            elif not security.authenticate(user, password or ""):
+                raise SecurityError(f"authentication failed for user {user!r}")
+        if client_id is not None:
+            for c in self.connections.values():
+                if c.client_id == client_id:
+                    raise IllegalStateError(f"client id {client_id!r} is already connected")
+        cid = f"{self.name}:{next(self._conn_ids)}"
+        conn = Connection(self, cid, client_id=client_id, user=user, kind=kind, protocol=protocol,
+                          address=address)
+        self.connections[cid] = conn
+        return conn
+
+    def disconnected(self, conn: Any) -> None:
+        self.connections.pop(conn.id, None)
+        for name in list(conn.temp_queues):
+            self.delete_temporary(Destination.queue(name))
+        for name in list(conn.temp_topics):
+            self.delete_temporary(Destination.topic(name))
+
+    # -- destinations ---------------------------------------------------------------------
+
+    def topic(self, name: str, *, create: bool = True) -> Topic:
+        """The topic ``name``, created if its name matches a topics.conf entry.
+
+        Raises:
+            InvalidDestinationError: bad name, wildcard, or creation not allowed (seed L3063-3071).
+        """
+        t = self.topics.get(name)
+        if t is not None:
+            return t
+        system = name.startswith("$")
+        subject.validate(name, system=system)
+        if name.startswith(TEMP_PREFIX):
+            raise InvalidDestinationError(f"temporary topic {name!r} does not exist")
+        props = self.config.topics.resolve(name)
+        if props is None or not create:
+            raise InvalidDestinationError(
+                f"topic {name!r} does not exist and no topics.conf entry allows creating it"
+            )
+        t = Topic(name, props, static=self.config.topics.is_static(name))
+        self.topics[name] = t
+        return t
+
+    def queue(self, name: str, *, create: bool = True) -> QueueEndpoint:
+        """The queue ``name``, created if its name matches a queues.conf entry (seed L3077-3088)."""
+        q = self.queues.get(name)
+        if q is not None:
+            return q
+        if name.startswith(TEMP_PREFIX):
+            raise InvalidDestinationError(f"temporary queue {name!r} does not exist")
+        if name.startswith("$"):
+            raise InvalidDestinationError(f"queue {name!r} is reserved")
+        subject.validate(name)
+        props = self.config.queues.resolve(name)
+        if props is None or not create:
+            raise InvalidDestinationError(
+                f"queue {name!r} does not exist and no queues.conf entry allows creating it"
+            )
+        return self._ensure_queue(name, props=props)
+
+    def _ensure_queue(self, name: str, *, props: Any = None, system: bool = False,
+                      owner: Any = None) -> QueueEndpoint:
+        q = self.queues.get(name)
+        if q is not None:
+            return q
+        if props is None:
+            props = self.config.queues.resolve(name) if not system else None
+            if props is None:
+                props = self.config.queues.default_props()
+        q = QueueEndpoint(self, name, props, owner=owner)
+        self.queues[name] = q
+        return q
+
+    def create_temporary(self, conn: Any, kind: int) -> Destination:
+        """A new temporary topic or queue owned by ``conn`` (seed L1992-2134)."""
+        name = f"{TEMP_PREFIX}{self.name}.{next(self._temp_seq)}"
+        if kind == QUEUE:
+            self._ensure_queue(name, props=self.config.queues.default_props(), owner=conn)
+            conn.temp_queues.add(name)
+            return Destination.queue(name)
+        self.topics[name] = Topic(name, self.config.topics.default_props(), static=False, owner=conn)
+        conn.temp_topics.add(name)
+        return Destination.topic(name)
+
+    def delete_temporary(self, dest: Destination) -> None:
+        if dest.kind == QUEUE:
+            q = self.queues.pop(dest.name, None)
+            if q is not None:
+                q.closed = True
+                q.purge()
+                if q.owner is not None:
+                    q.owner.temp_queues.discard(dest.name)
+        else:
+            t = self.topics.pop(dest.name, None)
+            if t is not None and t.owner is not None:
+                t.owner.temp_topics.discard(dest.name)
+
+    def resolve_for_send(self, dest: Destination) -> Topic | QueueEndpoint:
+        if dest.kind == TOPIC:
+            return self.topic(dest.name)
+        return self.queue(dest.name)
+
+    # -- security -------------------------------------------------------------------------
+
+    def check(self, conn: Any, kind: str, name: str, perm: str, props: Any) -> None:
+        """Raise SecurityError unless ``conn`` may do ``perm`` on the destination.
+
+        Permissions are checked only with ``authorization`` on and on ``secure``
+        destinations (seed L2817-2842).
+        """
+        if not self.authorization or props is None or not props.secure or conn.kind != "CLIENT":
+            return
+        if not self.config.security.check(conn.user, kind, name, perm):
+            raise SecurityError(f"user {conn.user!r} may not {perm} on {kind} {name!r}")
+
+    # -- publish --------------------------------------------------------------------------
+
+    def stamp(self, msg: Message, conn: Any, now: int) -> None:
+        """Give a message entering the gateway its id, timestamp and trace id."""
+        seq = next(self._msg_seq)
+        if msg.message_id is None:
+            msg.message_id = self._msg_prefix + str(seq)
+        if not msg.timestamp:
+            msg.timestamp = now
+        if msg.trace_id is None:
+            msg.trace_id = self._trace_prefix + str(seq)
+            msg.origin = self.id
+        if conn is not None:
+            msg.producer_conn = conn.id
+        if not msg.size:
+            msg.size = estimate_size(msg)
+
+    def publish(self, msg: Message, conn: Any = None) -> asyncio.Future[None] | None:
+        """Route one message; see the module docstring. ``msg.destination`` must be set.
+
+        Returns ``None`` or a future to wait on before confirming to the producer.
+
+        Raises:
+            InvalidDestinationError, SecurityError, LimitExceededError: the message was not
+            accepted (never raised for RELIABLE messages, which are dropped and logged,
+            seed L1167-1189).
+        """
+        now = self.now()
+        if msg.message_id is None or msg.trace_id is None or not msg.size:
+            self.stamp(msg, conn, now)
+        try:
+            return self._publish(msg, conn, now)
+        except (InvalidDestinationError, SecurityError, LimitExceededError) as exc:
+            self.stats["rejected"] += 1
+            if self.log_enabled:
+                self.dlog.record("reject", msg, str(msg.destination), conn.id if conn else None,
+                                 0, exc.reason)
+            if msg.delivery_mode == RELIABLE:
+                return None
+            raise
+
+    def _publish(self, msg: Message, conn: Any, now: int) -> asyncio.Future[None] | None:
+        dest = msg.destination
+        if dest is None:
+            raise InvalidDestinationError("message has no destination")
+        if self.max_msg_size and msg.size > self.max_msg_size:
+            raise LimitExceededError(
+                f"message of {msg.size} bytes exceeds max_client_msg_size {self.max_msg_size}"
+            )
+        if self.max_memory and self.memory + msg.size > self.max_memory:
+            raise LimitExceededError("server message memory limit (max_msg_memory) reached")
+        if dest.kind == TOPIC:
+            target: Topic | QueueEndpoint = self.topic(dest.name)
+        else:
+            target = self.queue(dest.name)
+        props = target.props
+        if conn is not None:
+            if conn.kind == "CLIENT" and self.authorization and props is not None and props.secure:
+                self.check(conn, "topic" if dest.kind == TOPIC else "queue", dest.name,
+                           "publish" if dest.kind == TOPIC else "send", props)
+            if props is not None and (props.sender_name or props.sender_name_enforced):
+                if props.sender_name_enforced or not msg.properties.get(PROP_DISABLE_SENDER):
+                    msg.properties[PROP_SENDER] = conn.user or "anonymous"
+        if props is not None and props.expiration_ms:
+            msg.expires_at = now + props.expiration_ms
+            msg.expiration = 0
+        elif msg.expiration:
+            msg.expires_at = msg.expiration
+        self.stats["published"] += 1
+        if self.log_enabled:
+            self.dlog.record("publish", msg, self.dest_text(dest), conn.id if conn else None)
+        if props is not None and props.trace:
+            trace_log.info("received %s on %s from %s", msg.message_id, dest,
+                           conn.id if conn else "-")
+        for hook in self.hooks_publish:
+            hook(msg, conn)
+        if dest.kind == TOPIC:
+            return self._route_topic(target, msg, now)  # type: ignore[arg-type]
+        return self._route_queue(target, msg, now)  # type: ignore[arg-type]
+
+    def _route_topic(self, topic: Topic, msg: Message, now: int) -> asyncio.Future[None] | None:
+        topic.stats_in += 1
+        subs = self.subs.match(topic.name)
+        if not subs:
+            return None
+        props = topic.props
+        maxmsgs = props.maxmsgs
+        maxbytes = props.maxbytes
+        limited = maxmsgs or maxbytes
+        policy = props.overflow_policy.name if limited else "DEFAULT"
+        if policy == "DEFAULT" and limited and msg.delivery_time > now:
+            # With delivery delay a topic's default policy behaves like a queue (seed L2617-2620).
+            policy = "REJECT_INCOMING"
+        if policy == "REJECT_INCOMING":
+            for s in subs:
+                if _over(s, msg, maxmsgs, maxbytes):  # type: ignore[arg-type]
+                    raise LimitExceededError(
+                        f"topic {topic.name!r}: a subscriber is at its limit (rejectIncoming)"
+                    )
+        persistent = msg.delivery_mode == PERSISTENT
+        stored = False
+        store = self.store
+        for s in subs:
+            sub: Subscription = s  # type: ignore[assignment]
+            if (sub.no_local or sub.selector is not None) and not sub.accepts(msg):
+                continue
+            if limited and _over(sub, msg, maxmsgs, maxbytes):
+                if policy == "DISCARD_OLD":
+                    while _over(sub, msg, maxmsgs, maxbytes) and sub.discard_oldest():
+                        pass
+                else:
+                    # default: this subscriber misses the message; others get it (seed L2609-2611).
+                    self.stats["dropped"] += 1
+                    if self.log_enabled:
+                        self.dlog.record("drop", msg, self.dest_text(sub.dest), None, 0, "exceeded")
+                    continue
+            if persistent and sub.durable:
+                if not msg.store_id:
+                    store.put_message(msg)
+                msg.refs += 1
+                store.add_entry(sub.key, msg.store_id, 0)
+                stored = True
+            self.memory += msg.size
+            sub.put(msg, now)
+        if stored:
+            return self._commit_future()
+        return None
+
+    def _route_queue(self, q: QueueEndpoint, msg: Message, now: int) -> asyncio.Future[None] | None:
+        props = q.props
+        if props.maxmsgs or props.maxbytes:
+            if _over(q, msg, props.maxmsgs, props.maxbytes):
+                if props.overflow_policy.name == "DISCARD_OLD":
+                    while _over(q, msg, props.maxmsgs, props.maxbytes) and q.discard_oldest():
+                        pass
+                else:
+                    raise LimitExceededError(
+                        f"queue {q.name!r} is full (maxmsgs={props.maxmsgs}, "
+                        f"maxbytes={props.maxbytes})"
+                    )
+        fut: asyncio.Future[None] | None = None
+        if msg.delivery_mode == PERSISTENT:
+            store = self.store
+            if not q.stored:
+                store.put_endpoint(q.key, {"type": "queue", "name": q.name})
+                q.stored = True
+            if not msg.store_id:
+                store.put_message(msg)
+            msg.refs += 1
+            store.add_entry(q.key, msg.store_id, 0)
+            fut = self._commit_future()
+        self.memory += msg.size
+        q.put(msg, now)
+        if q.flow_limit and q.bytes >= q.flow_limit and q.consumers:
+            flow = self.loop.create_future()
+            q.flow_waiters.append(flow)
+            if fut is None:
+                return flow
+            return _both(self.loop, fut, flow)
+        return fut
+
+    def _commit_future(self) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = self.loop.create_future()
+
+        def done() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        def failed(exc: BaseException) -> None:
+            if not fut.done():
+                fut.set_exception(exc)
+
+        self.store.commit(done, failed)
+        return fut
+
+    def release_flow(self, ep: Endpoint) -> None:
+        waiters, ep.flow_waiters = ep.flow_waiters, []
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
+
+    def unstore(self, ep: Endpoint, msg: Message) -> None:
+        """Remove ``msg`` from ``ep`` in the store; the message row goes with its last entry."""
+        store = self.store
+        store.remove_entry(ep.key, msg.store_id)
+        msg.refs -= 1
+        if msg.refs <= 0:
+            store.delete_message(msg.store_id)
+            msg.store_id = 0
+        store.commit(None)
+
+    def undeliverable(self, msg: Message, ep: Endpoint, reason: str, count: int) -> None:
+        """An expired or over-delivered message: to ``$sys.undelivered`` or dropped (seed L1004-1032)."""
+        if reason == "expired":
+            self.stats["expired"] += 1
+        if msg.properties.get(PROP_PRESERVE_UNDELIVERED) and ep.key != "queue:" + UNDELIVERED:
+            q = self.queues[UNDELIVERED]
+            copy = msg.copy()
+            copy.expires_at = 0
+            copy.expiration = 0
+            copy.size = msg.size
+            self.stats["undelivered"] += 1
+            if self.log_enabled:
+                self.dlog.record("undeliverable", msg, self.dest_text(ep.dest), None, count, reason)
+            if msg.delivery_mode == PERSISTENT:
+                if not q.stored:
+                    self.store.put_endpoint(q.key, {"type": "queue", "name": q.name})
+                    q.stored = True
+                self.store.put_message(copy)
+                copy.refs = 1
+                self.store.add_entry(q.key, copy.store_id, 0)
+                self.store.commit(None)
+            self.memory += copy.size
+            q.put(copy, self.now())
+            return
+        self.stats["dropped"] += 1
+        if self.log_enabled:
+            self.dlog.record("expire" if reason == "expired" else "drop", msg,
+                             self.dest_text(ep.dest), None, count, reason)
+        log.debug("dropped %s from %s: %s", msg.message_id, ep.key, reason)
+
+    # -- subscriptions --------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        conn: Any,
+        pattern: str,
+        *,
+        durable_name: str | None = None,
+        shared_name: str | None = None,
+        selector: Any = None,
+        no_local: bool = False,
+        parent_match: bool = False,
+    ) -> Subscription:
+        """Find or create the subscription a new topic consumer attaches to (seed L443-510).
+
+        Raises:
+            InvalidDestinationError: a bad pattern, or a temporary topic of another connection.
+            IllegalStateError: an unshared durable already has an active consumer, or a
+                shared and an unshared subscription clash on one name.
+        """
+        subject.validate(pattern, wildcards=True, system=pattern.startswith("$"))
+        if pattern.startswith(TEMP_PREFIX):
+            t = self.topics.get(pattern)
+            if t is None:
+                raise InvalidDestinationError(f"temporary topic {pattern!r} does not exist")
+            if t.owner is not conn:
+                raise InvalidDestinationError("only the connection that created a temporary "
+                                              "topic may consume from it")
+        if not subject.is_wildcard(pattern) and not pattern.startswith(TEMP_PREFIX):
+            props = self.config.topics.resolve(pattern)
+        else:
+            props = self._subscribe_props(pattern)
+        if conn.kind == "CLIENT" and self.authorization:
+            self.check(conn, "topic", pattern, "subscribe", props)
+            if durable_name is not None:
+                self.check(conn, "topic", pattern, "durable", props)
+        sel_text = selector.text if selector is not None else None
+        if durable_name is not None:
+            key = f"sub:{conn.client_id or ''}:{durable_name}"
+            sub = self.durables.get(key)
+            shared = shared_name is not None
+            if sub is not None:
+                old_sel = sub.selector.text if sub.selector is not None else None
+                if sub.shared != shared:
+                    raise IllegalStateError(
+                        f"durable subscription {durable_name!r} exists and is "
+                        f"{'shared' if sub.shared else 'not shared'}"
+                    )
+                if not shared and sub.consumers:
+                    raise IllegalStateError(
+                        f"durable subscription {durable_name!r} already has an active consumer"
+                    )
+                if sub.pattern != pattern or old_sel != sel_text or sub.no_local != no_local:
+                    if sub.consumers:
+                        raise IllegalStateError(
+                            f"durable subscription {durable_name!r} is in use with another "
+                            "topic or selector"
+                        )
+                    # JMS: changing topic or selector replaces the durable subscription.
+                    self._drop_subscription(sub)
+                    sub = None
+            if sub is None:
+                if conn.client_id is None and not shared:
+                    raise IllegalStateError("an unshared durable subscription needs a client id")
+                sub = Subscription(self, key, pattern, durable=True, shared=shared,
+                                   name=durable_name, client_id=conn.client_id, selector=selector,
+                                   no_local=no_local, owner=conn if no_local else None,
+                                   parent_match=parent_match)
+                self.durables[key] = sub
+                self.subs.insert(pattern, sub, parent_match=parent_match)
+                self.store.put_endpoint(key, sub.definition())
+                self.store.commit(None)
+            elif no_local:
+                sub.owner = conn
+            return sub
+        if shared_name is not None:
+            key = f"shared:{conn.client_id or ''}:{shared_name}"
+            sub = self.shared.get(key)
+            if sub is not None:
+                return sub
+            sub = Subscription(self, key, pattern, durable=False, shared=True, name=shared_name,
+                               client_id=conn.client_id, selector=selector, no_local=no_local,
+                               owner=conn if no_local else None, parent_match=parent_match)
+            self.shared[key] = sub
+            self.subs.insert(pattern, sub, parent_match=parent_match)
+            return sub
+        key = f"nd:{conn.id}:{next(self._temp_seq)}"
+        sub = Subscription(self, key, pattern, durable=False, shared=False, name=None,
+                           client_id=conn.client_id, selector=selector, no_local=no_local,
+                           owner=conn, parent_match=parent_match)
+        self.subs.insert(pattern, sub, parent_match=parent_match)
+        conn.subscriptions.append(sub)
+        return sub
+
+    def _subscribe_props(self, pattern: str) -> Any:
+        """Properties that govern a wildcard subscription: those of the entries it falls under."""
+        t = self.topics.get(pattern)
+        if t is not None:
+            return t.props
+        props = self.config.topics.resolve(pattern)
+        return props if props is not None else self.config.topics.default_props()
+
+    def consumer_gone(self, sub: Subscription) -> None:
+        """The last consumer left ``sub``: a non-durable subscription ends with it."""
+        if sub.durable or sub.consumers:
+            return
+        if sub.shared:
+            self.shared.pop(sub.key, None)
+        elif sub.owner is not None and sub in sub.owner.subscriptions:
+            sub.owner.subscriptions.remove(sub)
+        self._drop_subscription(sub)
+
+    def _drop_subscription(self, sub: Subscription) -> None:
+        self.subs.remove(sub.pattern, sub, parent_match=sub.parent_match)
+        sub.closed = True
+        if sub.held_timer is not None:
+            sub.held_timer.cancel()
+        sub.purge()
+        if sub.durable:
+            self.durables.pop(sub.key, None)
+            self.store.delete_endpoint(sub.key)
+            self.store.commit(None)
+
+    def unsubscribe(self, conn: Any, name: str) -> None:
+        """Delete a durable subscription (JMS ``Session.unsubscribe``).
+
+        Raises:
+            InvalidDestinationError: no such durable subscription.
+            IllegalStateError: it still has an active consumer.
+        """
+        key = f"sub:{conn.client_id or ''}:{name}"
+        sub = self.durables.get(key)
+        if sub is None:
+            raise InvalidDestinationError(f"no durable subscription named {name!r}")
+        if sub.consumers:
+            raise IllegalStateError(f"durable subscription {name!r} has an active consumer")
+        self._drop_subscription(sub)
+
+    def purge_queue(self, name: str) -> int:
+        q = self.queues.get(name)
+        if q is None:
+            raise InvalidDestinationError(f"no queue named {name!r}")
+        n = q.purge()
+        self.store.commit(None)
+        return n
+
+    # -- admin views ----------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "id": self.id,
+            "connections": len(self.connections),
+            "topics": len(self.topics),
+            "queues": len(self.queues),
+            "durables": len(self.durables),
+            "subscriptions": len(self.subs),
+            "memory": self.memory,
+            **self.stats,
+        }
+
+
+def _over(ep: Endpoint, msg: Message, maxmsgs: int, maxbytes: int) -> bool:
+    return bool((maxmsgs and ep.count >= maxmsgs) or (maxbytes and ep.bytes + msg.size > maxbytes))
+
+
+def _both(loop: asyncio.AbstractEventLoop, a: asyncio.Future[None],
+          b: asyncio.Future[None]) -> asyncio.Future[None]:
+    out: asyncio.Future[None] = loop.create_future()
+
+    def check(_: Any) -> None:
+        if out.done():
+            return
+        for f in (a, b):
+            if f.done() and f.exception() is not None:
+                out.set_exception(f.exception())  # type: ignore[arg-type]
+                return
+        if a.done() and b.done():
+            out.set_result(None)
+
+    a.add_done_callback(check)
+    b.add_done_callback(check)
+    return out

@@ -1,0 +1,606 @@
+"""Endpoints: where messages wait for consumers — a queue, or one topic subscription.
+
+How this works. A queue and a topic subscription behave the same once a message has been
+routed to them: the message waits in ``pending`` (one deque per JMS priority, so a backlog is
+delivered highest priority first, seed L1099-1122), is handed to a ready consumer, waits
+unacknowledged ("in flight") and is finally acknowledged, or comes back for redelivery. So
+both are an :class:`Endpoint`; :class:`QueueEndpoint` adds the queue's name and properties,
+:class:`Subscription` adds a topic pattern, a selector, no-local and durability.
+
+A consumer is *ready* while it is active, not paused by its adapter, and holds fewer
+unacknowledged deliveries than its window (EMS ``prefetch``, AMQP credit, MQTT Receive
+Maximum). Non-exclusive queues hand messages round robin to ready consumers; an exclusive
+queue gives everything to its first consumer while it lives (seed L2303-2332). A queue
+consumer with a selector only receives matching messages; the others stay on the queue.
+
+Messages are shared by every endpoint they were routed to. What is per endpoint — how many
+times this endpoint has delivered the message — is kept in ``counts`` (only for messages
+that were delivered at least once and came back), so the common path allocates nothing.
+
+Messages that may not be delivered yet (delivery delay, seed L3477-3511; redelivery delay,
+seed L2782-2815) are *held* in a heap with their due time; one timer per endpoint releases
+them. Expired messages are removed when met at dispatch and by the broker's periodic sweep.
+
+Everything here runs on the loop thread and never awaits.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gateway.message import Destination, DeliveryMode, Message
+
+if TYPE_CHECKING:
+    from gateway.broker import Broker
+    from gateway.client import Session
+    from gateway.selector import Selector
+
+PRIORITIES = 10  # JMS priorities 0..9 (seed L900-904)
+_seq = itertools.count()
+
+
+class Delivery:
+    """One delivery of a message to one consumer; what a listener receives.
+
+    ``count`` is ``JMSXDeliveryCount`` (1 on the first delivery); ``redelivered`` is
+    ``JMSRedelivered``. ``tag`` identifies the delivery within its session for acks.
+    """
+
+    __slots__ = ("msg", "tag", "count", "consumer", "settled")
+
+    def __init__(self, msg: Message, tag: int, count: int, consumer: Consumer) -> None:
+        self.msg = msg
+        self.tag = tag
+        self.count = count
+        self.consumer = consumer
+        self.settled = False
+
+    @property
+    def redelivered(self) -> bool:
+        return self.count > 1
+
+    def __repr__(self) -> str:
+        return f"<Delivery tag={self.tag} count={self.count} {self.msg!r}>"
+
+
+Listener = Callable[[Delivery], None]
+
+
+class Consumer:
+    """A consumer attached to one endpoint, owned by a session.
+
+    ``window`` is the most unacknowledged deliveries it may hold (``None`` = unlimited);
+    ``listener`` is called on the loop for each delivery. Adapters pause a consumer when
+    their socket's write buffer is full and resume it when it drains.
+    """
+
+    __slots__ = (
+        "id",
+        "session",
+        "endpoint",
+        "selector",
+        "no_local",
+        "window",
+        "unacked",
+        "listener",
+        "active",
+        "paused",
+        "track",
+        "delivered_total",
+        "name",
+    )
+
+    def __init__(
+        self,
+        cid: int,
+        session: Session,
+        endpoint: Endpoint,
+        listener: Listener,
+        *,
+        selector: Selector | None = None,
+        no_local: bool = False,
+        window: int | None = None,
+        name: str = "",
+    ) -> None:
+        self.id = cid
+        self.session = session
+        self.endpoint = endpoint
+        self.selector = selector
+        self.no_local = no_local
+        self.window = window
+        self.unacked = 0
+        self.listener = listener
+        self.active = True
+        self.paused = False
+        # Deliveries are tracked for acknowledgement unless the session acknowledges nothing.
+        self.track = not session.no_ack
+        self.delivered_total = 0
+        self.name = name
+
+    @property
+    def ready(self) -> bool:
+        w = self.window
+        return (
+            self.active
+            and not self.paused
+            and self.session.connection.started
+            and (w is None or self.unacked < w)
+        )
+
+    def set_window(self, window: int | None) -> None:
+        """Change the window (credit); more room dispatches waiting messages at once."""
+        self.window = window
+        self.endpoint.dispatch()
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            self.endpoint.dispatch()
+
+    def __repr__(self) -> str:
+        return f"<Consumer {self.id} on {self.endpoint.key}>"
+
+
+class Endpoint:
+    """Pending messages and the consumers that take them. See the module docstring."""
+
+    def __init__(self, broker: Broker, key: str, dest: Destination, *, durable: bool) -> None:
+        self.broker = broker
+        self.key = key  # store key
+        self.dest = dest
+        self.durable = durable
+        self.pending: list[deque[Message]] = [deque() for _ in range(PRIORITIES)]
+        self.npending = 0
+        self.count = 0  # pending + in flight + held (what maxmsgs counts)
+        self.bytes = 0  # same, in bytes (what maxbytes counts)
+        self.consumers: list[Consumer] = []
+        self.rr = 0
+        self.exclusive = False
+        self.selective = False  # some consumer has a selector (queues only)
+        self.counts: dict[Message, int] = {}
+        self.held: list[tuple[int, int, Message]] = []
+        self.held_timer: Any = None
+        self.dispatching = False
+        self.expiring = 0  # messages with an expiry currently counted here
+        self.flow_limit = 0
+        self.flow_waiters: list[Any] = []
+        self.stats_in = 0
+        self.stats_out = 0
+        self.stats_acked = 0
+        self.closed = False
+
+    # -- adding messages ------------------------------------------------------------------
+
+    def put(self, msg: Message, now: int) -> None:
+        """Take a routed message: hold it if it has a delivery time, else queue and dispatch."""
+        self.count += 1
+        self.bytes += msg.size
+        self.stats_in += 1
+        if msg.expires_at:
+            self.expiring += 1
+        if msg.delivery_time > now:
+            self._hold(msg, msg.delivery_time)
+            return
+        self.pending[msg.priority].append(msg)
+        self.npending += 1
+        if self.consumers and not self.dispatching:
+            self.dispatch()
+
+    def restore(self, msg: Message, delivery_count: int, now: int) -> None:
+        """Put back a recovered message (store recovery), keeping its delivery count."""
+        if delivery_count:
+            self.counts[msg] = delivery_count
+        self.put(msg, now)
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    def dispatch(self) -> None:
+        """Hand pending messages to ready consumers. Never re-entered."""
+        if self.dispatching or not self.npending or not self.consumers:
+            return
+        self.dispatching = True
+        try:
+            if self.selective:
+                self._dispatch_selective()
+            else:
+                self._dispatch_simple()
+        finally:
+            self.dispatching = False
+
+    def _dispatch_simple(self) -> None:
+        pending = self.pending
+        broker = self.broker
+        now = 0
+        while self.npending:
+            consumer = self._next_ready()
+            if consumer is None:
+                return
+            for p in range(PRIORITIES - 1, -1, -1):
+                if pending[p]:
+                    msg = pending[p].popleft()
+                    break
+            self.npending -= 1
+            if msg.expires_at:
+                if not now:
+                    now = broker.now()
+                if msg.expires_at <= now:
+                    self._expire(msg)
+                    continue
+            self._deliver(consumer, msg)
+
+    def _dispatch_selective(self) -> None:
+        """Queue dispatch when consumers have selectors: skip what no ready consumer takes."""
+        now = self.broker.now()
+        for p in range(PRIORITIES - 1, -1, -1):
+            dq = self.pending[p]
+            if not dq:
+                continue
+            kept: deque[Message] = deque()
+            while dq:
+                msg = dq.popleft()
+                if msg.expires_at and msg.expires_at <= now:
+                    self.npending -= 1
+                    self._expire(msg)
+                    continue
+                consumer = self._next_ready(msg)
+                if consumer is None:
+                    kept.append(msg)
+                    if self._next_ready() is None:
+                        break
+                    continue
+                self.npending -= 1
+                self._deliver(consumer, msg)
+            kept.extend(dq)
+            self.pending[p] = kept
+
+    def _next_ready(self, msg: Message | None = None) -> Consumer | None:
+        consumers = self.consumers
+        n = len(consumers)
+        if self.exclusive:
+            c = consumers[0]
+            if c.ready and (msg is None or c.selector is None or c.selector.matches(msg)):
+                return c
+            return None
+        if n == 1:
+            c = consumers[0]
+            if c.ready and (msg is None or c.selector is None or c.selector.matches(msg)):
+                return c
+            return None
+        start = self.rr
+        for i in range(n):
+            c = consumers[(start + i) % n]
+            if c.ready and (msg is None or c.selector is None or c.selector.matches(msg)):
+                self.rr = (start + i + 1) % n
+                return c
+        return None
+
+    def _deliver(self, consumer: Consumer, msg: Message) -> None:
+        count = self.counts.get(msg, 0) + 1 if self.counts else 1
+        session = consumer.session
+        tag = session.next_tag
+        session.next_tag = tag + 1
+        d = Delivery(msg, tag, count, consumer)
+        consumer.delivered_total += 1
+        self.stats_out += 1
+        broker = self.broker
+        if consumer.track:
+            consumer.unacked += 1
+            session.unacked[tag] = d
+            if count > 1:
+                self.counts[msg] = count
+        else:
+            # No acknowledgement: the server forgets the message once sent (seed L1665-1679).
+            self._remove(msg)
+            d.settled = True
+        if broker.log_enabled:
+            broker.dlog.record("deliver", msg, broker.dest_text(self.dest), session.connection.id, count)
+        consumer.listener(d)
+
+    # -- settlement -----------------------------------------------------------------------
+
+    def ack(self, d: Delivery) -> None:
+        """The consumer acknowledged ``d``: the message leaves this endpoint for good."""
+        if d.settled:
+            return
+        d.settled = True
+        d.consumer.unacked -= 1
+        self.stats_acked += 1
+        broker = self.broker
+        if broker.log_enabled:
+            broker.dlog.record(
+                "ack", d.msg, broker.dest_text(self.dest), d.consumer.session.connection.id, d.count
+            )
+        self._remove(d.msg)
+        if self.npending and not self.dispatching:
+            self.dispatch()
+
+    def requeue(self, d: Delivery, *, count_delivery: bool = True, front: bool = True) -> None:
+        """Return an unacknowledged delivery for redelivery (rollback, recover, close, NACK).
+
+        Past ``maxRedelivery`` delivery attempts the message is undeliverable (seed
+        L2537-2550); with ``redeliveryDelay`` it waits before it returns (seed L2782-2815).
+        """
+        if d.settled:
+            return
+        d.settled = True
+        d.consumer.unacked -= 1
+        msg = d.msg
+        count = d.count if count_delivery else d.count - 1
+        broker = self.broker
+        if count:
+            self.counts[msg] = count
+        else:
+            self.counts.pop(msg, None)
+        max_redelivery = self.max_redelivery()
+        if max_redelivery and count >= max_redelivery:
+            self._remove(msg)
+            broker.undeliverable(msg, self, "maxredelivery_exceeded", count)
+            return
+        if broker.log_enabled:
+            broker.dlog.record(
+                "redeliver", msg, broker.dest_text(self.dest), d.consumer.session.connection.id, count
+            )
+        if self.durable and msg.store_id and count_delivery:
+            broker.store.update_entry(self.key, msg.store_id, count)
+        delay = self.redelivery_delay()
+        if delay and count_delivery:
+            self._hold(msg, broker.now() + delay)
+            return
+        if front:
+            self.pending[msg.priority].appendleft(msg)
+        else:
+            self.pending[msg.priority].append(msg)
+        self.npending += 1
+        if not self.dispatching:
+            self.dispatch()
+
+    def reject(self, d: Delivery, reason: str = "rejected") -> None:
+        """The consumer refused the message outright: it becomes undeliverable now."""
+        if d.settled:
+            return
+        d.settled = True
+        d.consumer.unacked -= 1
+        self._remove(d.msg)
+        self.broker.undeliverable(d.msg, self, reason, d.count)
+        if self.npending and not self.dispatching:
+            self.dispatch()
+
+    def _remove(self, msg: Message) -> None:
+        """Forget a message that was pending, held or in flight here (ack, drop, expiry)."""
+        self.count -= 1
+        self.bytes -= msg.size
+        if msg.expires_at:
+            self.expiring -= 1
+        if self.counts:
+            self.counts.pop(msg, None)
+        broker = self.broker
+        broker.memory -= msg.size
+        if msg.store_id and self.durable:
+            broker.unstore(self, msg)
+        if self.flow_waiters and self.bytes < self.flow_limit:
+            broker.release_flow(self)
+
+    def _expire(self, msg: Message) -> None:
+        self._remove(msg)
+        self.broker.undeliverable(msg, self, "expired", self.counts.get(msg, 0))
+
+    def discard_oldest(self) -> bool:
+        """Drop the oldest pending message (overflowPolicy=discardOld, seed L2624-2635)."""
+        oldest: Message | None = None
+        oldest_p = -1
+        for p in range(PRIORITIES):
+            dq = self.pending[p]
+            if dq and (oldest is None or dq[0].timestamp < oldest.timestamp):
+                oldest, oldest_p = dq[0], p
+        if oldest is None:
+            return False
+        self.pending[oldest_p].popleft()
+        self.npending -= 1
+        self._remove(oldest)
+        broker = self.broker
+        if broker.log_enabled:
+            broker.dlog.record("discard", oldest, broker.dest_text(self.dest), None, 0, "discarded")
+        return True
+
+    def purge(self) -> int:
+        """Drop every pending and held message; returns how many."""
+        n = 0
+        for dq in self.pending:
+            while dq:
+                self._remove(dq.popleft())
+                n += 1
+        while self.held:
+            _, _, msg = heapq.heappop(self.held)
+            self._remove(msg)
+            n += 1
+        self.npending = 0
+        return n
+
+    def sweep_expired(self, now: int) -> None:
+        """Remove expired pending messages (periodic; dispatch also checks)."""
+        if not self.expiring or not self.npending:
+            return
+        for p in range(PRIORITIES):
+            dq = self.pending[p]
+            if not dq:
+                continue
+            live = deque(m for m in dq if not (m.expires_at and m.expires_at <= now))
+            if len(live) != len(dq):
+                dead = [m for m in dq if m.expires_at and m.expires_at <= now]
+                self.pending[p] = live
+                self.npending -= len(dead)
+                for m in dead:
+                    self._expire(m)
+
+    # -- held messages (delivery delay, redelivery delay) ----------------------------------
+
+    def _hold(self, msg: Message, due: int) -> None:
+        heapq.heappush(self.held, (due, next(_seq), msg))
+        if self.held[0][2] is msg:
+            self._arm_held_timer()
+
+    def _arm_held_timer(self) -> None:
+        if self.held_timer is not None:
+            self.held_timer.cancel()
+        due = self.held[0][0]
+        self.held_timer = self.broker.call_at_ms(due, self._release_held)
+
+    def _release_held(self) -> None:
+        self.held_timer = None
+        if self.closed:
+            return
+        now = self.broker.now()
+        released = False
+        while self.held and self.held[0][0] <= now:
+            _, _, msg = heapq.heappop(self.held)
+            self.pending[msg.priority].append(msg)
+            self.npending += 1
+            released = True
+        if self.held:
+            self._arm_held_timer()
+        if released:
+            self.dispatch()
+
+    # -- consumers ------------------------------------------------------------------------
+
+    def add_consumer(self, c: Consumer) -> None:
+        self.consumers.append(c)
+        if c.selector is not None and isinstance(self, QueueEndpoint):
+            self.selective = True
+        self.dispatch()
+
+    def remove_consumer(self, c: Consumer) -> None:
+        c.active = False
+        if c in self.consumers:
+            self.consumers.remove(c)
+        self.selective = isinstance(self, QueueEndpoint) and any(
+            x.selector is not None for x in self.consumers
+        )
+        if self.rr >= max(1, len(self.consumers)):
+            self.rr = 0
+
+    # -- properties the broker asks for ----------------------------------------------------
+
+    def max_redelivery(self) -> int:
+        return 0
+
+    def redelivery_delay(self) -> int:
+        return 0
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "destination": str(self.dest),
+            "durable": self.durable,
+            "pending": self.npending,
+            "held": len(self.held),
+            "in_flight": self.count - self.npending - len(self.held),
+            "count": self.count,
+            "bytes": self.bytes,
+            "consumers": len(self.consumers),
+            "total_in": self.stats_in,
+            "total_out": self.stats_out,
+            "total_acked": self.stats_acked,
+        }
+
+    def iter_pending(self) -> list[Message]:
+        """Pending messages in delivery order (highest priority first) — for browsers."""
+        out: list[Message] = []
+        for p in range(PRIORITIES - 1, -1, -1):
+            out.extend(self.pending[p])
+        return out
+
+
+class QueueEndpoint(Endpoint):
+    """A queue: competing consumers, round robin or exclusive; redelivery limits."""
+
+    def __init__(self, broker: Broker, name: str, props: Any, *, owner: Any = None) -> None:
+        super().__init__(broker, "queue:" + name, Destination.queue(name), durable=True)
+        self.name = name
+        self.props = props
+        self.owner = owner  # the connection of a temporary queue
+        self.exclusive = bool(props.exclusive)
+        self.flow_limit = props.flow_control_bytes if broker.flow_control else 0
+        self.stored = False  # the definition is in the store
+
+    def max_redelivery(self) -> int:
+        return int(self.props.max_redelivery)
+
+    def redelivery_delay(self) -> int:
+        return int(self.props.redelivery_delay_ms)
+
+
+class Subscription(Endpoint):
+    """A topic subscription: non-durable, durable, shared or shared-durable (seed L443-510).
+
+    ``pattern`` may hold wildcards. ``selector`` and ``no_local`` are applied when a
+    message is routed here (the subscription's consumers all share them).
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        key: str,
+        pattern: str,
+        *,
+        durable: bool,
+        shared: bool,
+        name: str | None,
+        client_id: str | None,
+        selector: Selector | None,
+        no_local: bool,
+        owner: Any,
+        parent_match: bool = False,
+    ) -> None:
+        super().__init__(broker, key, Destination.topic(pattern), durable=durable)
+        self.pattern = pattern
+        self.shared = shared
+        self.name = name
+        self.client_id = client_id
+        self.selector = selector
+        self.no_local = no_local
+        self.owner = owner  # connection owning a non-durable, unshared subscription
+        self.parent_match = parent_match
+
+    def accepts(self, msg: Message) -> bool:
+        """Selector and no-local test for one routed message."""
+        if self.no_local and msg.producer_conn is not None and self.owner is not None:
+            if msg.producer_conn == self.owner.id:
+                return False
+        sel = self.selector
+        return sel is None or sel.matches(msg)
+
+    def definition(self) -> dict[str, Any]:
+        return {
+            "type": "durable",
+            "pattern": self.pattern,
+            "name": self.name,
+            "client_id": self.client_id,
+            "shared": self.shared,
+            "selector": self.selector.text if self.selector is not None else None,
+            "no_local": self.no_local,
+            "parent_match": self.parent_match,
+        }
+
+    def info(self) -> dict[str, Any]:
+        d = super().info()
+        d.update(
+            pattern=self.pattern,
+            name=self.name,
+            client_id=self.client_id,
+            shared=self.shared,
+            selector=self.selector.text if self.selector is not None else None,
+            no_local=self.no_local,
+        )
+        return d
+
+
+def is_persistent(msg: Message) -> bool:
+    return msg.delivery_mode == DeliveryMode.PERSISTENT
