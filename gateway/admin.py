@@ -1,0 +1,126 @@
+"""The admin HTTP API (aiohttp), on the HTTP listener (default 127.0.0.1:8080).
+
+Read-only JSON views of the running core, in the spirit of EMS's ``show`` commands
+(seed §7.2), plus ``purge``. Every view is a plain function of the broker's state, built on
+request; nothing here runs on the message path.
+
+==========================================  ===========================================
+``GET /health``                             ``{"status": "ok"}`` once the broker runs
+``GET /api/v1/server``                      ``show server``: counts, memory, statistics
+``GET /api/v1/queues``                      ``show queues``: one row per queue
+``GET /api/v1/topics``                      ``show topics``
+``GET /api/v1/durables``                    ``show durables``
+``GET /api/v1/connections``                 ``show connections``
+``GET /api/v1/store``                       the store's group-commit statistics
+``POST /api/v1/queues/{name}/purge``        ``purge queue name``
+==========================================  ===========================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from gateway.errors import GatewayError
+
+
+def _props(props: Any) -> dict[str, Any]:
+    if props is None:
+        return {}
+    out = {}
+    for field in ("maxmsgs", "maxbytes", "prefetch", "exclusive", "expiration_ms",
+                  "max_redelivery", "redelivery_delay_ms", "flow_control_bytes", "secure",
+                  "sender_name", "trace", "imports", "exports"):
+        v = getattr(props, field, None)
+        if v not in (None, 0, False, (), ""):
+            out[field] = list(v) if isinstance(v, tuple) else v
+    policy = getattr(props, "overflow_policy", None)
+    if policy is not None and policy.name != "DEFAULT":
+        out["overflow_policy"] = policy.name
+    return out
+
+
+def make_app(broker: Any) -> web.Application:
+    routes = web.RouteTableDef()
+
+    @routes.get("/health")
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "gateway": broker.id})
+
+    @routes.get("/api/v1/server")
+    async def server(_: web.Request) -> web.Response:
+        return web.json_response(broker.info())
+
+    @routes.get("/api/v1/queues")
+    async def queues(_: web.Request) -> web.Response:
+        rows = []
+        for q in broker.queues.values():
+            row = q.info()
+            row["name"] = q.name
+            row["temporary"] = q.owner is not None
+            row["properties"] = _props(q.props)
+            rows.append(row)
+        return web.json_response(rows)
+
+    @routes.get("/api/v1/topics")
+    async def topics(_: web.Request) -> web.Response:
+        rows = []
+        for t in broker.topics.values():
+            subs = broker.subs.match(t.name) if not t.name.startswith("$") else ()
+            rows.append({
+                "name": t.name, "static": t.static, "temporary": t.owner is not None,
+                "subscriptions": len(subs), "total_in": t.stats_in,
+                "properties": _props(t.props),
+            })
+        return web.json_response(rows)
+
+    @routes.get("/api/v1/durables")
+    async def durables(_: web.Request) -> web.Response:
+        return web.json_response([s.info() for s in broker.durables.values()])
+
+    @routes.get("/api/v1/connections")
+    async def connections(_: web.Request) -> web.Response:
+        return web.json_response([
+            {"id": c.id, "client_id": c.client_id, "user": c.user, "kind": c.kind,
+             "protocol": c.protocol, "address": c.address, "sessions": len(c.sessions)}
+            for c in broker.connections.values()
+        ])
+
+    @routes.get("/api/v1/store")
+    async def store(_: web.Request) -> web.Response:
+        return web.json_response(dict(getattr(broker.store, "stats", {})))
+
+    @routes.post("/api/v1/queues/{name}/purge")
+    async def purge(request: web.Request) -> web.Response:
+        try:
+            n = broker.purge_queue(request.match_info["name"])
+        except GatewayError as exc:
+            return web.json_response({"error": str(exc)}, status=404)
+        return web.json_response({"purged": n})
+
+    app = web.Application()
+    app.add_routes(routes)
+    return app
+
+
+class AdminServer:
+    def __init__(self, runner: web.AppRunner, site: web.TCPSite, address: tuple[str, int]) -> None:
+        self.runner = runner
+        self.site = site
+        self.address = address
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start(broker: Any, spec: Any) -> AdminServer:
+    """Registry entry for ``listen = http://host:port``."""
+    runner = web.AppRunner(make_app(broker), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, spec.host, spec.port)
+    await site.start()
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    address = sockets[0].getsockname()[:2] if sockets else (spec.host, spec.port)
+    return AdminServer(runner, site, (address[0], address[1]))

@@ -1,0 +1,73 @@
+"""The ``gateway`` command.
+
+``gateway serve [--config-dir DIR]`` runs the gateway (on its embedded default when no
+directory is given); ``gateway check-config DIR`` reports every bad line and exits 1 if
+there is one; ``gateway passwd`` prints a hashed password for ``users.conf``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import logging
+import sys
+
+from gateway.errors import ConfigError, ConfigErrors
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gateway", description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_serve = sub.add_parser("serve", help="run the gateway")
+    p_serve.add_argument("--config-dir", default=None,
+                         help="configuration directory (default: the embedded default)")
+    p_check = sub.add_parser("check-config", help="validate a configuration directory")
+    p_check.add_argument("config_dir")
+    sub.add_parser("passwd", help="hash a password for users.conf (reads it from stdin)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "serve":
+        from gateway.server import serve
+
+        try:
+            import uvloop
+
+            runner = uvloop.run
+        except ImportError:  # pragma: no cover - uvloop is optional
+            runner = asyncio.run
+        try:
+            return int(runner(serve(args.config_dir)))
+        except (ConfigError, ConfigErrors) as exc:
+            print(f"gateway: configuration errors, not starting:\n{exc}", file=sys.stderr)
+            return 2
+    if args.command == "check-config":
+        from gateway.config import load_config
+
+        try:
+            config = load_config(args.config_dir)
+        except (ConfigError, ConfigErrors) as exc:
+            print(str(exc), file=sys.stderr)
+            return 1
+        for w in config.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        print("configuration is valid")
+        return 0
+    if args.command == "passwd":
+        from gateway.config import hash_password
+
+        if sys.stdin.isatty():
+            password = getpass.getpass("password: ")
+        else:
+            password = sys.stdin.readline().rstrip("\n")
+        print(hash_password(password))
+        return 0
+    return 2  # pragma: no cover
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,401 @@
+"""``gateway.conf``: the gateway's own parameters (the counterpart of EMS's ``tibemsd.conf``).
+
+How this works. Each line is ``name = value`` (seed L7311-7379); ``#`` starts a comment;
+a value holding blanks may be double-quoted. Every parameter is optional; ``listen`` may
+be repeated, any other parameter given twice is an error, and so is a parameter the table
+below does not name (EMS's JSON configuration silently ignores unknown names, seed
+L8201-8203; we do not). Relative paths resolve against the config directory, or against the
+working directory for the embedded default configuration.
+
+==================================  =================  ===============================================
+parameter                           default            meaning
+==================================  =================  ===============================================
+``server``                          ``gateway``        gateway name: at most 64 characters, no ``.``
+                                                       (EMS ``server``, seed L8161-8166)
+``listen``                          see below          ``scheme://host:port``, repeatable (seed
+                                                       L7986-8012). ``host`` may be ``[::1]``; no
+                                                       host (``mqtt://:1883``, ``mqtt://1883``) means
+                                                       all interfaces; the port defaults per scheme
+                                                       (mqtt 1883, mqtts 8883, amqp 5672, amqps 5671,
+                                                       stomp 61613, stomps 61614, http 8080, https
+                                                       8443). ``listen = none``: no listener. Without
+                                                       any ``listen`` line: mqtt, amqp, stomp and http
+                                                       on 127.0.0.1 at their default ports
+``store``                           ``data``           directory of the message store
+``store_type``                      ``sqlite``         ``sqlite`` or ``memory`` (nothing survives a
+                                                       restart)
+``store_sync``                      enabled            fsync once per group commit
+``delivery_log``                    enabled            write the delivery log
+``delivery_log_dir``                ``<store>/delivery-log``  where delivery log files go
+``delivery_log_max_file_size``      64MB               roll to a new file past this size; 0 = never
+``authorization``                   disabled           authenticate users and check ACLs on ``secure``
+                                                       destinations (seed L7916-7930)
+``allow_anonymous``                 enabled            accept connections without a user name
+``flow_control``                    disabled           enforce destinations' ``flowControl`` (seed
+                                                       L7978-7985)
+``max_msg_memory``                  512MB              memory for pending messages; 0 = unlimited
+                                                       (seed L8317-8341)
+``max_client_msg_size``             0                  reject larger incoming messages; 0 = any size;
+                                                       at most 2GB (seed L8300-8310)
+``max_connections``                 0                  simultaneous client connections; 0 = unlimited
+                                                       (seed L8312-8316)
+``selector_logical_operator_limit`` 5000               selector evaluation guard; 0 = none (seed
+                                                       L8137-8159)
+``mqtt_transports``                 disabled           run the ``type = mqtt`` transports of
+                                                       ``transports.conf`` (as EMS's
+                                                       ``tibrv_transports``, seed L8818-8858)
+``amqp_transports``                 disabled           the same for ``type = amqp``
+``stomp_transports``                disabled           the same for ``type = stomp``
+``rv_transports``                   disabled           the same for ``type = rv``
+``startup_abort_list``              (empty)            stop at start-up on failures of these kinds:
+                                                       ``TLS`` (alias ``SSL``), ``TRANSPORTS``,
+                                                       ``LISTENERS``, ``CONFIG_FILES``,
+                                                       ``CONFIG_ERRORS``, ``DB_FILES`` (seed
+                                                       L8172-8224). Config errors always stop the
+                                                       gateway; ``CONFIG_ERRORS`` is accepted for
+                                                       EMS compatibility
+``tls_cert``                        (none)             PEM certificate chain for TLS listeners;
+                                                       required when a TLS listener is configured
+``tls_key``                         (none)             PEM private key (if not in ``tls_cert``)
+``tls_ca``                          (none)             PEM CA bundle to verify client certificates
+``tls_require_client_cert``         disabled           TLS clients must present a certificate that
+                                                       ``tls_ca`` verifies (seed L9099-9147)
+``log_level``                       ``info``           ``debug``, ``info``, ``warning`` or ``error``
+==================================  =================  ===============================================
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.config.files import (
+    SourceLine,
+    parse_bool,
+    parse_int,
+    parse_list,
+    parse_size,
+    resolve_path,
+    unquote,
+)
+from gateway.errors import ConfigError
+
+MAX_SERVER_NAME = 64  # seed L8161-8166
+MAX_CLIENT_MSG_SIZE = 2 * 1024**3  # seed L8300-8310: "maximum 2 GB"
+
+DEFAULT_PORTS: dict[str, int] = {
+    "mqtt": 1883,
+    "mqtts": 8883,
+    "amqp": 5672,
+    "amqps": 5671,
+    "stomp": 61613,
+    "stomps": 61614,
+    "http": 8080,
+    "https": 8443,
+}
+TLS_SCHEMES = frozenset({"mqtts", "amqps", "stomps", "https", "wss", "ssl"})
+ABORT_KINDS = frozenset(
+    {"TLS", "TRANSPORTS", "LISTENERS", "CONFIG_FILES", "CONFIG_ERRORS", "DB_FILES"}
+)
+DEFAULT_STORE = "data"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+STORE_TYPES = ("sqlite", "memory")
+
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
+_HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?|\*")
+_PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    """One ``listen`` line. ``host == ""`` means every interface; ``line`` is where it was."""
+
+    scheme: str
+    host: str
+    port: int
+    line: int | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme in TLS_SCHEMES
+
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+
+DEFAULT_LISTENERS: tuple[Listener, ...] = (
+    Listener("mqtt", "127.0.0.1", 1883),
+    Listener("amqp", "127.0.0.1", 5672),
+    Listener("stomp", "127.0.0.1", 61613),
+    Listener("http", "127.0.0.1", 8080),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """The typed contents of ``gateway.conf``; the table in the module docstring says more."""
+
+    server: str = "gateway"
+    listen: tuple[Listener, ...] = DEFAULT_LISTENERS
+    store: str = DEFAULT_STORE
+    store_type: str = "sqlite"
+    store_sync: bool = True
+    delivery_log: bool = True
+    delivery_log_dir: str = ""  # "" means <store>/delivery-log (filled in on construction)
+    delivery_log_max_file_size: int = 64 * 1024**2
+    authorization: bool = False
+    allow_anonymous: bool = True
+    flow_control: bool = False
+    max_msg_memory: int = 512 * 1024**2
+    max_client_msg_size: int = 0
+    max_connections: int = 0
+    selector_logical_operator_limit: int = 5000
+    mqtt_transports: bool = False
+    amqp_transports: bool = False
+    stomp_transports: bool = False
+    rv_transports: bool = False
+    startup_abort_list: frozenset[str] = field(default_factory=frozenset)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_require_client_cert: bool = False
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not self.delivery_log_dir:
+            object.__setattr__(self, "delivery_log_dir", os.path.join(self.store, "delivery-log"))
+
+    def transports_enabled(self, transport_type: str) -> bool:
+        """Whether transports of ``transport_type`` (``mqtt``, ``amqp``, ``stomp``, ``rv``) run."""
+        return bool(getattr(self, f"{transport_type}_transports", False))
+
+    def aborts_on(self, kind: str) -> bool:
+        """Whether ``kind`` (e.g. ``"TRANSPORTS"``) is in ``startup_abort_list``."""
+        return kind.upper() in self.startup_abort_list
+
+
+def parse_listener(value: str, line: int | None = None) -> Listener:
+    """Parse ``scheme://host:port`` (seed L7986-8012: IPv6 in brackets, no host = all).
+
+    Raises:
+        ValueError: saying what is wrong with ``value``.
+    """
+    scheme, sep, rest = value.strip().partition("://")
+    scheme = scheme.lower()
+    if not sep or not _SCHEME.fullmatch(scheme):
+        raise ValueError(f"listen {value!r} is not scheme://host:port")
+    if "/" in rest or "?" in rest:
+        raise ValueError(f"listen {value!r} may not have a path")
+    host: str
+    port_text: str | None
+    if rest.startswith("["):
+        end = rest.find("]")
+        if end < 0:
+            raise ValueError(f"listen {value!r}: unclosed '[' in an IPv6 address")
+        host = rest[1:end]
+        tail = rest[end + 1 :]
+        if tail and not tail.startswith(":"):
+            raise ValueError(f"listen {value!r}: expected ':port' after ']'")
+        port_text = tail[1:] if tail else None
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"listen {value!r}: {host!r} is not an IPv6 address") from None
+    elif rest.isdigit():
+        host, port_text = "", rest  # EMS tcp://7222: port only, every interface
+    else:
+        host, colon, port_text_ = rest.partition(":")
+        port_text = port_text_ if colon else None
+        if host and not _HOSTNAME.fullmatch(host):
+            raise ValueError(f"listen {value!r}: {host!r} is not a host name or address")
+    if host == "*":
+        host = ""
+    if port_text is None or port_text == "":
+        if scheme not in DEFAULT_PORTS:
+            raise ValueError(f"listen {value!r}: a port is required for scheme {scheme!r}")
+        port = DEFAULT_PORTS[scheme]
+    else:
+        if not port_text.isdigit() or int(port_text) > 65535:
+            raise ValueError(f"listen {value!r}: {port_text!r} is not a port (0-65535)")
+        port = int(port_text)
+    return Listener(scheme, host, port, line)
+
+
+def _server_name(v: str) -> str:
+    if not v or len(v) > MAX_SERVER_NAME:
+        raise ValueError(f"server name must have 1 to {MAX_SERVER_NAME} characters")
+    if "." in v or any(c.isspace() for c in v):
+        raise ValueError(f"server name {v!r} may not contain '.' or blanks")
+    return v
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(v: str) -> str:
+        w = v.lower()
+        if w not in options:
+            raise ValueError(f"{v!r} is not one of {', '.join(options)}")
+        return w
+
+    return parse
+
+
+def _abort_list(v: str) -> frozenset[str]:
+    kinds = set()
+    for item in parse_list(v):
+        k = item.upper()
+        if k == "SSL":
+            k = "TLS"
+        if k not in ABORT_KINDS:
+            raise ValueError(f"{item!r} is not one of {', '.join(sorted(ABORT_KINDS | {'SSL'}))}")
+        kinds.add(k)
+    return frozenset(kinds)
+
+
+def _client_msg_size(v: str) -> int:
+    n = parse_size(v)
+    if n > MAX_CLIENT_MSG_SIZE:
+        raise ValueError(f"{v!r} is larger than the maximum of 2GB")
+    return n
+
+
+def _count(v: str) -> int:
+    return parse_int(v, minimum=0)
+
+
+def _text(v: str) -> str:
+    if not v:
+        raise ValueError("value is empty")
+    return v
+
+
+# name -> parser of the (unquoted) value; paths are resolved afterwards (_PATHS).
+_PARAMS: dict[str, Callable[[str], Any]] = {
+    "server": _server_name,
+    "store": _text,
+    "store_type": _choice(STORE_TYPES),
+    "store_sync": parse_bool,
+    "delivery_log": parse_bool,
+    "delivery_log_dir": _text,
+    "delivery_log_max_file_size": parse_size,
+    "authorization": parse_bool,
+    "allow_anonymous": parse_bool,
+    "flow_control": parse_bool,
+    "max_msg_memory": parse_size,
+    "max_client_msg_size": _client_msg_size,
+    "max_connections": _count,
+    "selector_logical_operator_limit": _count,
+    "mqtt_transports": parse_bool,
+    "amqp_transports": parse_bool,
+    "stomp_transports": parse_bool,
+    "rv_transports": parse_bool,
+    "startup_abort_list": _abort_list,
+    "tls_cert": _text,
+    "tls_key": _text,
+    "tls_ca": _text,
+    "tls_require_client_cert": parse_bool,
+    "log_level": _choice(LOG_LEVELS),
+}
+_PATHS = ("store", "delivery_log_dir", "tls_cert", "tls_key", "tls_ca")
+_TLS_FILES = ("tls_cert", "tls_key", "tls_ca")
+PARAMETERS = frozenset(_PARAMS) | {"listen"}
+
+
+def parse_gateway_conf(
+    lines: list[SourceLine],
+    base_dir: str | os.PathLike[str],
+    errors: list[ConfigError],
+    warnings: list[str],
+) -> GatewaySettings:
+    """Build :class:`GatewaySettings` from the lines of ``gateway.conf``.
+
+    Bad lines are appended to ``errors``; the settings returned then use defaults for them.
+    """
+    values: dict[str, Any] = {}
+    seen: dict[str, SourceLine] = {}
+    listeners: list[Listener] = []
+    listen_none: SourceLine | None = None
+    for sl in lines:
+        name, sep, raw = sl.text.partition("=")
+        name = name.strip()
+        if not sep or not _PARAM_NAME.fullmatch(name):
+            errors.append(sl.error(f"expected 'name = value', got {sl.text!r}"))
+            continue
+        key = name.lower()
+        if key not in PARAMETERS:
+            errors.append(sl.error(f"unknown parameter {name!r}"))
+            continue
+        try:
+            value = unquote(raw.strip())
+        except ValueError as e:
+            errors.append(sl.error(f"{name}: {e}"))
+            continue
+        if key == "listen":
+            _add_listener(sl, value, listeners, errors)
+            if value.lower() == "none":
+                listen_none = sl
+            continue
+        if key in seen:
+            errors.append(sl.error(f"duplicate parameter {name!r} (first set at line {seen[key].line})"))
+            continue
+        seen[key] = sl
+        try:
+            values[key] = _PARAMS[key](value)
+        except ValueError as e:
+            errors.append(sl.error(f"{name}: {e}"))
+    if listen_none is not None and listeners:
+        errors.append(listen_none.error("'listen = none' cannot be combined with other listeners"))
+    for key in _PATHS:
+        if key in values:
+            values[key] = resolve_path(values[key], base_dir)
+    if "store" not in values:
+        values["store"] = resolve_path(DEFAULT_STORE, base_dir)
+    for key in _TLS_FILES:
+        if key in values and not os.path.isfile(values[key]):
+            errors.append(seen[key].error(f"{key}: file {values[key]!r} does not exist"))
+    if "tls_key" in values and "tls_cert" not in values:
+        errors.append(seen["tls_key"].error("tls_key is set but tls_cert is not"))
+    if values.get("tls_require_client_cert") and "tls_ca" not in values:
+        errors.append(seen["tls_require_client_cert"].error("tls_require_client_cert needs tls_ca"))
+    if listen_none is not None:
+        values["listen"] = ()
+    elif listeners:
+        values["listen"] = tuple(listeners)
+        if "tls_cert" not in values:
+            for lst in listeners:
+                if lst.tls:
+                    errors.append(
+                        ConfigError(
+                            lines[0].file,
+                            lst.line,
+                            f"listen {lst.url()} uses TLS but tls_cert is not set",
+                        )
+                    )
+    return GatewaySettings(**values)
+
+
+def _add_listener(
+    sl: SourceLine, value: str, listeners: list[Listener], errors: list[ConfigError]
+) -> None:
+    if value.lower() == "none":
+        return
+    try:
+        lst = parse_listener(value, sl.line)
+    except ValueError as e:
+        errors.append(sl.error(str(e)))
+        return
+    for other in listeners:
+        if lst.port != 0 and other.port == lst.port and _same_host(other.host, lst.host):
+            errors.append(
+                sl.error(f"listen {lst.url()} uses the same address as line {other.line}")
+            )
+            return
+    listeners.append(lst)
+
+
+def _same_host(a: str, b: str) -> bool:
+    return a == b or a == "" or b == ""

@@ -1,0 +1,116 @@
+"""Process start-up and shutdown: config → store → delivery log → broker → listeners.
+
+How this works. :class:`Gateway` assembles the parts in dependency order and takes them
+down in reverse. On SIGTERM or SIGINT, :func:`serve` stops accepting (listeners close
+first), closes every connection (unacknowledged messages return to their endpoints), then
+flushes the store's last group commit and the delivery log, and returns 0.
+
+The gateway's identity (``Broker.id``) is kept in the store, so the origin id that loop
+prevention stamps on exported messages stays the same across restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import uuid
+from typing import Any
+
+from gateway import registry
+from gateway.broker import Broker
+from gateway.config import Config, load_config
+from gateway.dlog import DeliveryLog
+from gateway.store import open_store
+
+log = logging.getLogger("gateway")
+
+
+class Gateway:
+    """One running gateway: owns the broker, its store, its delivery log and listeners."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.broker: Broker | None = None
+        self.store: Any = None
+        self.dlog: Any = None
+        self.listeners: list[tuple[Any, Any]] = []
+        self.addresses: dict[str, tuple[str, int]] = {}
+
+    async def start(self) -> None:
+        gw = self.config.gateway
+        loop = asyncio.get_running_loop()
+        store_dir = str(gw.store)
+        os.makedirs(store_dir, exist_ok=True)
+        self.store = open_store(gw.store_type, os.path.join(store_dir, "gateway.db"), gw.store_sync)
+        recovered = self.store.open(loop.call_soon_threadsafe)
+        gid = _gateway_id(self.store, recovered, gw.server)
+        self.dlog = DeliveryLog(
+            str(gw.delivery_log_dir), gid, enabled=bool(gw.delivery_log),
+            max_file_bytes=int(gw.delivery_log_max_file_size),
+        )
+        self.dlog.start()
+        self.broker = Broker(self.config, self.store, self.dlog, gateway_id=gid)
+        self.broker.start(recovered)
+        for warning in self.config.warnings:
+            log.warning("%s", warning)
+        try:
+            for spec in gw.listen:
+                factory = registry.adapter(spec.scheme)
+                handle = await factory(self.broker, spec)
+                self.listeners.append((spec, handle))
+                host, port = getattr(handle, "address", (spec.host, spec.port))
+                self.addresses[spec.scheme] = (host, port)
+                log.info("listening for %s on %s:%d", spec.scheme, host, port)
+        except Exception:
+            await self.stop()
+            raise
+        log.info("gateway %s started (store %s, %s)", gid, gw.store_type, store_dir)
+
+    async def stop(self) -> None:
+        for _, handle in reversed(self.listeners):
+            try:
+                await handle.close()
+            except Exception:  # pragma: no cover - shutdown must go on
+                log.exception("error closing a listener")
+        self.listeners.clear()
+        if self.broker is not None:
+            self.broker.close()
+        loop = asyncio.get_running_loop()
+        if self.store is not None:
+            await loop.run_in_executor(None, self.store.close)
+            self.store = None
+        if self.dlog is not None:
+            await loop.run_in_executor(None, self.dlog.close)
+            self.dlog = None
+        log.info("gateway stopped")
+
+
+def _gateway_id(store: Any, recovered: Any, name: str) -> str:
+    ids = recovered.kv.get("gateway", {})
+    raw = ids.get("id")
+    if raw is not None:
+        return raw.decode()
+    gid = f"{name}-{uuid.uuid4().hex[:12]}"
+    store.put_kv("gateway", "id", gid.encode())
+    store.commit(None)
+    return gid
+
+
+async def serve(config_dir: str | None) -> int:
+    """Run until SIGTERM or SIGINT; return the exit status."""
+    config = load_config(config_dir)
+    gateway = Gateway(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await gateway.start()
+    print("gateway ready", flush=True)
+    try:
+        await stop.wait()
+        log.info("signal received; shutting down")
+    finally:
+        await gateway.stop()
+    return 0
