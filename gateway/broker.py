@@ -377,8 +377,10 @@ class Broker:
             if props is not None and (props.sender_name or props.sender_name_enforced):
                 if props.sender_name_enforced or not msg.properties.get(PROP_DISABLE_SENDER):
                     msg.properties[PROP_SENDER] = conn.user or "anonymous"
-        if props is not None and props.expiration_ms:
-            msg.expires_at = now + props.expiration_ms
+        override = props.expiration_ms if props is not None else None
+        if override is not None:
+            # The destination's expiration wins; consumers see JMSExpiration 0 (seed L2334-2352).
+            msg.expires_at = now + override if override else 0
             msg.expiration = 0
         elif msg.expiration:
             msg.expires_at = msg.expiration

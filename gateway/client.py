@@ -36,7 +36,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from gateway.endpoint import Consumer, Delivery, Listener, QueueEndpoint, Subscription
+from gateway.endpoint import Consumer, Delivery, Listener, QueueEndpoint, Subscription, requeue_all
 from gateway.errors import (
     GatewayError,
     IllegalStateError,
@@ -314,8 +314,7 @@ class Session:
     def recover(self) -> None:
         """Redeliver every unacknowledged delivery of this session (JMS ``recover``)."""
         pending, self.unacked = self.unacked, {}
-        for d in reversed(list(pending.values())):
-            d.consumer.endpoint.requeue(d)
+        requeue_all(list(pending.values()))
 
     # -- transactions ---------------------------------------------------------------------
 
@@ -340,8 +339,7 @@ class Session:
         tx, self.tx = self.tx, Transaction(self.connection)
         pending, self.unacked = self.unacked, {}
         tx.rollback()
-        for d in reversed(list(pending.values())):
-            d.consumer.endpoint.requeue(d)
+        requeue_all(list(pending.values()))
 
     # -- closing --------------------------------------------------------------------------
 
@@ -431,10 +429,10 @@ class Transaction:
         self._undo_acks()
 
     def _undo_acks(self) -> None:
-        for d in reversed(self.acks):
-            if not d.settled:
-                d.consumer.session.unacked.pop(d.tag, None)
-                d.consumer.endpoint.requeue(d)
+        live = [d for d in self.acks if not d.settled]
+        for d in live:
+            d.consumer.session.unacked.pop(d.tag, None)
+        requeue_all(live)
         self.acks.clear()
 
 
@@ -581,9 +579,8 @@ class MessageConsumer:
                 w.set_result(None)
         self.waiters.clear()
         # Deliveries still buffered were never seen by the application: not a delivery attempt.
-        for d in reversed(self.buffer):
-            if session.unacked.pop(d.tag, None) is not None:
-                endpoint.requeue(d, count_delivery=False)
+        unseen = [d for d in self.buffer if session.unacked.pop(d.tag, None) is not None]
+        requeue_all(unseen, count_delivery=False)
         self.buffer.clear()
         if requeue:
             for t, d in list(session.unacked.items()):

@@ -300,7 +300,8 @@ class Endpoint:
             self._remove(msg)
             d.settled = True
         if broker.log_enabled:
-            broker.dlog.record("deliver", msg, broker.dest_text(self.dest), session.connection.id, count)
+            broker.dlog.record("deliver" if count == 1 else "redeliver", msg,
+                               broker.dest_text(self.dest), session.connection.id, count)
         consumer.listener(d)
 
     # -- settlement -----------------------------------------------------------------------
@@ -321,7 +322,8 @@ class Endpoint:
         if self.npending and not self.dispatching:
             self.dispatch()
 
-    def requeue(self, d: Delivery, *, count_delivery: bool = True, front: bool = True) -> None:
+    def requeue(self, d: Delivery, *, count_delivery: bool = True, front: bool = True,
+                dispatch: bool = True) -> None:
         """Return an unacknowledged delivery for redelivery (rollback, recover, close, NACK).
 
         Past ``maxRedelivery`` delivery attempts the message is undeliverable (seed
@@ -343,10 +345,6 @@ class Endpoint:
             self._remove(msg)
             broker.undeliverable(msg, self, "maxredelivery_exceeded", count)
             return
-        if broker.log_enabled:
-            broker.dlog.record(
-                "redeliver", msg, broker.dest_text(self.dest), d.consumer.session.connection.id, count
-            )
         if self.durable and msg.store_id and count_delivery:
             broker.store.update_entry(self.key, msg.store_id, count)
         delay = self.redelivery_delay()
@@ -358,7 +356,7 @@ class Endpoint:
         else:
             self.pending[msg.priority].append(msg)
         self.npending += 1
-        if not self.dispatching:
+        if dispatch and not self.dispatching:
             self.dispatch()
 
     def reject(self, d: Delivery, reason: str = "rejected") -> None:
@@ -600,6 +598,17 @@ class Subscription(Endpoint):
             no_local=self.no_local,
         )
         return d
+
+
+def requeue_all(deliveries: list[Delivery], *, count_delivery: bool = True) -> None:
+    """Return several deliveries in their original order, then dispatch each endpoint once."""
+    endpoints: dict[int, Endpoint] = {}
+    for d in reversed(deliveries):
+        ep = d.consumer.endpoint
+        ep.requeue(d, count_delivery=count_delivery, dispatch=False)
+        endpoints[id(ep)] = ep
+    for ep in endpoints.values():
+        ep.dispatch()
 
 
 def is_persistent(msg: Message) -> bool:

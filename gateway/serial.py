@@ -48,7 +48,7 @@ from gateway.types import (
     BoolArray,
     Char,
     Float32,
-        Float64Array,
+    Float64Array,
     Int8,
     Int16,
     Int32,

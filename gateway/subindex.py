@@ -266,12 +266,20 @@ def _match_level(
         pwc = node.pwc
         tok = toks[i]
         i += 1
-        if i == n:
+        if i == n:  # the name ends on the next level: _terminal(), inlined
             if pwc is not None:
-                _terminal(pwc, out)
+                if pwc.subs_t:
+                    out.append(pwc.subs_t)
+                fwc = pwc.fwc
+                if fwc is not None and fwc.pm_t:
+                    out.append(fwc.pm_t)
             nxt = node.children.get(tok)
             if nxt is not None:
-                _terminal(nxt, out)
+                if nxt.subs_t:
+                    out.append(nxt.subs_t)
+                fwc = nxt.fwc
+                if fwc is not None and fwc.pm_t:
+                    out.append(fwc.pm_t)
             return
         if pwc is not None:
             _match_level(pwc, toks, i, n, out)

@@ -117,7 +117,7 @@ class Listener:
     scheme: str
     host: str
     port: int
-    line: int | None = None
+    line: int | None = field(default=None, compare=False)
 
     @property
     def tls(self) -> bool:
@@ -340,7 +340,9 @@ def parse_gateway_conf(
                 listen_none = sl
             continue
         if key in seen:
-            errors.append(sl.error(f"duplicate parameter {name!r} (first set at line {seen[key].line})"))
+            errors.append(
+                sl.error(f"duplicate parameter {name!r} (first set at line {seen[key].line})")
+            )
             continue
         seen[key] = sl
         try:

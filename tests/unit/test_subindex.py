@@ -419,18 +419,12 @@ def test_match_agrees_with_brute_force(
     assert len(idx) == len(held)
     assert sorted(idx.patterns()) == sorted({p for p, _, _ in held})
     for q in queries * 2:  # second round hits the cache
-        want = {
-            si
-            for (p, si, pm) in held
-            if any(ref_matches(x, q) for x in _expand(p, pm))
-        }
+        want = {si for (p, si, pm) in held if any(ref_matches(x, q) for x in _expand(p, pm))}
         got = idx.match(q)
         got_ids = [next(i for i, s in enumerate(pool) if s is g) for g in got]
         assert len(got_ids) == len(set(got_ids)), (q, got)
         assert set(got_ids) == want, (q, held)
         assert idx.has_interest(q) is bool(want)
     for q in interest:
-        want_i = any(
-            ref_intersects(x, q) for (p, _, pm) in held for x in _expand(p, pm)
-        )
+        want_i = any(ref_intersects(x, q) for (p, _, pm) in held for x in _expand(p, pm))
         assert idx.has_interest(q) is want_i, (q, held)

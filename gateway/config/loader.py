@@ -1,0 +1,180 @@
+"""Loading a configuration directory: every file, then the checks that span files.
+
+How this works. :func:`load_config` reads the files of one directory (seed L9692-9717,
+adapted: ``gateway.conf`` stands for ``tibemsd.conf``)::
+
+    gateway.conf  topics.conf  queues.conf  users.conf  groups.conf  acl.conf  transports.conf
+
+Any of them may be missing (an empty file); the directory itself must exist. With no
+directory the embedded default in ``gateway/defaults/`` is used, whose relative paths
+(``store = data``) resolve against the working directory rather than the package. Every
+problem of every file is collected, then the cross-file checks run:
+
+* each transport named in an ``import`` / ``export`` list exists (EMS: "ignoring transport
+  '%s' in %s list, transport not found", seed L22306-22307 — here an error);
+* a topic and a queue of the same name do not both import (seed L16383-16388);
+* JNDI names are unique across topics and queues (seed L22301-22302);
+
+and, if anything was wrong, :class:`~gateway.errors.ConfigErrors` is raised with all of
+them, in file and line order. Warnings (EMS "Configuration warning" lines) do not stop the
+load; they are kept in :attr:`Config.warnings` as ``file:line: message`` strings.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gateway.config.destinations import DestinationEntry, DestinationTable, load_destinations
+from gateway.config.files import read_lines
+from gateway.config.gateway_conf import GatewaySettings, parse_gateway_conf
+from gateway.config.security import Security, parse_acl, parse_groups, parse_users
+from gateway.config.transports import TransportDef, parse_transports
+from gateway.errors import ConfigError, ConfigErrors
+
+DEFAULT_CONFIG_DIR = Path(__file__).resolve().parent.parent / "defaults"
+CONFIG_FILES = (
+    "gateway.conf",
+    "topics.conf",
+    "queues.conf",
+    "users.conf",
+    "groups.conf",
+    "acl.conf",
+    "transports.conf",
+)
+
+
+@dataclass(slots=True)
+class Config:
+    """A loaded configuration. The tables and ``security`` change at run time (admin)."""
+
+    dir: Path
+    gateway: GatewaySettings
+    topics: DestinationTable
+    queues: DestinationTable
+    security: Security
+    transports: dict[str, TransportDef]
+    warnings: list[str] = field(default_factory=list)
+    embedded: bool = False
+
+    def table(self, kind: str) -> DestinationTable:
+        """``topics`` or ``queues`` by kind name (``"topic"`` / ``"queue"``)."""
+        return self.topics if kind == "topic" else self.queues
+
+
+def load_config(config_dir: str | os.PathLike[str] | None = None) -> Config:
+    """Load the configuration in ``config_dir`` (``None``: the embedded default).
+
+    Raises:
+        ConfigErrors: every problem found, each naming its file and line.
+    """
+    embedded = config_dir is None
+    d = DEFAULT_CONFIG_DIR if config_dir is None else Path(config_dir)
+    if not d.is_dir():
+        what = "does not exist" if not d.exists() else "is not a directory"
+        raise ConfigErrors([ConfigError(str(d), None, f"configuration directory {what}")])
+    base = Path.cwd() if embedded else d
+    errors: list[ConfigError] = []
+    warnings: list[str] = []
+    lines = {
+        name: read_lines(d / name, errors, inline_comments=name != "users.conf")
+        for name in CONFIG_FILES
+    }
+    settings = parse_gateway_conf(lines["gateway.conf"] or [], base, errors, warnings)
+    topics = load_destinations(lines["topics.conf"], "topic", errors)
+    queues = load_destinations(lines["queues.conf"], "queue", errors)
+    for name, kind in (("topics.conf", "topic"), ("queues.conf", "queue")):
+        if lines[name] is None:
+            warnings.append(f"{d / name}: file not found: no {kind} can be created")
+    users = parse_users(lines["users.conf"], errors)
+    user_names = [u.name for u in users]
+    groups = parse_groups(lines["groups.conf"], user_names, errors, warnings)
+    acl = parse_acl(lines["acl.conf"], user_names, [g.name for g in groups], errors, warnings)
+    section_names: set[str] = set()
+    transports = parse_transports(lines["transports.conf"], base, errors, warnings, section_names)
+
+    _check_transport_refs(topics, queues, transports, section_names, settings, errors, warnings)
+    _check_import_names(topics, queues, errors)
+    _check_jndi(topics, queues, errors)
+    if errors:
+        order = {name: i for i, name in enumerate(CONFIG_FILES)}
+        errors.sort(key=lambda e: (order.get(os.path.basename(e.file), -1), e.line or 0))
+        raise ConfigErrors(errors)
+    names = frozenset(transports)
+    topics.transport_names = names
+    queues.transport_names = names
+    return Config(
+        dir=d,
+        gateway=settings,
+        topics=topics,
+        queues=queues,
+        security=Security(users, groups, acl),
+        transports=transports,
+        warnings=warnings,
+        embedded=embedded,
+    )
+
+
+def _check_transport_refs(
+    topics: DestinationTable,
+    queues: DestinationTable,
+    transports: dict[str, TransportDef],
+    section_names: set[str],
+    settings: GatewaySettings,
+    errors: list[ConfigError],
+    warnings: list[str],
+) -> None:
+    used: set[str] = set()
+    for entry in topics.entries() + queues.entries():
+        for msg in DestinationTable.transport_problems(entry, section_names):
+            errors.append(ConfigError(entry.file, entry.line, msg))
+        used.update(entry.own.get("imports", ()))
+        used.update(entry.own.get("exports", ()))
+    for t in transports.values():
+        if t.name not in used:
+            warnings.append(
+                f"{t.where()}: transport {t.name!r} is not named in any import or export list"
+            )
+        elif not settings.transports_enabled(t.type):
+            warnings.append(
+                f"{t.where()}: transport {t.name!r} will not run: "
+                f"{t.type}_transports is disabled in gateway.conf"
+            )
+
+
+def _check_import_names(
+    topics: DestinationTable, queues: DestinationTable, errors: list[ConfigError]
+) -> None:
+    """Seed L16383-16388: a topic and a queue of one name may not both import."""
+    for q in queues.entries():
+        t = topics.get(q.name)
+        if t is not None and t.own.get("imports") and q.own.get("imports"):
+            errors.append(
+                ConfigError(
+                    q.file,
+                    q.line,
+                    f"queue {q.name!r} and topic {q.name!r} ({t.where()}) both import; "
+                    "imported destination names must be unique",
+                )
+            )
+
+
+def _check_jndi(
+    topics: DestinationTable, queues: DestinationTable, errors: list[ConfigError]
+) -> None:
+    seen: dict[str, DestinationEntry] = {}
+    for e in topics.entries() + queues.entries():
+        for j in e.jndi_names:
+            first = seen.get(j)
+            if first is not None:
+                errors.append(
+                    ConfigError(
+                        e.file,
+                        e.line,
+                        f"JNDI name {j!r} is already used by {first.kind} {first.name!r} "
+                        f"at {first.where()}",
+                    )
+                )
+            else:
+                seen[j] = e

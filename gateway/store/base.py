@@ -1,0 +1,136 @@
+"""The store interface: what the broker asks of a message store, and what it gets back at open.
+
+How this works. Persistent messages to queues, and to topics with durable subscribers, are
+written on receipt and survive a restart (ems.md §9.1, seed L1190-1240); durable subscription
+and queue definitions are kept with them (EMS keeps these in ``$sys.meta``, seed L1338-1339).
+The broker describes every change as a small call -- a message, an *entry* (a message pending
+on an endpoint, with its delivery count), an endpoint definition, a generic key/value record --
+and ends each unit of work with :meth:`Store.commit`. A store makes each unit durable as a
+whole, many units per disk flush (group commit), and then calls the unit's callback on the
+event loop thread; the producer of a persistent message is confirmed only from there.
+
+Contracts (all calls but :meth:`Store.flush` and :meth:`Store.close` run on the loop thread,
+never block and never raise for I/O reasons; I/O errors come back through ``on_error``):
+
+- ``add_entry`` is for a pair (endpoint, id) not already pending; a second add updates the
+  delivery count in place. A message row deleted while entries still reference it is a caller
+  bug that ``open`` repairs by dropping the dangling entries.
+- Store ids are assigned by ``put_message``, increase monotonically and are never reused after
+  a unit holding them has been committed.
+- A unit whose write fails is rolled back as a whole: its callback is never called; its
+  ``on_error`` (if any) is called on the loop thread with the exception, the failure is
+  counted in ``stats["errors"]`` and logged, and :meth:`Store.flush` raises
+  :class:`StoreError` if the unit it waited for failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.errors import GatewayError
+from gateway.message import Message
+
+Callback = Callable[[], None]
+ErrorCallback = Callable[[Exception], None]
+
+
+class StoreError(GatewayError):
+    """The store cannot be opened, or a write failed (the cause is chained)."""
+
+    reason = "store"
+
+
+@dataclass
+class Recovered:
+    """Everything a store holds, as returned by :meth:`Store.open`."""
+
+    endpoints: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> definition
+    # endpoint key -> [(store_id, delivery_count)] in the order the entries were added
+    entries: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    # store_id -> message (only messages some entry references; store_id is set on each)
+    messages: dict[int, Message] = field(default_factory=dict)
+    kv: dict[str, dict[str, bytes]] = field(default_factory=dict)  # namespace -> key -> value
+
+
+class Store(Protocol):
+    """A message store (:mod:`gateway.store.sqlite` is the default)."""
+
+    stats: dict[str, int]
+
+    def open(self, call_soon_threadsafe: Callable[..., object]) -> Recovered:
+        """Open or create the store and return everything to recover.
+
+        ``call_soon_threadsafe`` is the event loop's (or a test stub); the store hands
+        completions back to the loop thread only through it.
+        """
+        ...
+
+    def put_endpoint(self, key: str, definition: dict[str, Any]) -> None:
+        """Create or replace a durable subscription or queue definition (a JSON-able dict)."""
+        ...
+
+    def delete_endpoint(self, key: str) -> None:
+        """Delete an endpoint definition and every entry pending on it."""
+        ...
+
+    def put_message(self, msg: Message) -> int:
+        """Write ``msg``; assigns ``msg.store_id`` first if it is 0. Returns the id.
+
+        Raises:
+            MessageFormatError: the message has a value the codec cannot encode (nothing
+                is written and ``store_id`` is left alone).
+        """
+        ...
+
+    def delete_message(self, store_id: int) -> None: ...
+
+    def add_entry(self, endpoint_key: str, store_id: int, delivery_count: int = 0) -> None:
+        """The message is pending on that endpoint (after all entries added before it)."""
+        ...
+
+    def remove_entry(self, endpoint_key: str, store_id: int) -> None: ...
+
+    def update_entry(self, endpoint_key: str, store_id: int, delivery_count: int) -> None: ...
+
+    def put_kv(self, namespace: str, key: str, value: bytes) -> None:
+        """A small generic record (MQTT retained messages, sessions, the gateway id, ...)."""
+        ...
+
+    def delete_kv(self, namespace: str, key: str) -> None: ...
+
+    def commit(
+        self, callback: Callback | None = None, on_error: ErrorCallback | None = None
+    ) -> None:
+        """End a unit of work: everything submitted since the last commit, atomically.
+
+        It becomes durable in the next group commit; then ``callback`` is called on the loop
+        thread. If the write fails, ``on_error(exc)`` is called there instead.
+        """
+        ...
+
+    def flush(self) -> None:
+        """Block until everything submitted so far is durable (shutdown and tests).
+
+        Raises:
+            StoreError: the last unit could not be written.
+        """
+        ...
+
+    def close(self) -> None:
+        """Flush, stop the writer and close the database. Safe to call twice."""
+        ...
+
+
+# Operation codes of a unit of work, shared by the store implementations. An op is a tuple
+# whose first item is its code:
+OP_PUT_MESSAGE = 1  # (code, store_id, encoded bytes | Message, fresh: bool)
+OP_DELETE_MESSAGE = 2  # (code, store_id)
+OP_ADD_ENTRY = 3  # (code, endpoint, store_id, delivery_count)
+OP_REMOVE_ENTRY = 4  # (code, endpoint, store_id)
+OP_UPDATE_ENTRY = 5  # (code, endpoint, store_id, delivery_count)
+OP_PUT_ENDPOINT = 6  # (code, key, definition as JSON text)
+OP_DELETE_ENDPOINT = 7  # (code, key)
+OP_PUT_KV = 8  # (code, namespace, key, value)
+OP_DELETE_KV = 9  # (code, namespace, key)

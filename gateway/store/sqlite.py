@@ -1,0 +1,652 @@
+"""The default message store: SQLite in WAL mode, one writer thread, group commit.
+
+How this works. Every mutating call runs on the event loop thread and only appends an op
+tuple to the current unit of work (encoding a message with :mod:`gateway.serial` is the one
+real piece of work, so a message is captured as it was when it was put). :meth:`commit`
+hands the unit to the writer thread's queue. The writer thread owns the sqlite3 connection:
+it takes *every* queued unit at once, applies them in one transaction and commits -- one
+fsync for the lot with ``synchronous=FULL`` (``sync=True``; EMS's ``mode = sync``, ems.md
+§9.3) -- then posts all the batch's callbacks to the loop with a single
+``call_soon_threadsafe``. While it commits, new units queue up for the next batch, so the
+batch grows with the load and the fsync cost is shared (group commit). With ``sync=False``,
+``synchronous=NORMAL`` survives a process crash but may lose the last batches on power loss.
+
+Before executing a batch the writer coalesces it: a message put and deleted in the same
+batch, or an entry added and removed, never reaches the database; the rest goes out with one
+``executemany`` per statement kind. Entries keep their insertion order through an integer
+primary key (``seq``). ``delete_endpoint`` is a barrier: the entries collected before it are
+written first, so it deletes exactly the entries submitted before it.
+
+Errors. If a batch fails (disk full, I/O error, ...) it is rolled back and retried unit by unit,
+so one bad unit does not fail the others. A unit that still fails is logged, counted in
+``stats["errors"]``, kept in :attr:`SqliteStore.last_error`, and reported to the loop through
+its ``on_error`` callback; its success callback is never called. :meth:`flush` raises
+:class:`StoreError` if the unit it waited for failed.
+
+Opening takes an exclusive lock on ``<path>.lock`` (as EMS locks its store files, seed
+L4625-4651), creates or checks the schema, drops entries whose message is gone and messages no
+entry references, and decodes everything left. A record that does not decode stops the start
+(as EMS does, seed L4430-4479) unless the store was made with ``force_start=True``, which
+drops such records and logs them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from typing import Any
+
+from gateway.errors import MessageFormatError
+from gateway.message import Message
+from gateway.serial import decode_message, encode_message
+from gateway.store.base import (
+    OP_ADD_ENTRY,
+    OP_DELETE_ENDPOINT,
+    OP_DELETE_KV,
+    OP_DELETE_MESSAGE,
+    OP_PUT_ENDPOINT,
+    OP_PUT_KV,
+    OP_PUT_MESSAGE,
+    OP_REMOVE_ENTRY,
+    OP_UPDATE_ENTRY,
+    Callback,
+    ErrorCallback,
+    Recovered,
+    StoreError,
+)
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no lock file
+    fcntl = None  # type: ignore[assignment]
+
+log = logging.getLogger("gateway.store")
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS messages (id INTEGER PRIMARY KEY, data BLOB NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS entries (seq INTEGER PRIMARY KEY, endpoint TEXT NOT NULL,"
+    " msg INTEGER NOT NULL, count INTEGER NOT NULL DEFAULT 0, UNIQUE (endpoint, msg))",
+    "CREATE TABLE IF NOT EXISTS endpoints (key TEXT PRIMARY KEY, def TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS kv (ns TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,"
+    " PRIMARY KEY (ns, key)) WITHOUT ROWID",
+)
+
+# Multi-row statements as (head, one row, tail): see _execute_rows.
+_PUT_MESSAGES = ("INSERT OR REPLACE INTO messages (id, data) VALUES ", "(?,?)", "")
+_DELETE_MESSAGES = ("DELETE FROM messages WHERE id IN (", "?", ")")
+_INSERT_ENTRIES = (
+    "INSERT INTO entries (endpoint, msg, count) VALUES ",
+    "(?,?,?)",
+    " ON CONFLICT (endpoint, msg) DO UPDATE SET count = excluded.count",
+)
+_DELETE_ENTRIES = ("DELETE FROM entries WHERE endpoint = ? AND msg IN (", "?", ")")
+_DELETE_MESSAGE = "DELETE FROM messages WHERE id = ?"
+_UPDATE_ENTRY = "UPDATE entries SET count = ? WHERE endpoint = ? AND msg = ?"
+_DELETE_ENDPOINT_ENTRIES = "DELETE FROM entries WHERE endpoint = ?"
+_PUT_ENDPOINT = "INSERT OR REPLACE INTO endpoints (key, def) VALUES (?, ?)"
+_DELETE_ENDPOINT = "DELETE FROM endpoints WHERE key = ?"
+_PUT_KV = "INSERT OR REPLACE INTO kv (ns, key, value) VALUES (?, ?, ?)"
+_DELETE_KV = "DELETE FROM kv WHERE ns = ? AND key = ?"
+_PUT_META = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
+
+# Net state of one (endpoint, id) entry within a batch.
+_NEW = 1  # added in this batch: insert (a remove cancels it)
+_UPDATE = 2  # existed before: update the count
+_DELETE = 3  # existed before: delete
+_REINSERT = 4  # existed, removed, added again: delete, then insert at the end
+_UPSERT = 5  # existed and was added again (caller bug): insert or update in place
+
+# How long flush() waits between checks that the writer thread is still alive.
+_FLUSH_POLL_S = 1.0
+
+# A unit of work: (ops, callback, on_error, flush waiter).
+_Unit = tuple[list[tuple[Any, ...]], "Callback | None", "ErrorCallback | None", "_Waiter | None"]
+
+
+class _Waiter:
+    __slots__ = ("event", "error")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.error: Exception | None = None
+
+
+def _run_callbacks(callbacks: list[Callback]) -> None:
+    """Runs on the loop: the success callbacks of one batch."""
+    for cb in callbacks:
+        try:
+            cb()
+        except Exception:
+            log.exception("store commit callback failed")
+
+
+def _run_error_callbacks(calls: list[tuple[ErrorCallback, Exception]]) -> None:
+    """Runs on the loop: the on_error callbacks of the failed units of one batch."""
+    for cb, exc in calls:
+        try:
+            cb(exc)
+        except Exception:
+            log.exception("store on_error callback failed")
+
+
+class SqliteStore:
+    """SQLite store; see the module docstring. ``stats`` keys:
+
+    ``commits`` units made durable, ``ops`` ops in them, ``batches`` transactions committed,
+    ``max_batch`` most units in one batch, ``last_batch_ms`` / ``last_batch_us`` duration of
+    the last batch including its fsync, ``netted`` ops cancelled by coalescing, ``errors``
+    units that failed, ``failed_batches`` transactions that failed.
+    """
+
+    def __init__(self, path: str, sync: bool = True, *, force_start: bool = False) -> None:
+        self.path = path
+        self.sync = sync
+        self.force_start = force_start
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("commits", "ops", "batches", "max_batch", "last_batch_ms", "last_batch_us",
+             "netted", "errors", "failed_batches"),
+            0,
+        )  # fmt: skip
+        self.last_error: Exception | None = None
+        self._unit: list[tuple[Any, ...]] = []  # loop thread only
+        self._next_id = 1  # loop thread only (set by open)
+        self._queue: list[_Unit] = []  # guarded by _cv
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._call_soon: Callable[..., object] | None = None
+        self._lock_fd: int | None = None
+        self._max_id_written = 0  # writer thread only
+
+    # -- loop thread ---------------------------------------------------------------------------
+
+    def open(self, call_soon_threadsafe: Callable[..., object]) -> Recovered:
+        """Open or create the database, recover, and start the writer thread.
+
+        Raises:
+            StoreError: the store is locked by another process, is not a store of a schema
+                version this gateway reads, or holds a corrupt record (without force_start).
+        """
+        if self._thread is not None:
+            raise StoreError(f"store {self.path} is already open")
+        self._call_soon = call_soon_threadsafe
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        self._take_lock()
+        ready: Future[Recovered] = Future()
+        self._stopping = False
+        thread = threading.Thread(
+            target=self._run, args=(ready,), name="gateway-store-writer", daemon=True
+        )
+        thread.start()
+        try:
+            recovered = ready.result()
+        except BaseException:
+            thread.join()
+            self._release_lock()
+            raise
+        self._thread = thread
+        return recovered
+
+    def put_endpoint(self, key: str, definition: dict[str, Any]) -> None:
+        text = json.dumps(definition, sort_keys=True, separators=(",", ":"))
+        self._unit.append((OP_PUT_ENDPOINT, key, text))
+
+    def delete_endpoint(self, key: str) -> None:
+        self._unit.append((OP_DELETE_ENDPOINT, key))
+
+    def put_message(self, msg: Message) -> int:
+        data = encode_message(msg)  # raises before anything changes
+        sid = msg.store_id
+        fresh = not sid
+        if fresh:
+            sid = msg.store_id = self._next_id
+            self._next_id = sid + 1
+        self._unit.append((OP_PUT_MESSAGE, sid, data, fresh))
+        return sid
+
+    def delete_message(self, store_id: int) -> None:
+        self._unit.append((OP_DELETE_MESSAGE, store_id))
+
+    def add_entry(self, endpoint_key: str, store_id: int, delivery_count: int = 0) -> None:
+        self._unit.append((OP_ADD_ENTRY, endpoint_key, store_id, delivery_count))
+
+    def remove_entry(self, endpoint_key: str, store_id: int) -> None:
+        self._unit.append((OP_REMOVE_ENTRY, endpoint_key, store_id))
+
+    def update_entry(self, endpoint_key: str, store_id: int, delivery_count: int) -> None:
+        self._unit.append((OP_UPDATE_ENTRY, endpoint_key, store_id, delivery_count))
+
+    def put_kv(self, namespace: str, key: str, value: bytes) -> None:
+        self._unit.append((OP_PUT_KV, namespace, key, bytes(value)))
+
+    def delete_kv(self, namespace: str, key: str) -> None:
+        self._unit.append((OP_DELETE_KV, namespace, key))
+
+    def commit(
+        self, callback: Callback | None = None, on_error: ErrorCallback | None = None
+    ) -> None:
+        """End the unit of work; ``callback`` runs on the loop once it is durable.
+
+        Raises:
+            StoreError: the store is not open (a caller bug: nothing would ever be written).
+        """
+        unit = self._unit
+        if not unit and callback is None:
+            return
+        if self._thread is None:
+            raise StoreError(f"store {self.path} is not open")
+        self._unit = []
+        with self._cv:
+            self._queue.append((unit, callback, on_error, None))
+            self._cv.notify()
+
+    def flush(self) -> None:
+        """Block until everything submitted so far (committed or not) is durable.
+
+        Called on the loop thread, or on another thread once the loop no longer submits.
+
+        Raises:
+            StoreError: the write failed, or the writer thread is gone.
+        """
+        thread = self._thread
+        if thread is None:
+            return
+        waiter = _Waiter()
+        unit, self._unit = self._unit, []
+        with self._cv:
+            self._queue.append((unit, None, None, waiter))
+            self._cv.notify()
+        while not waiter.event.wait(_FLUSH_POLL_S):
+            if not thread.is_alive():
+                raise StoreError(f"store {self.path}: the writer thread has stopped")
+        if waiter.error is not None:
+            raise StoreError(f"store {self.path}: write failed: {waiter.error}") from waiter.error
+
+    def close(self) -> None:
+        """Flush, stop the writer thread and close the database (idempotent)."""
+        thread = self._thread
+        if thread is None:
+            return
+        try:
+            self.flush()
+        finally:
+            with self._cv:
+                self._stopping = True
+                self._cv.notify()
+            thread.join()
+            self._thread = None
+            self._release_lock()
+
+    # -- the lock file -------------------------------------------------------------------------
+
+    def _take_lock(self) -> None:
+        if fcntl is None:  # pragma: no cover
+            return
+        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise StoreError(
+                f"store {self.path} is in use by another gateway process (lock file "
+                f"{self.path}.lock)"
+            ) from None
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor drops the flock
+            self._lock_fd = None
+
+    # -- writer thread -------------------------------------------------------------------------
+
+    def _run(self, ready: Future[Recovered]) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = self._connect()
+            recovered = self._recover(conn)
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            if not isinstance(exc, StoreError):
+                err = StoreError(f"cannot open store {self.path}: {exc}")
+                err.__cause__ = exc
+                exc = err
+            ready.set_exception(exc)
+            return
+        ready.set_result(recovered)
+        try:
+            self._write_loop(conn)
+        finally:
+            try:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                log.warning("store %s: checkpoint at close failed: %s", self.path, exc)
+            conn.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, cached_statements=256)
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            conn.close()
+            raise StoreError(f"store {self.path}: cannot use WAL mode (got {mode})")
+        conn.execute("PRAGMA synchronous=" + ("FULL" if self.sync else "NORMAL"))
+        conn.execute("PRAGMA journal_size_limit=67108864")  # keep at most 64 MiB of WAL
+        conn.execute("PRAGMA cache_size=-16384")  # 16 MiB page cache
+        return conn
+
+    def _recover(self, conn: sqlite3.Connection) -> Recovered:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            recovered = self._recover_in_tx(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return recovered
+
+    def _recover_in_tx(self, conn: sqlite3.Connection) -> Recovered:
+        for stmt in _SCHEMA:
+            conn.execute(stmt)
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        version = meta.get("schema_version")
+        if version is None:
+            conn.execute(_PUT_META, ("schema_version", SCHEMA_VERSION))
+        elif version != SCHEMA_VERSION:
+            raise StoreError(
+                f"store {self.path} has schema version {version!r}; this gateway reads "
+                f"version {SCHEMA_VERSION}"
+            )
+        top = conn.execute("SELECT max(id) FROM messages").fetchone()[0] or 0
+        self._max_id_written = max(int(meta.get("max_id") or 0), top)
+        dangling = conn.execute(
+            "DELETE FROM entries WHERE msg NOT IN (SELECT id FROM messages)"
+        ).rowcount
+        unreferenced = conn.execute(
+            "DELETE FROM messages WHERE id NOT IN (SELECT msg FROM entries)"
+        ).rowcount
+        if dangling or unreferenced:
+            log.warning(
+                "store %s: dropped %d entries without a message and %d messages without an entry",
+                self.path, dangling, unreferenced,
+            )  # fmt: skip
+        rec = Recovered()
+        for mid, data in conn.execute("SELECT id, data FROM messages"):
+            try:
+                msg = decode_message(data)
+            except MessageFormatError as exc:
+                self._corrupt(f"message {mid}", exc)
+                conn.execute(_DELETE_MESSAGE, (mid,))
+                conn.execute("DELETE FROM entries WHERE msg = ?", (mid,))
+                continue
+            msg.store_id = mid
+            rec.messages[mid] = msg
+        for key, text in conn.execute("SELECT key, def FROM endpoints"):
+            try:
+                definition = json.loads(text)
+                if not isinstance(definition, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as exc:
+                self._corrupt(f"endpoint {key!r}", exc)
+                conn.execute(_DELETE_ENDPOINT, (key,))
+                continue
+            rec.endpoints[key] = definition
+        for endpoint, mid, count in conn.execute(
+            "SELECT endpoint, msg, count FROM entries ORDER BY seq"
+        ):
+            rec.entries.setdefault(endpoint, []).append((mid, count))
+        for ns, key, value in conn.execute("SELECT ns, key, value FROM kv"):
+            rec.kv.setdefault(ns, {})[key] = bytes(value)
+        self._next_id = self._max_id_written + 1
+        return rec
+
+    def _corrupt(self, what: str, exc: Exception) -> None:
+        if not self.force_start:
+            raise StoreError(
+                f"store {self.path}: {what} is corrupt ({exc}); the gateway will not start. "
+                "Open the store with force_start to drop corrupt records (their data is lost)"
+            )
+        log.error("store %s: dropping corrupt %s (%s)", self.path, what, exc)
+
+    def _write_loop(self, conn: sqlite3.Connection) -> None:
+        cv = self._cv
+        while True:
+            with cv:
+                while not self._queue and not self._stopping:
+                    cv.wait()
+                units = self._queue
+                if not units:
+                    return  # stopping, and everything is written
+                self._queue = []
+            try:
+                self._write(conn, units)
+            except Exception:  # pragma: no cover - a bug; keep the writer alive
+                log.exception("store %s: unexpected error in the writer thread", self.path)
+
+    def _write(self, conn: sqlite3.Connection, units: list[_Unit]) -> None:
+        """Write ``units`` as one batch; on failure retry them one by one."""
+        start = time.perf_counter_ns()
+        try:
+            self._transaction(conn, [u[0] for u in units])
+        except Exception as exc:
+            self.stats["failed_batches"] += 1
+            if len(units) == 1:
+                self._failed(units, exc)
+                return
+            log.error(
+                "store %s: a batch of %d units failed (%s); retrying them one by one",
+                self.path, len(units), exc,
+            )  # fmt: skip
+            for unit in units:
+                try:
+                    self._transaction(conn, [unit[0]])
+                except Exception as unit_exc:
+                    self.stats["failed_batches"] += 1
+                    self._failed([unit], unit_exc)
+                else:
+                    self._succeeded([unit], start)
+            return
+        self._succeeded(units, start)
+
+    def _transaction(self, conn: sqlite3.Connection, op_lists: list[list[tuple[Any, ...]]]) -> None:
+        conn.execute("BEGIN")
+        try:
+            max_id = self._apply(conn, op_lists)
+            if max_id > self._max_id_written:
+                conn.execute(_PUT_META, ("max_id", max_id))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error as exc:  # pragma: no cover - nothing more to do
+                    log.error("store %s: rollback failed: %s", self.path, exc)
+            raise
+        if max_id > self._max_id_written:
+            self._max_id_written = max_id
+
+    def _succeeded(self, units: list[_Unit], start: int) -> None:
+        took = (time.perf_counter_ns() - start) // 1000
+        stats = self.stats
+        stats["batches"] += 1
+        stats["commits"] += len(units)
+        stats["ops"] += sum(len(u[0]) for u in units)
+        stats["max_batch"] = max(stats["max_batch"], len(units))
+        stats["last_batch_us"] = took
+        stats["last_batch_ms"] = took // 1000
+        callbacks = [u[1] for u in units if u[1] is not None]
+        if callbacks:
+            self._post(_run_callbacks, callbacks)
+        for u in units:
+            if u[3] is not None:
+                u[3].event.set()
+
+    def _failed(self, units: list[_Unit], exc: Exception) -> None:
+        self.stats["errors"] += len(units)
+        self.last_error = exc
+        expected = isinstance(exc, (sqlite3.Error, OSError))
+        log.error(
+            "store %s: write failed, %d unit(s) not stored: %s",
+            self.path, len(units), exc, exc_info=not expected,
+        )  # fmt: skip
+        calls = [(u[2], exc) for u in units if u[2] is not None]
+        if calls:
+            self._post(_run_error_callbacks, calls)
+        for u in units:
+            if u[3] is not None:
+                u[3].error = exc
+                u[3].event.set()
+
+    def _post(self, fn: Callable[..., None], arg: Any) -> None:
+        call_soon = self._call_soon
+        assert call_soon is not None
+        try:
+            call_soon(fn, arg)
+        except RuntimeError as exc:  # the loop is closed; nobody is left to tell
+            log.warning("store %s: cannot run callbacks, loop is gone: %s", self.path, exc)
+
+    def _apply(self, conn: sqlite3.Connection, op_lists: Iterable[list[tuple[Any, ...]]]) -> int:
+        """Coalesce and execute the ops; returns the highest fresh message id seen."""
+        msgs: dict[int, bytes | None] = {}
+        fresh: set[int] = set()
+        ents: dict[tuple[str, int], tuple[int, int]] = {}
+        kvs: dict[tuple[str, str], bytes | None] = {}
+        eps: dict[str, str | None] = {}
+        max_id = netted = 0
+        for ops in op_lists:
+            for op in ops:
+                code = op[0]
+                if code == OP_PUT_MESSAGE:
+                    sid = op[1]
+                    msgs[sid] = op[2]
+                    if op[3]:
+                        fresh.add(sid)
+                        if sid > max_id:
+                            max_id = sid
+                elif code == OP_ADD_ENTRY:
+                    key = (op[1], op[2])
+                    prev = ents.get(key)
+                    if prev is None or prev[0] == _NEW:
+                        ents[key] = (_NEW, op[3])
+                    elif prev[0] == _DELETE:
+                        del ents[key]  # re-added: goes to the end
+                        ents[key] = (_REINSERT, op[3])
+                    elif prev[0] == _REINSERT:
+                        ents[key] = (_REINSERT, op[3])
+                    else:
+                        ents[key] = (_UPSERT, op[3])
+                elif code == OP_REMOVE_ENTRY:
+                    key = (op[1], op[2])
+                    prev = ents.get(key)
+                    if prev is not None and prev[0] == _NEW:
+                        del ents[key]
+                        netted += 2
+                    else:
+                        ents[key] = (_DELETE, 0)
+                elif code == OP_UPDATE_ENTRY:
+                    key = (op[1], op[2])
+                    prev = ents.get(key)
+                    if prev is None:
+                        ents[key] = (_UPDATE, op[3])
+                    elif prev[0] != _DELETE:
+                        ents[key] = (prev[0], op[3])
+                elif code == OP_DELETE_MESSAGE:
+                    sid = op[1]
+                    if sid in fresh:
+                        fresh.discard(sid)
+                        del msgs[sid]
+                        netted += 2
+                    else:
+                        msgs[sid] = None
+                elif code == OP_PUT_KV:
+                    kvs[op[1], op[2]] = op[3]
+                elif code == OP_DELETE_KV:
+                    kvs[op[1], op[2]] = None
+                elif code == OP_PUT_ENDPOINT:
+                    eps[op[1]] = op[2]
+                elif code == OP_DELETE_ENDPOINT:
+                    if ents:  # a barrier: entries submitted before it go first
+                        _write_entries(conn, ents)
+                        ents = {}
+                    conn.execute(_DELETE_ENDPOINT_ENTRIES, (op[1],))
+                    eps[op[1]] = None
+                else:  # pragma: no cover - a bug in this module
+                    raise AssertionError(f"unknown store op {op!r}")
+        if msgs:
+            puts = [(k, v) for k, v in msgs.items() if v is not None]
+            if puts:
+                _execute_rows(conn, _PUT_MESSAGES, puts)
+            if len(puts) != len(msgs):
+                _execute_rows(conn, _DELETE_MESSAGES, [(k,) for k, v in msgs.items() if v is None])
+        if ents:
+            _write_entries(conn, ents)
+        if kvs:
+            conn.executemany(_PUT_KV, [(k[0], k[1], v) for k, v in kvs.items() if v is not None])
+            conn.executemany(_DELETE_KV, [k for k, v in kvs.items() if v is None])
+        if eps:
+            conn.executemany(_PUT_ENDPOINT, [(k, v) for k, v in eps.items() if v is not None])
+            conn.executemany(_DELETE_ENDPOINT, [(k,) for k, v in eps.items() if v is None])
+        self.stats["netted"] += netted
+        return max_id
+
+
+def _write_entries(conn: sqlite3.Connection, ents: dict[tuple[str, int], tuple[int, int]]) -> None:
+    deletes: dict[str, list[tuple[int]]] = {}
+    inserts: list[tuple[str, int, int]] = []
+    updates: list[tuple[int, str, int]] = []
+    for key, (state, count) in ents.items():
+        if state == _NEW or state == _UPSERT:
+            inserts.append((key[0], key[1], count))
+        elif state == _UPDATE:
+            updates.append((count, key[0], key[1]))
+        else:
+            deletes.setdefault(key[0], []).append((key[1],))
+            if state == _REINSERT:
+                inserts.append((key[0], key[1], count))
+    for endpoint, ids in deletes.items():
+        _execute_rows(conn, _DELETE_ENTRIES, ids, (endpoint,))
+    if inserts:
+        _execute_rows(conn, _INSERT_ENTRIES, inserts)
+    if updates:
+        conn.executemany(_UPDATE_ENTRY, updates)
+
+
+# Rows per statement in _execute_rows. The sqlite3 module releases the GIL around every step,
+# and each release can hand the GIL to the loop thread and wait up to the switch interval to
+# get it back; one statement for many rows keeps the writer from slowing the loop down.
+# 3 x 256 parameters stay below SQLite's historic 999-variable limit.
+_MAX_ROWS = 256
+_SQL_CACHE: dict[tuple[tuple[str, str, str], int], str] = {}
+
+
+def _execute_rows(
+    conn: sqlite3.Connection,
+    template: tuple[str, str, str],
+    rows: list[tuple[Any, ...]],
+    prefix: tuple[Any, ...] = (),
+) -> None:
+    """Execute ``template`` for all ``rows`` with few statements of 2**k rows each."""
+    head, row, tail = template
+    i, total = 0, len(rows)
+    while i < total:
+        n = min(total - i, _MAX_ROWS)
+        n = 1 << (n.bit_length() - 1)  # a power of two, so few distinct statements
+        sql = _SQL_CACHE.get((template, n))
+        if sql is None:
+            sql = _SQL_CACHE[template, n] = head + ",".join([row] * n) + tail
+        params = list(prefix)
+        for r in rows[i : i + n]:
+            params.extend(r)
+        conn.execute(sql, params)
+        i += n

@@ -1,0 +1,120 @@
+"""Core benchmarks (a script, not a test).
+
+    python tests/bench/bench_core.py [--count N] [--persistent-count N] [--no-log]
+
+1. In-process publish → deliver of NON_PERSISTENT messages: one producer, one topic, one
+   subscriber (NO_ACKNOWLEDGE session, listener counts), delivery log on unless --no-log.
+   Target (issue 2): over 200k messages/s on one core.
+2. The same through a queue with AUTO acknowledgement (publish, deliver, ack).
+3. PERSISTENT sends to a queue on the SQLite store with fsync on, group commit: producers
+   keep up to --window unconfirmed sends in flight. Target: over 20k messages/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from corehelp import Q, T, running_broker  # noqa: E402
+
+from gateway.client import AckMode  # noqa: E402
+from gateway.message import DeliveryMode, Message  # noqa: E402
+
+
+async def bench_topic(count: int, log: bool) -> float:
+    with tempfile.TemporaryDirectory() as d:
+        async with running_broker(Path(d), log=log, store_type="memory") as b:
+            s = b.connect().session(AckMode.NONE)
+            n = 0
+
+            def listener(_: object) -> None:
+                nonlocal n
+                n += 1
+
+            s.consumer(T("bench.topic"), listener=listener)
+            p = b.connect().session().producer(T("bench.topic"),
+                                               delivery_mode=DeliveryMode.NON_PERSISTENT)
+            send = p.send
+            payload = b"x" * 64
+            t0 = time.perf_counter()
+            for _ in range(count):
+                send(Message.binary(payload))
+            dt = time.perf_counter() - t0
+            assert n == count, (n, count)
+            return count / dt
+
+
+async def bench_queue(count: int, log: bool) -> float:
+    with tempfile.TemporaryDirectory() as d:
+        async with running_broker(Path(d), log=log, store_type="memory") as b:
+            s = b.connect().session(AckMode.AUTO)
+            n = 0
+
+            def listener(_: object) -> None:
+                nonlocal n
+                n += 1
+
+            s.consumer(Q("bench.queue"), listener=listener)
+            p = b.connect().session().producer(Q("bench.queue"),
+                                               delivery_mode=DeliveryMode.NON_PERSISTENT)
+            payload = b"x" * 64
+            t0 = time.perf_counter()
+            for _ in range(count):
+                p.send(Message.binary(payload))
+            dt = time.perf_counter() - t0
+            assert n == count and b.queues["bench.queue"].count == 0
+            return count / dt
+
+
+async def bench_persistent(count: int, window: int, log: bool) -> tuple[float, dict]:
+    with tempfile.TemporaryDirectory() as d:
+        async with running_broker(Path(d), log=log, gateway="store_sync = true\n") as b:
+            p = b.connect().session().producer(Q("bench.persistent"))
+            payload = b"x" * 64
+            t0 = time.perf_counter()
+            inflight: list[asyncio.Future[None]] = []
+            for _ in range(count):
+                f = p.send(Message.binary(payload))
+                if f is not None:
+                    inflight.append(f)
+                if len(inflight) >= window:
+                    await asyncio.gather(*inflight)
+                    inflight.clear()
+            await asyncio.gather(*inflight)
+            dt = time.perf_counter() - t0
+            assert b.queues["bench.persistent"].count == count
+            return count / dt, dict(b.store.stats)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--count", type=int, default=300_000)
+    ap.add_argument("--persistent-count", type=int, default=50_000)
+    ap.add_argument("--window", type=int, default=1000)
+    ap.add_argument("--no-log", action="store_true")
+    args = ap.parse_args()
+    log = not args.no_log
+    try:
+        import uvloop
+
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    rate = run(bench_topic(args.count, log))
+    print(f"topic publish->deliver (non-persistent, delivery log {'on' if log else 'off'}): "
+          f"{rate:,.0f} msgs/s")
+    rate = run(bench_queue(args.count, log))
+    print(f"queue send->deliver->ack (non-persistent, AUTO): {rate:,.0f} msgs/s")
+    rate, stats = run(bench_persistent(args.persistent_count, args.window, log))
+    print(f"persistent queue send, fsync on, group commit (window {args.window}): "
+          f"{rate:,.0f} msgs/s  store stats: {stats}")
+
+
+if __name__ == "__main__":
+    main()
