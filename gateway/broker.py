@@ -331,7 +331,7 @@ class Broker:
         if not msg.size:
             msg.size = estimate_size(msg)
 
-    def publish(self, msg: Message, conn: Any = None) -> asyncio.Future[None] | None:
+    def publish(self, msg: Message, conn: Any = None, now: int = 0) -> asyncio.Future[None] | None:
         """Route one message; see the module docstring. ``msg.destination`` must be set.
 
         Returns ``None`` or a future to wait on before confirming to the producer.
@@ -341,7 +341,8 @@ class Broker:
             accepted (never raised for RELIABLE messages, which are dropped and logged,
             seed L1167-1189).
         """
-        now = self.now()
+        if not now:
+            now = self.now()
         if msg.message_id is None or msg.trace_id is None or not msg.size:
             self.stamp(msg, conn, now)
         try:

