@@ -36,6 +36,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from gateway import subject
+from gateway.endpoint import Endpoint, QueueEndpoint, Subscription
 from gateway.errors import (
     IllegalStateError,
     InvalidDestinationError,
@@ -54,8 +56,6 @@ from gateway.message import (
     Message,
     estimate_size,
 )
-from gateway import subject
-from gateway.endpoint import Endpoint, QueueEndpoint, Subscription
 from gateway.subindex import SubIndex
 
 log = logging.getLogger("gateway.broker")

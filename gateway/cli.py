@@ -12,6 +12,7 @@ import asyncio
 import getpass
 import logging
 import sys
+from typing import Any
 
 from gateway.errors import ConfigError, ConfigErrors
 
@@ -34,12 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from gateway.server import serve
 
+        runner: Any = asyncio.run
         try:
             import uvloop
 
             runner = uvloop.run
         except ImportError:  # pragma: no cover - uvloop is optional
-            runner = asyncio.run
+            pass
         try:
             return int(runner(serve(args.config_dir)))
         except (ConfigError, ConfigErrors) as exc:

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gateway.message import Destination, DeliveryMode, Message
+from gateway.message import DeliveryMode, Destination, Message
 
 if TYPE_CHECKING:
     from gateway.broker import Broker

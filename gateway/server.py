@@ -91,7 +91,7 @@ def _gateway_id(store: Any, recovered: Any, name: str) -> str:
     ids = recovered.kv.get("gateway", {})
     raw = ids.get("id")
     if raw is not None:
-        return raw.decode()
+        return bytes(raw).decode()
     gid = f"{name}-{uuid.uuid4().hex[:12]}"
     store.put_kv("gateway", "id", gid.encode())
     store.commit(None)

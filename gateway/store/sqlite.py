@@ -582,7 +582,9 @@ class SqliteStore:
                 elif code == OP_PUT_ENDPOINT:
                     eps[op[1]] = op[2]
                 elif code == OP_DELETE_ENDPOINT:
-                    pass
+                    if ents:  # a barrier: entries submitted before it go first
+                        _write_entries(conn, ents)
+                        ents = {}
                     conn.execute(_DELETE_ENDPOINT_ENTRIES, (op[1],))
                     eps[op[1]] = None
                 else:  # pragma: no cover - a bug in this module

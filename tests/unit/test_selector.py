@@ -787,3 +787,42 @@ def test_logic_matches_kleene(tree: Any, truths: list[bool | None]) -> None:
         if value is not None:
             props[name] = value if name[0] == "p" else (1 if value else 2)
     assert _result(_render(tree), _msg(props)) is _kleene(tree, truth)
+
+
+# The generated code inlines comparisons with a literal; the general helpers compare two
+# identifiers. Both must give the same three-valued answer for every kind of value.
+_OPERANDS = st.one_of(
+    st.none(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(-(2**25), 2**25),
+    st.integers(-128, 127).map(Int8),
+    st.integers(0, 2**64 - 1).map(UInt64),
+    st.floats(),
+    st.floats(width=32).map(Float32),
+    st.sampled_from([16777217, 2**53 + 1, -(2**24) - 1, "1", True, Char("1")]),
+)
+_LITERALS = st.one_of(
+    st.integers(-(2**63), 2**63 - 1).map(lambda i: (str(i), i)),
+    st.integers(-(2**25), 2**25).map(lambda i: (str(i), i)),
+    st.floats(allow_nan=False, allow_infinity=False).map(lambda f: (repr(f), f)),
+    st.floats(width=32, allow_nan=False, allow_infinity=False).map(
+        lambda f: (repr(f) + "F", Float32(f))
+    ),
+    st.sampled_from([("'1'", "1"), ("TRUE", True), ("FALSE", False)]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_OPERANDS, _LITERALS, _LITERALS, st.sampled_from(["=", "<>", "<", "<=", ">", ">="]))
+def test_inlined_literal_comparisons_agree_with_helpers(
+    x: Any, lit: tuple[str, Any], lit2: tuple[str, Any], op: str
+) -> None:
+    text, value = lit
+    m = _msg({k: v for k, v in {"x": x, "y": value, "z": lit2[1]}.items() if v is not None})
+    if op in ("=", "<>") or not isinstance(value, (str, bool)):
+        assert _result("x " + op + " " + text, m) is _result("x " + op + " y", m)
+        assert _result(text + " " + op + " x", m) is _result("y " + op + " x", m)
+    if not isinstance(value, (str, bool)) and not isinstance(lit2[1], (str, bool)):
+        for form in ("x BETWEEN {} AND {}", "x NOT BETWEEN {} AND {}"):
+            inlined = _result(form.format(text, lit2[0]), m)
+            assert inlined is _result(form.format("y", "z"), m)

@@ -1,0 +1,94 @@
+"""The `gateway` command: serve starts, logs where it listens, and stops cleanly on signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from corehelp import write_config
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway", *args], cwd=cwd, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def wait_for(proc: subprocess.Popen[str], pattern: str, lines: list[str]) -> re.Match[str]:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(pattern, line)
+        if m:
+            return m
+    raise AssertionError(f"{pattern!r} not seen; output:\n{''.join(lines)}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_logs_its_listener_answers_and_stops_on_signal(tmp_path, sig):
+    write_config(tmp_path, gateway="listen = http://127.0.0.1:0\n")
+    proc = start(["serve", "--config-dir", str(tmp_path)], tmp_path)
+    lines: list[str] = []
+    try:
+        m = wait_for(proc, r"listening for http on 127\.0\.0\.1:(\d+)", lines)
+        port = int(m.group(1))
+        wait_for(proc, r"gateway ready", lines)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/server", timeout=5) as r:
+            info = json.load(r)
+        assert info["queues"] >= 1 and "published" in info
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, "".join(lines) + out
+    assert "gateway stopped" in out
+
+
+def test_serve_refuses_a_bad_config_naming_file_and_line(tmp_path):
+    write_config(tmp_path, queues="ok.queue\nbad..name\n", gateway="max_msg_memory = lots\n")
+    proc = start(["serve", "--config-dir", str(tmp_path)], tmp_path)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert "queues.conf:2" in out
+    assert "gateway.conf:1" in out
+
+
+def test_check_config(tmp_path):
+    write_config(tmp_path)
+    ok = start(["check-config", str(tmp_path)], tmp_path)
+    assert ok.communicate(timeout=30)[0].strip().endswith("configuration is valid")
+    assert ok.returncode == 0
+    write_config(tmp_path, topics="a.b maxmsgs=x\n")
+    bad = start(["check-config", str(tmp_path)], tmp_path)
+    out = bad.communicate(timeout=30)[0]
+    assert bad.returncode == 1 and "topics.conf:1" in out
+
+
+def test_passwd_hash_is_accepted_by_users_conf(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "gateway", "passwd"], input="s3cret\n",
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       timeout=60)
+    hashed = p.stdout.strip()
+    assert hashed.startswith("$") and "s3cret" not in hashed
+    from gateway.config import load_config
+
+    write_config(tmp_path, users=f'carol:{hashed}:"Carol"\n')
+    sec = load_config(str(tmp_path)).security
+    assert sec.authenticate("carol", "s3cret")
+    assert not sec.authenticate("carol", "wrong")
