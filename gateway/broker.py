@@ -401,6 +401,8 @@ class Broker:
         topic.stats_in += 1
         subs = self.subs.match(topic.name)
         if not subs:
+            if self.log_enabled:
+                self.dlog.record("drop", msg, topic.dest_text, None, 0, "no_subscribers")
             return None
         props = topic.props
         maxmsgs = props.maxmsgs
@@ -419,6 +421,8 @@ class Broker:
         persistent = msg.delivery_mode == PERSISTENT
         stored = False
         store = self.store
+        flow_limit = props.flow_control_bytes if self.flow_control else 0
+        blocked: Subscription | None = None
         for s in subs:
             sub: Subscription = s  # type: ignore[assignment]
             if (sub.no_local or sub.selector is not None) and not sub.accepts(msg):
@@ -441,9 +445,16 @@ class Broker:
                 stored = True
             self.memory += msg.size
             sub.put(msg, now)
-        if stored:
-            return self._commit_future()
-        return None
+            if flow_limit and sub.bytes >= flow_limit and sub.consumers:
+                # Flow control on a topic holds the producer while a subscriber lags (seed L3400-3406).
+                sub.flow_limit = flow_limit
+                blocked = sub
+        fut = self._commit_future() if stored else None
+        if blocked is not None:
+            flow: asyncio.Future[None] = self.loop.create_future()
+            blocked.flow_waiters.append(flow)
+            return flow if fut is None else _both(self.loop, fut, flow)
+        return fut
 
     def _route_queue(self, q: QueueEndpoint, msg: Message, now: int) -> asyncio.Future[None] | None:
         props = q.props

@@ -134,6 +134,7 @@ class Char(str):
     """A JMS ``char``: exactly one UTF-16 code unit (one BMP character)."""
 
     __slots__ = ()
+    NAME: ClassVar[str] = "char"
 
     def __new__(cls, value: str) -> Char:
         if len(value) != 1 or ord(value) > 0xFFFF:

@@ -551,6 +551,8 @@ class SqliteStore:
                     elif prev[0] == _REINSERT:
                         ents[key] = (_REINSERT, op[3])
                     else:
+                        if prev[0] == _UPDATE:
+                            del ents[key]  # its place is where it is added
                         ents[key] = (_UPSERT, op[3])
                 elif code == OP_REMOVE_ENTRY:
                     key = (op[1], op[2])

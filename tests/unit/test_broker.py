@@ -534,3 +534,55 @@ async def test_map_and_stream_bodies_pass_through_unchanged(tmp_path):
         assert out == body
         assert type(out["a"]) is UInt16
         assert type(out["nested"]["list"][2]) is Int16Array
+
+
+async def test_flow_control_on_a_topic_holds_the_producer_while_a_subscriber_lags(tmp_path):
+    async with running_broker(
+        tmp_path, gateway="flow_control = enabled\n", topics="ft flowControl=1KB\n>\n"
+    ) as b:
+        s = b.connect().session()
+        p = s.producer(T("ft"), delivery_mode=NP)
+        assert p.send(Message.text("x" * 600)) is None  # no subscribers: not enforced
+        slow = s.consumer(T("ft"), window=0)
+        assert p.send(Message.text("x" * 600)) is None
+        fut = p.send(Message.text("x" * 600))
+        assert fut is not None and not fut.done()
+        await slow.receive(1)
+        await slow.receive(1)
+        await settle()
+        assert fut.done()
+
+
+async def test_delivery_log_records_every_step_of_a_message(tmp_path):
+    import json
+
+    async with running_broker(tmp_path, queues="dl maxRedelivery=2\n>\n") as b:
+        s = b.connect().session(AckMode.CLIENT)
+        p = s.producer(Q("dl"), delivery_mode=NP)
+        p.send(Message.text("one"))
+        c = s.consumer(Q("dl"))
+        d = await c.receive(1)
+        s.recover()
+        await c.receive(1)
+        s.recover()  # second attempt fails too: past maxRedelivery, dropped
+        c.close()
+        p.send(Message.text("two"), ttl=1)
+        await asyncio.sleep(0.02)
+        assert await s.consumer(Q("dl")).receive(0.1) is None
+        s.producer(T("nobody"), delivery_mode=NP).send(Message.text("lost?"))
+        trace = d.msg.trace_id
+        b.dlog.flush()
+        records = []
+        for f in sorted((tmp_path / "data" / "delivery-log").glob("*.jsonl")):
+            records += [json.loads(line) for line in f.read_text().splitlines()]
+    mine = [(r["event"], r["count"], r["reason"]) for r in records if r["trace_id"] == trace]
+    assert mine == [
+        ("publish", 0, None),
+        ("deliver", 1, None),
+        ("redeliver", 2, None),
+        ("drop", 2, "maxredelivery_exceeded"),
+    ]
+    events = {r["event"] for r in records}
+    assert "expire" in events
+    assert ("drop", "no_subscribers") in {(r["event"], r["reason"]) for r in records}
+    assert all(r["dest"] in ("queue:dl", "topic:nobody") for r in records)

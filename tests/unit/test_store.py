@@ -598,7 +598,7 @@ def run_script(
 
 
 @given(op_scripts())
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_sqlite_store_matches_the_memory_model(script: list[tuple[Any, ...]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         sqlite = SqliteStore(os.path.join(tmp, "m.db"), sync=False)
