@@ -6,11 +6,13 @@ build small typed nodes while parsing, checking types as they go, so no parse tr
 and deep input never recurses. :class:`_CodeGen` then turns the nodes into the source of one
 Python function, ``_match(m)``, which reads each identifier with ``m.header(name)`` and
 computes SQL's three-valued logic with ``True`` / ``False`` / ``None`` (UNKNOWN); the
-selector matches only when the result ``is True`` (seed L1735-1741). Common shapes are
-inlined (``color = 'red'``, ``weight > 10``, ``x BETWEEN 1 AND 9``, ``c IN (...)``, prefix
-and suffix ``LIKE``); the rest call the helpers below (``_eq``, ``_lt``, ``_arith`` ...).
-A subtree whose code nests too deeply for CPython's parser is hoisted into its own function.
-Compiled selectors are cached by text, since many consumers share one selector.
+selector matches only when the result ``is True`` (seed L1735-1741). A top-level AND / OR
+becomes a run of ``if`` statements that returns as soon as the answer is known. Common
+shapes are inlined (``color = 'red'``, ``weight > 10``, ``x BETWEEN 1 AND 9``, ``c IN
+(...)``, prefix / suffix / contains ``LIKE``); the rest call the helpers below (``_eq``,
+``_lt``, ``_arith`` ...), which the inlined code falls back to for unusual value types. A
+subtree whose code nests too deeply for CPython's parser, or a long AND / OR run, becomes a
+function of its own. Compiled selectors are cached by text, since consumers share them.
 
 Semantic choices (the JMS and EMS texts leave these open):
 
@@ -44,8 +46,9 @@ Semantic choices (the JMS and EMS texts leave these open):
   character is an error.
 * Header identifiers are whatever :meth:`gateway.message.Message.header` returns (all 11
   JMS headers; ``JMSDeliveryMode`` reads as ``'PERSISTENT'`` / ``'NON_PERSISTENT'``).
-* ``selector_logical_operator_limit`` (seed L8137-8159) is not implemented: evaluation is a
-  flat function with no recursion to guard, and nesting is capped at :data:`MAX_NESTING`.
+* ``selector_logical_operator_limit`` (seed L8137-8159) is not implemented: it guards EMS's
+  recursive evaluator; here AND / OR runs are flat loops of statements and nesting is capped
+  at compile time by :data:`MAX_NESTING`.
 """
 
 from __future__ import annotations

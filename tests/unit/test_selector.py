@@ -759,7 +759,8 @@ _LOGIC = st.recursive(
 def _render(tree: Any) -> str:
     if isinstance(tree, str):
         return tree
-    op, items = tree
+    op: str = tree[0]
+    items: list[Any] = tree[1]
     if op == "NOT":
         return "NOT (" + _render(items[0]) + ")"
     return "(" + (" " + op + " ").join(_render(i) for i in items) + ")"
