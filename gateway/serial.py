@@ -186,6 +186,9 @@ def _put_str(out: bytearray, s: str) -> None:
 def write_value(out: bytearray, v: Any, depth: int = 0) -> None:
     """Append the tagged encoding of ``v`` to ``out`` (for modules that embed typed values).
 
+    ``depth`` is the nesting level of ``v`` (0 for a body). A ``bytearray`` is written as
+    ``bytes`` and reads back as ``bytes``.
+
     Raises:
         MessageFormatError: ``v`` (or something inside it) has no encoding, an ``int`` does
             not fit int64, or maps/streams nest deeper than ``MAX_NESTING``.

@@ -103,7 +103,7 @@ _NEW = 1  # added in this batch: insert (a remove cancels it)
 _UPDATE = 2  # existed before: update the count
 _DELETE = 3  # existed before: delete
 _REINSERT = 4  # existed, removed, added again: delete, then insert at the end
-_UPSERT = 5  # existed and was added again (caller bug): insert or update in place
+_UPSERT = 5  # updated, then added: insert where added, or update the count if it exists
 
 # How long flush() waits between checks that the writer thread is still alive.
 _FLUSH_POLL_S = 1.0

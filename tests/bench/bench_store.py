@@ -36,10 +36,10 @@ ENDPOINT = "queue:bench"
 
 def make_message(i: int) -> Message:
     return Message.text(
-        "bench message body of a typical small size, number %d" % i,
+        f"bench message body of a typical small size, number {i}",
         destination=Destination.queue("bench"),
         properties={"region": "eu", "seq": Int32(i), "urgent": False},
-        message_id="ID:bench:%d" % i,
+        message_id=f"ID:bench:{i}",
         timestamp=1_700_000_000_000 + i,
     )
 

@@ -40,13 +40,17 @@ async def main(path: str, run: str) -> None:
         sid = store.put_message(msg)
         store.add_entry(ENDPOINT, sid, 0)
 
+        def acked() -> None:
+            out.write(f"acked {sid}\n")
+            out.flush()
+
         def stored() -> None:
             out.write(f"stored {sid} {body}\n")
             out.flush()
             if sid % 3 == 0:
                 store.remove_entry(ENDPOINT, sid)
                 store.delete_message(sid)
-                store.commit(lambda: (out.write(f"acked {sid}\n"), out.flush()))
+                store.commit(acked)
             send()
 
         store.commit(stored)
