@@ -191,6 +191,7 @@ class Broker:
         Raises:
             SecurityError: bad credentials, or anonymous access not allowed.
             IllegalStateError: the client id is already connected.
+            LimitExceededError: ``max_connections`` reached.
         """
         from gateway.client import Connection
 
@@ -201,6 +202,9 @@ class Broker:
                     raise SecurityError("anonymous connections are not allowed")
             elif not security.authenticate(user, password or ""):
                 raise SecurityError(f"authentication failed for user {user!r}")
+        max_conn = int(self.config.gateway.max_connections)
+        if max_conn and len(self.connections) >= max_conn:
+            raise LimitExceededError(f"max_connections ({max_conn}) reached")
         if client_id is not None:
             for c in self.connections.values():
                 if c.client_id == client_id:

@@ -39,8 +39,10 @@ parameter                           default            meaning
                                                        at most 2GB (seed L8300-8310)
 ``max_connections``                 0                  simultaneous client connections; 0 = unlimited
                                                        (seed L8312-8316)
-``selector_logical_operator_limit`` 5000               selector evaluation guard; 0 = none (seed
-                                                       L8137-8159)
+``selector_logical_operator_limit`` 5000               accepted for EMS compatibility (seed
+                                                       L8137-8159) but not needed: selectors are
+                                                       compiled, never recurse, and their nesting
+                                                       is capped when compiled
 ``mqtt_transports``                 disabled           run the ``type = mqtt`` transports of
                                                        ``transports.conf`` (as EMS's
                                                        ``tibrv_transports``, seed L8818-8858)

@@ -119,7 +119,11 @@ class Store(Protocol):
         ...
 
     def close(self) -> None:
-        """Flush, stop the writer and close the database. Safe to call twice."""
+        """Flush, stop the writer and close the database. Safe to call twice.
+
+        Raises:
+            StoreError: the final flush failed (the store is closed all the same).
+        """
         ...
 
 

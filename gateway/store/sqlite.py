@@ -279,7 +279,11 @@ class SqliteStore:
             raise StoreError(f"store {self.path}: write failed: {error}") from error
 
     def close(self) -> None:
-        """Flush, stop the writer thread and close the database (idempotent)."""
+        """Flush, stop the writer thread and close the database (idempotent).
+
+        Raises:
+            StoreError: the final flush failed (the store is closed all the same).
+        """
         thread = self._thread
         if thread is None:
             return

@@ -586,3 +586,26 @@ async def test_delivery_log_records_every_step_of_a_message(tmp_path):
     assert "expire" in events
     assert ("drop", "no_subscribers") in {(r["event"], r["reason"]) for r in records}
     assert all(r["dest"] in ("queue:dl", "topic:nobody") for r in records)
+
+
+async def test_max_connections(tmp_path):
+    async with running_broker(tmp_path, gateway="max_connections = 2\n") as b:
+        b.connect()
+        second = b.connect()
+        with pytest.raises(LimitExceededError):
+            b.connect()
+        second.close()
+        b.connect()
+
+
+async def test_server_memory_limit_rejects_instead_of_growing(tmp_path):
+    async with running_broker(tmp_path, gateway="max_msg_memory = 8MB\n") as b:
+        p = b.connect().session().producer(Q("big"), delivery_mode=NP)
+        sent = 0
+        with pytest.raises(LimitExceededError):
+            for _ in range(200):
+                p.send(Message.binary(b"x" * 100_000))
+                sent += 1
+        assert 70 <= sent <= 84
+        b.purge_queue("big")
+        p.send(Message.binary(b"x" * 100_000))  # room again once drained

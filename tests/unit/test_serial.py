@@ -8,6 +8,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import (
+    message_differences,
+    messages,
+    nested_values,
+    same_value,
+    typed_arrays,
+)
 
 from gateway.errors import MessageFormatError
 from gateway.message import BodyKind, DeliveryMode, Destination, Message, estimate_size
@@ -45,13 +52,6 @@ from gateway.types import (
     UInt64,
     UInt64Array,
     check_value,
-)
-from tests.strategies import (
-    message_differences,
-    messages,
-    nested_values,
-    same_value,
-    typed_arrays,
 )
 
 # One value of every scalar type at both ends of its range.

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import message_differences
 
 from gateway.errors import MessageFormatError
 from gateway.message import Destination, Message
 from gateway.store import MemoryStore, Recovered, SqliteStore, Store, StoreError, open_store
 from gateway.types import Int16, Int16Array, UInt64
-from tests.strategies import message_differences
 
 
 class LoopStub:
