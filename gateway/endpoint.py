@@ -359,6 +359,7 @@ class Endpoint:
             return
         if self.durable and msg.store_id and count_delivery:
             broker.store.update_entry(self.key, msg.store_id, count)
+            broker.store.commit(None)
         delay = self.redelivery_delay()
         if delay and count_delivery:
             self._hold(msg, broker.now() + delay)
