@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, ConfigErrors) as exc:
             print(f"gateway: configuration errors, not starting:\n{exc}", file=sys.stderr)
             return 2
+        except OSError as exc:
+            print(f"gateway: cannot start: {exc}", file=sys.stderr)
+            return 1
     if args.command == "check-config":
         from gateway.config import load_config
 

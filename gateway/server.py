@@ -22,6 +22,7 @@ from gateway import registry
 from gateway.broker import Broker
 from gateway.config import Config, load_config
 from gateway.dlog import DeliveryLog
+from gateway.errors import ConfigError
 from gateway.store import open_store
 
 log = logging.getLogger("gateway")
@@ -57,7 +58,11 @@ class Gateway:
             log.warning("%s", warning)
         try:
             for spec in gw.listen:
-                factory = registry.adapter(spec.scheme)
+                try:
+                    factory = registry.adapter(spec.scheme)
+                except registry.NotAvailableError as exc:
+                    conf = str(self.config.dir / "gateway.conf")
+                    raise ConfigError(conf, spec.line, f"listen {spec.scheme}: {exc}") from None
                 handle = await factory(self.broker, spec)
                 self.listeners.append((spec, handle))
                 host, port = getattr(handle, "address", (spec.host, spec.port))
