@@ -101,6 +101,8 @@ def make_app(broker: Any) -> web.Application:
 
     app = web.Application()
     app.add_routes(routes)
+    for method, path, handler in broker.http_routes:  # adapters' WebSocket endpoints
+        app.router.add_route(method, path, handler)
     return app
 
 

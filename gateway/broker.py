@@ -115,6 +115,10 @@ class Broker:
         self.stats = {"published": 0, "rejected": 0, "dropped": 0, "expired": 0, "undelivered": 0}
         self.closed = False
         self.hooks_publish: list[Callable[[Message, Any], None]] = []
+        # The store's key-value records at start-up, for adapters (MQTT sessions, retained).
+        self.kv: dict[str, dict[str, bytes]] = {}
+        # (method, path, aiohttp handler) that adapters offer on the HTTP listener (WebSocket).
+        self.http_routes: list[tuple[str, str, Any]] = []
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -124,6 +128,7 @@ class Broker:
 
         self._ensure_queue(UNDELIVERED, system=True)
         if recovered is not None:
+            self.kv = recovered.kv
             recover(self, recovered)
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
 
@@ -565,6 +570,7 @@ class Broker:
         selector: Any = None,
         no_local: bool = False,
         parent_match: bool = False,
+        share_scope: str | None = None,
     ) -> Subscription:
         """Find or create the subscription a new topic consumer attaches to (seed L443-510).
 
@@ -590,8 +596,11 @@ class Broker:
             if durable_name is not None:
                 self.check(conn, "topic", pattern, "durable", props)
         sel_text = selector.text if selector is not None else None
+        scope = conn.client_id or ""
+        if shared_name is not None and share_scope is not None:
+            scope = share_scope
         if durable_name is not None:
-            key = f"sub:{conn.client_id or ''}:{durable_name}"
+            key = f"sub:{scope}:{durable_name}"
             sub = self.durables.get(key)
             shared = shared_name is not None
             if sub is not None:
@@ -618,7 +627,7 @@ class Broker:
                 if conn.client_id is None and not shared:
                     raise IllegalStateError("an unshared durable subscription needs a client id")
                 sub = Subscription(self, key, pattern, durable=True, shared=shared,
-                                   name=durable_name, client_id=conn.client_id, selector=selector,
+                                   name=durable_name, client_id=scope or None, selector=selector,
                                    no_local=no_local, owner=conn if no_local else None,
                                    parent_match=parent_match)
                 self.durables[key] = sub
@@ -629,7 +638,7 @@ class Broker:
                 sub.owner = conn
             return sub
         if shared_name is not None:
-            key = f"shared:{conn.client_id or ''}:{shared_name}"
+            key = f"shared:{scope}:{shared_name}"
             sub = self.shared.get(key)
             if sub is not None:
                 return sub

@@ -184,12 +184,15 @@ class Session:
         shared_name: str | None = None,
         parent_match: bool = False,
         name: str = "",
+        share_scope: str | None = None,
     ) -> MessageConsumer:
         """Create a consumer on a queue or topic (JMS createConsumer / createDurableSubscriber
         / createSharedConsumer / createSharedDurableConsumer).
 
         ``window`` is the prefetch: ``"default"`` takes the destination's ``prefetch``
         (seed L2654-2780); ``None`` is unlimited; adapters pass their credit.
+        ``share_scope`` names shared subscriptions in a scope other than the client id
+        (JMS qualifies them by client id; MQTT's ``$share`` groups span clients).
 
         Raises:
             InvalidSelectorError: the selector does not parse (shows where).
@@ -215,6 +218,7 @@ class Session:
             sub = broker.subscribe(
                 conn, destination.name, durable_name=durable_name, shared_name=shared_name,
                 selector=sel, no_local=no_local, parent_match=parent_match,
+                share_scope=share_scope,
             )
             endpoint = sub
             sel = None  # applied when routing to the subscription

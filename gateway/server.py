@@ -57,7 +57,8 @@ class Gateway:
         for warning in self.config.warnings:
             log.warning("%s", warning)
         try:
-            for spec in gw.listen:
+            # HTTP last, so the adapters' WebSocket endpoints are registered before it starts.
+            for spec in sorted(gw.listen, key=lambda s: s.scheme in ("http", "https")):
                 try:
                     factory = registry.adapter(spec.scheme)
                 except registry.NotAvailableError as exc:

@@ -1,0 +1,317 @@
+"""The MQTT listener: a thin asyncio shell around :mod:`adapters.mqtt.session`.
+
+How this works. :func:`start` is the registry entry for ``listen = mqtt://host:port`` (and
+``mqtts://`` with the gateway's TLS certificate). Each TCP connection gets an
+:class:`MqttProtocol` that does four things: feed bytes to its :class:`MqttConnection`
+(codec → session → core), collect what it writes, write it once per loop turn, and pause
+the core's deliveries when the socket's write buffer is full. The same connection logic
+serves MQTT over WebSocket (subprotocol ``mqtt``) on the HTTP listener.
+
+:class:`MqttServer` holds what all connections share: the sessions by client id, the
+retained messages, and the per-message encoding caches that let one message reach many
+subscribers with one mapping and (for QoS 0) one encoding per protocol level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+from typing import Any
+
+from adapters.mqtt.codec import encode_publish
+from adapters.mqtt.packets import Publish, ReasonCode, SubscriptionOptions, Will
+from adapters.mqtt.retained import NAMESPACE as RETAINED_NS
+from adapters.mqtt.retained import RetainedStore
+from adapters.mqtt.session import (
+    NEVER,
+    SESSION_NS,
+    MqttConnection,
+    MqttSession,
+    SubRecord,
+    publish_reason,
+)
+from adapters.mqtt.topics import mqtt_topic_to_subject
+from gateway.errors import GatewayError, InvalidDestinationError, SecurityError
+from gateway.message import Destination, Message
+from mappings.mqtt import MqttOut, message_to_mqtt, mqtt_to_message
+
+log = logging.getLogger("adapters.mqtt")
+
+# Largest packet we accept. MQTT allows 268,435,455 bytes; like mosquitto's
+# message_size_limit we default lower, and the gateway's max_client_msg_size lowers it more.
+DEFAULT_MAX_PACKET_SIZE = 16 * 1024 * 1024
+WRITE_HIGH_WATER = 1 << 20  # bytes buffered in the socket before deliveries pause
+
+
+class MqttServer:
+    """State shared by every MQTT connection of one gateway."""
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+        self.loop: asyncio.AbstractEventLoop = broker.loop
+        limit = int(broker.config.gateway.max_client_msg_size)
+        self.max_packet_size = min(limit, DEFAULT_MAX_PACKET_SIZE) if limit else DEFAULT_MAX_PACKET_SIZE
+        kv = getattr(broker, "kv", {})
+        self.retained = RetainedStore(broker.store, kv.get(RETAINED_NS))
+        self.sessions: dict[str, MqttSession] = {}
+        self.connections: set[MqttConnection] = set()
+        self._map_key: tuple[Any, int] | None = None
+        self._map_out: MqttOut | None = None
+        self._enc_key: tuple[Any, ...] | None = None
+        self._enc_out = b""
+        self._restore_sessions(kv.get(SESSION_NS, {}))
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    def _restore_sessions(self, records: dict[str, bytes]) -> None:
+        """Persistent sessions from the store: detached until their client comes back."""
+        for cid, raw in records.items():
+            try:
+                rec = json.loads(bytes(raw))
+                session = MqttSession(self, cid, persistent=True, expiry=int(rec["expiry"]),
+                                      level=int(rec.get("level", 4)))
+                for flt, qos, nl, rap, rh, sid in rec["subs"]:
+                    opts = SubscriptionOptions(int(qos), bool(nl), bool(rap), int(rh))
+                    session.subs[flt] = SubRecord(flt, opts, sid)
+            except (ValueError, KeyError, TypeError, InvalidDestinationError) as exc:
+                log.warning("dropping unreadable MQTT session record %r: %s", cid, exc)
+                self.broker.store.delete_kv(SESSION_NS, cid)
+                continue
+            session.paused = True
+            self.sessions[cid] = session
+            if session.expiry != NEVER:
+                session.expiry_timer = self.loop.call_later(session.expiry, session.end)
+
+    def restore_subscriptions(self, session: MqttSession) -> None:
+        for rec in session.subs.values():
+            if rec.consumer is None:
+                try:
+                    session.subscribe(rec)
+                except GatewayError as exc:
+                    log.warning("mqtt %s: cannot restore subscription %s: %s",
+                                session.client_id, rec.filter, exc)
+
+    def forget(self, session: MqttSession) -> None:
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        store = self.broker.store
+        store.delete_kv(SESSION_NS, session.client_id)
+        store.commit(None)
+
+    def authenticate(self, username: str | None, password: bytes | None) -> None:
+        """Check credentials against users.conf; anonymous only when allowed."""
+        config = self.broker.config
+        if username is None:
+            if not config.gateway.allow_anonymous:
+                raise SecurityError("anonymous connections are not allowed")
+            return
+        pw = (password or b"").decode("utf-8", "replace")
+        if not config.security.authenticate(username, pw):
+            raise SecurityError(f"authentication failed for user {username!r}")
+
+    # -- publishing (client → core) ---------------------------------------------------------
+
+    def publish(self, conn: MqttConnection, session: MqttSession, topic: str,
+                p: Publish) -> tuple[int, Any]:
+        """Publish a client's PUBLISH into the core; returns (reason code, future or None)."""
+        try:
+            name = mqtt_topic_to_subject(topic)
+        except InvalidDestinationError:
+            return ReasonCode.TOPIC_NAME_INVALID, None
+        if name.startswith("$"):
+            return ReasonCode.TOPIC_NAME_INVALID, None  # $-topics are the server's ([MQTT-4.7.2])
+        reply_to = None
+        rt = p.properties.get("response_topic") if conn.level >= 5 else None
+        if rt:
+            try:
+                reply_to = Destination.topic(mqtt_topic_to_subject(rt))
+            except InvalidDestinationError:
+                return ReasonCode.TOPIC_NAME_INVALID, None
+        now = self.broker.now()
+        msg = mqtt_to_message(payload=p.payload, qos=p.qos, retain=p.retain,
+                              properties=p.properties, level=conn.level,
+                              destination=Destination.topic(name), reply_to=reply_to,
+                              now_ms=now)
+        try:
+            fut = session.core_session.send(msg, None, now)
+        except GatewayError as exc:
+            if conn.level < 5 or p.qos == 0:
+                log.info("mqtt %s: publish to %s refused: %s", session.client_id, topic, exc)
+            return publish_reason(exc), None
+        if p.retain:
+            self.retained.set(name, msg if p.payload else None)
+        return ReasonCode.SUCCESS, fut
+
+    def publish_will(self, session: MqttSession, will: Will) -> None:
+        if session.core_session is None:
+            return
+        p = Publish(will.topic, will.payload, will.qos, will.retain, False, None,
+                    dict(will.properties))
+        conn = session.conn
+        level = conn.level if conn is not None else session.level
+
+        class _Level:
+            pass
+
+        shim = _Level()
+        shim.level = level  # type: ignore[attr-defined]
+        reason, _ = self.publish(shim, session, will.topic, p)  # type: ignore[arg-type]
+        if reason >= 0x80:
+            log.info("mqtt %s: will message to %s refused (reason 0x%02x)",
+                     session.client_id, will.topic, reason)
+
+    # -- per-message caches (core → client) --------------------------------------------------
+
+    def mapped(self, msg: Message, level: int, now: int) -> MqttOut:
+        """The MQTT form of ``msg`` for a protocol level, computed once per message."""
+        key = (msg, 5 if level >= 5 else 4)
+        if key == self._map_key and self._map_out is not None:
+            return self._map_out
+        out = message_to_mqtt(msg, level=level, now_ms=now, reply_topic=_reply_topic(msg))
+        self._map_key, self._map_out = key, out
+        return out
+
+    def encoded(self, topic: str, payload: bytes, qos: int, retain: bool, pid: int | None,
+                props: dict[str, Any], level: int) -> bytes:
+        """Encode a PUBLISH; QoS 0 encodings are reused for the next subscriber of the same message."""
+        if qos:
+            return encode_publish(topic, payload, qos, retain, False, pid, props, level)
+        key = (topic, id(payload), id(props), retain, level)
+        if key == self._enc_key:
+            return self._enc_out
+        data = encode_publish(topic, payload, 0, retain, False, None, props, level)
+        self._enc_key, self._enc_out = key, data
+        return data
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for conn in list(self.connections):
+            conn.disconnect(ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down")
+
+
+def _reply_topic(msg: Message) -> str | None:
+    from adapters.mqtt.topics import subject_to_mqtt_topic
+
+    rt = msg.reply_to
+    if rt is None:
+        return None
+    return subject_to_mqtt_topic(rt.name)
+
+
+class MqttProtocol(asyncio.Protocol):
+    """The asyncio shell of one MQTT TCP connection."""
+
+    def __init__(self, server: MqttServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.conn: MqttConnection | None = None
+        self.out: list[bytes] = []
+        self.flush_scheduled = False
+        self.write_paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        address = f"{peer[0]}:{peer[1]}" if peer else "?"
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
+        self.conn = MqttConnection(self.server, self.write, self.close, address)
+        self.server.connections.add(self.conn)
+
+    def data_received(self, data: bytes) -> None:
+        assert self.conn is not None
+        self.conn.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.conn is not None:
+            self.server.connections.discard(self.conn)
+            self.conn.connection_lost()
+        self.out.clear()
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.server.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write everything collected this loop turn in one call."""
+        self.flush_scheduled = False
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
+            self.transport.write(data)
+        self.out.clear()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.flush()
+            self.transport.close()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        conn = self.conn
+        if conn is not None and conn.session is not None:
+            conn.session.pause()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        conn = self.conn
+        if conn is not None and conn.session is not None and conn.session.conn is conn:
+            if len(conn.session.outgoing) < conn.session.receive_maximum:
+                conn.session.resume()
+
+
+class MqttListener:
+    """Handle returned to the gateway: its address and an async close."""
+
+    def __init__(self, server: MqttServer, tcp: asyncio.AbstractServer,
+                 address: tuple[str, int]) -> None:
+        self.server = server
+        self.tcp = tcp
+        self.address = address
+
+    async def close(self) -> None:
+        self.tcp.close()
+        self.server.close()
+        await self.tcp.wait_closed()
+
+
+def shared_server(broker: Any) -> MqttServer:
+    """One MqttServer per broker, shared by the TCP, TLS and WebSocket listeners."""
+    server = getattr(broker, "_mqtt_server", None)
+    if server is None:
+        from adapters.mqtt import websocket
+
+        server = MqttServer(broker)
+        broker._mqtt_server = server
+        websocket.register(broker, server)
+    return server
+
+
+def tls_context(broker: Any) -> ssl.SSLContext:
+    gw = broker.config.gateway
+    if not gw.tls_cert:
+        raise GatewayError("mqtts listener needs tls_cert (and tls_key) in gateway.conf")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(gw.tls_cert), str(gw.tls_key) if gw.tls_key else None)
+    if gw.tls_ca:
+        ctx.load_verify_locations(str(gw.tls_ca))
+        if getattr(gw, "tls_require_client_cert", False):
+            ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+async def start(broker: Any, spec: Any) -> MqttListener:
+    """Registry entry: listen for MQTT (``mqtt://``) or MQTT over TLS (``mqtts://``)."""
+    server = shared_server(broker)
+    ctx = tls_context(broker) if spec.scheme == "mqtts" else None
+    tcp = await broker.loop.create_server(
+        lambda: MqttProtocol(server), spec.host or None, spec.port, ssl=ctx,
+    )
+    sock = tcp.sockets[0].getsockname()
+    return MqttListener(server, tcp, (sock[0], sock[1]))

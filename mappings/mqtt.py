@@ -1,0 +1,675 @@
+"""The default mapping between MQTT PUBLISH packets and core messages.
+
+How this works. The MQTT adapter parses a PUBLISH and calls :func:`mqtt_to_message` with the
+payload, the fixed-header flags and the MQTT 5 properties; it gets back a core
+:class:`~gateway.message.Message` to publish. For every delivery to an MQTT subscriber it calls
+:func:`message_to_mqtt` and gets the payload, the message's own QoS and the MQTT 5 properties
+to send (the adapter adds the topic, the packet id, subscription identifiers and a topic
+alias). Both functions are pure and run once per message, so they only read precomputed
+tables and build the one dict and list they return.
+
+The rules are the rows of the two tables in ``mappings/README.md`` (MQTT → core, core → MQTT)
+plus its body rules, and the code below follows them in the same order, one block per row, so
+a later declarative (YAML) form can be read off it. The tables that drive the code are the
+module constants: ``_MODE_BY_QOS``, ``_QOS_BY_MODE``, ``_RENDER`` (property value → text and
+type name) and ``_PARSERS`` (type name → parser, from :data:`gateway.types.SCALAR_TYPES`).
+
+What MQTT 5 cannot carry natively rides in user properties: the gateway trace id
+(``gw-trace-id``), the JMS header fields with no MQTT slot (``JMSType``, ``JMSPriority``,
+``JMSMessageID``) and the types of non-string JMS properties (``gw-types``), so a message
+that goes core → MQTT 5 → core keeps every property with its width.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+import struct
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from gateway.message import (
+    DEFAULT_PRIORITY,
+    PROP_TRACE_ID,
+    BodyKind,
+    DeliveryMode,
+    Destination,
+    Message,
+)
+from gateway.types import SCALAR_TYPES, Char, Float32, Int8, Int64, TypedArray
+
+__all__ = [
+    "CONTENT_TYPE_PROPERTY",
+    "QOS_PROPERTY",
+    "RETAIN_PROPERTY",
+    "TRACE_USER_PROPERTY",
+    "TYPES_USER_PROPERTY",
+    "MqttOut",
+    "PayloadFormatInvalid",
+    "message_to_mqtt",
+    "mqtt_to_message",
+]
+
+QOS_PROPERTY = "JMS_GW_MQTT_QOS"  # int8: the publisher's MQTT QoS, so a later MQTT hop knows it
+RETAIN_PROPERTY = "JMS_GW_MQTT_RETAIN"  # boolean, present (true) only when the retain flag was set
+CONTENT_TYPE_PROPERTY = "JMS_GW_CONTENT_TYPE"  # string; shared with AMQP and STOMP content-type
+TRACE_USER_PROPERTY = "gw-trace-id"  # MQTT 5 user property carrying the gateway trace id
+TYPES_USER_PROPERTY = "gw-types"  # MQTT 5 user property listing non-string property types
+
+# MQTT 5 property names as the codec spells them (snake_case).
+PFI = "payload_format_indicator"
+EXPIRY = "message_expiry_interval"
+CONTENT_TYPE = "content_type"
+RESPONSE_TOPIC = "response_topic"
+CORRELATION_DATA = "correlation_data"
+USER_PROPERTY = "user_property"
+
+# JMS header fields with no MQTT 5 slot travel as user properties of these names.
+JMS_TYPE = "JMSType"
+JMS_PRIORITY = "JMSPriority"
+JMS_MESSAGE_ID = "JMSMessageID"
+
+JSON_CONTENT_TYPE = "application/json"
+
+# The Message Expiry Interval is a Four Byte Integer (MQTT 5.0 3.3.2.3.3).
+MAX_EXPIRY_INTERVAL = 0xFFFFFFFF
+
+_TEXT = BodyKind.TEXT
+_BYTES = BodyKind.BYTES
+_OBJECT = BodyKind.OBJECT
+_NONE = BodyKind.NONE
+_NON_PERSISTENT = DeliveryMode.NON_PERSISTENT
+_PERSISTENT = DeliveryMode.PERSISTENT
+
+# -- tables ------------------------------------------------------------------------------------
+
+# In: QoS 0 → NON_PERSISTENT, QoS 1 and 2 → PERSISTENT; the QoS itself kept as an int8.
+_MODE_BY_QOS = (_NON_PERSISTENT, _PERSISTENT, _PERSISTENT)
+_QOS_INT8 = (Int8(0), Int8(1), Int8(2))
+
+# Out: a message without the publisher's QoS gets one from its delivery mode.
+_QOS_BY_MODE: dict[int, int] = {
+    DeliveryMode.PERSISTENT: 2,
+    DeliveryMode.NON_PERSISTENT: 1,
+    DeliveryMode.RELIABLE: 0,
+}
+_QOS_VALUES = {0: 0, 1: 1, 2: 2}  # legal QOS_PROPERTY values (Int8(1) hashes as 1)
+
+# In: user property names that are not copied into JMS properties as they are. The gateway's
+# own MQTT properties are set from the packet, never from a user property of the same name.
+_SPECIAL_IN = frozenset(
+    (TRACE_USER_PROPERTY, TYPES_USER_PROPERTY, QOS_PROPERTY, RETAIN_PROPERTY,
+     CONTENT_TYPE_PROPERTY, JMS_TYPE, JMS_PRIORITY)
+)  # fmt: skip
+_DROPPED_IN = frozenset((QOS_PROPERTY, RETAIN_PROPERTY, CONTENT_TYPE_PROPERTY))
+
+# Out: JMS properties that are not sent as user properties (they are MQTT fields already, or
+# the trace id, which has its own user property, or names the gateway's own ones would shadow).
+_SKIP_OUT = frozenset(
+    (QOS_PROPERTY, RETAIN_PROPERTY, CONTENT_TYPE_PROPERTY, PROP_TRACE_ID, TRACE_USER_PROPERTY,
+     TYPES_USER_PROPERTY)
+)  # fmt: skip
+
+_F32 = struct.Struct("<f")
+_SHORTEST_SPECS = tuple(f".{d}g" for d in range(1, 10))  # 9 digits always read back a float32
+
+
+def _float32_text(value: float) -> str:
+    """The shortest text that reads back as the same float32 (as ``gateway.types`` writes it)."""
+    f = float(value)
+    if not math.isfinite(f):
+        return repr(f)  # 'nan', 'inf', '-inf'
+    packed = _F32.pack(f)
+    for spec in _SHORTEST_SPECS:
+        text = format(f, spec)
+        if _F32.pack(float(text)) == packed:
+            break
+    return text if ("." in text or "e" in text) else text + ".0"
+
+
+def _bool_text(value: Any) -> str:
+    return "true" if value else "false"
+
+
+def _null_text(value: Any) -> str:
+    return ""
+
+
+# Property value type → (gw-types name, text). Plain ``int`` is ``long`` so it comes back a
+# plain ``int`` (``int64`` comes back an ``Int64``); plain ``str`` is never listed.
+_RENDER: dict[type, tuple[str, Callable[[Any], str]]] = {
+    bool: ("boolean", _bool_text),
+    int: ("long", int.__repr__),
+    float: ("float64", float.__repr__),
+    Float32: ("float32", _float32_text),
+    Char: ("char", str.__str__),
+    type(None): ("null", _null_text),
+}
+for _name, _t in SCALAR_TYPES.items():
+    if issubclass(_t, int) and _t not in (int, bool):
+        _RENDER[_t] = (_name, int.__repr__)
+
+
+def _parse_int(t: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        return t(int(text, 10))
+
+    return parse
+
+
+def _parse_long(text: str) -> int:
+    v = int(text, 10)
+    if not Int64.MIN <= v <= Int64.MAX:
+        raise OverflowError(text)
+    return v
+
+
+def _parse_bool(text: str) -> bool:
+    if text == "true":
+        return True
+    if text == "false":
+        return False
+    raise ValueError(text)
+
+
+def _parse_null(text: str) -> None:
+    if text:
+        raise ValueError(text)
+    return None
+
+
+def _parse_float32(text: str) -> Float32:
+    return Float32(float(text))
+
+
+# gw-types name → parser (raises ValueError or OverflowError when the text does not parse).
+_PARSERS: dict[str, Callable[[str], Any]] = {"long": _parse_long, "null": _parse_null}
+for _name, _t in SCALAR_TYPES.items():
+    if _t is bool:
+        _PARSERS[_name] = _parse_bool
+    elif issubclass(_t, int):
+        _PARSERS[_name] = _parse_int(_t)
+    elif _t is Float32:
+        _PARSERS[_name] = _parse_float32
+    elif _t is float:
+        _PARSERS[_name] = float
+    elif _t is Char:
+        _PARSERS[_name] = Char
+    elif _t is str:
+        _PARSERS[_name] = str
+    # bytes: not a legal property value (seed L1837), so never listed
+del _name, _t
+
+# -- text and escaping -------------------------------------------------------------------------
+
+_TEXT_TYPE_CACHE: dict[str, bool] = {}
+_TEXT_TYPE_CACHE_MAX = 256  # distinct content types seen in practice are few
+
+
+def is_text_content_type(content_type: str) -> bool:
+    """True for ``text/*``, ``application/json`` or a ``charset=utf-8`` parameter (any case)."""
+    known = _TEXT_TYPE_CACHE.get(content_type)
+    if known is not None:
+        return known
+    ct = content_type.lower().replace(" ", "").replace("\t", "")
+    mime, _, params = ct.partition(";")
+    result = (
+        mime.startswith("text/")
+        or mime == JSON_CONTENT_TYPE
+        or any(p.replace('"', "") == "charset=utf-8" for p in params.split(";"))
+    )
+    if len(_TEXT_TYPE_CACHE) < _TEXT_TYPE_CACHE_MAX:
+        _TEXT_TYPE_CACHE[content_type] = result
+    return result
+
+
+# A UTF-8 Encoded String may hold neither U+0000 nor a surrogate [MQTT-1.5.4-1, MQTT-1.5.4-2];
+# a JMS string (a Java string) may hold both. Such a name or value is sent escaped: '%' as
+# '%25', U+0000 as '%00', a lone surrogate as '%uD8xx', and gw-types marks it ':esc'.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_WIRE_ESCAPE = re.compile(r"%(?:25|00|u([0-9A-F]{4}))")
+
+
+def _wire_safe(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _surrogate_sub(m: re.Match[str]) -> str:
+    return "%u" + format(ord(m.group()), "04X")
+
+
+def wire_escape(text: str) -> str:
+    """Escape a string so it is a legal MQTT UTF-8 Encoded String (undo with wire_unescape)."""
+    text = text.replace("%", "%25").replace("\x00", "%00")
+    return _SURROGATE.sub(_surrogate_sub, text)
+
+
+def _unescape_sub(m: re.Match[str]) -> str:
+    code = m.group(1)
+    if code is not None:
+        return chr(int(code, 16))
+    return "%" if m.group() == "%25" else "\x00"
+
+
+def wire_unescape(text: str) -> str:
+    return _WIRE_ESCAPE.sub(_unescape_sub, text) if "%" in text else text
+
+
+def types_escape(name: str) -> str:
+    """Escape a property name for a gw-types entry: '%' → '%25', ',' → '%2C', ':' → '%3A'."""
+    if "%" in name or "," in name or ":" in name:
+        return name.replace("%", "%25").replace(",", "%2C").replace(":", "%3A")
+    return name
+
+
+def types_unescape(name: str) -> str:
+    # Every '%' in an escaped name starts one of the three escapes, so replacing them one
+    # kind at a time, '%25' last, cannot misread one.
+    if "%" in name:
+        return name.replace("%2C", ",").replace("%3A", ":").replace("%25", "%")
+    return name
+
+
+# -- MQTT → core -------------------------------------------------------------------------------
+
+
+class PayloadFormatInvalid(Exception):
+    """The Payload Format Indicator says UTF-8 but the payload is not (MQTT 5.0 3.3.2.3.2).
+
+    The adapter answers with reason code 0x99 (Payload format invalid) in the PUBACK / PUBREC
+    (or a DISCONNECT for QoS 0).
+    """
+
+    reason_code = 0x99
+
+
+def mqtt_to_message(
+    *,
+    payload: bytes,
+    qos: int,
+    retain: bool,
+    properties: dict[str, Any],
+    level: int,
+    destination: Destination,
+    reply_to: Destination | None,
+    now_ms: int,
+) -> Message:
+    """Build the core message for one MQTT PUBLISH (table "MQTT → core" in the README).
+
+    ``properties`` is the codec's MQTT 5 PUBLISH property dict (ignored below level 5);
+    ``response_topic`` in it is ignored: the adapter maps it to ``reply_to`` (a destination
+    it has checked). ``topic_alias`` and ``subscription_identifier`` are hop-by-hop and not
+    kept. ``timestamp`` is set to ``now_ms``; the broker stamps the message id.
+
+    Raises:
+        PayloadFormatInvalid: ``payload_format_indicator`` is 1 but the payload is not UTF-8.
+    """
+    if type(payload) is not bytes:
+        payload = bytes(payload)
+    body: Any = payload
+    kind = _BYTES
+    props: dict[str, Any] = {}
+    expiration = 0
+    correlation_id = None
+    trace_id = None
+    msg_type = None
+    priority = DEFAULT_PRIORITY
+    content_type = None
+    if level >= 5 and properties:
+        # Body: text when the publisher says the payload is UTF-8 (MQTT 5.0 3.3.2.3.2) or its
+        # content type is a text type.
+        content_type = properties.get(CONTENT_TYPE)
+        if properties.get(PFI) == 1:
+            try:
+                body = payload.decode()
+            except UnicodeDecodeError:
+                raise PayloadFormatInvalid("payload is not UTF-8 but says it is") from None
+            kind = _TEXT
+        elif content_type is not None and is_text_content_type(content_type):
+            try:
+                body = payload.decode()
+                kind = _TEXT
+            except UnicodeDecodeError:
+                pass
+        # Message Expiry Interval (seconds from now) → JMSExpiration (absolute ms).
+        interval = properties.get(EXPIRY)
+        if interval is not None:
+            expiration = now_ms + interval * 1000
+        # Correlation Data (binary) → JMSCorrelationID, kept as bytes.
+        correlation_id = properties.get(CORRELATION_DATA)
+        # User Properties → JMS properties (first value of a repeated name wins).
+        pairs = properties.get(USER_PROPERTY)
+        if pairs:
+            setdefault = props.setdefault
+            special: dict[str, str] | None = None
+            for name, value in pairs:
+                if name in _SPECIAL_IN:
+                    if special is None:
+                        special = {}
+                    special.setdefault(name, value)
+                elif name:
+                    setdefault(name, value)
+            if special is not None:
+                trace_id = special.get(TRACE_USER_PROPERTY)
+                for name in (JMS_TYPE, JMS_PRIORITY):
+                    if name in special:
+                        setdefault(name, special[name])
+                types = special.get(TYPES_USER_PROPERTY)
+                if types:
+                    props = _apply_types(props, types)
+                value = props.get(JMS_TYPE)
+                if type(value) is str:
+                    msg_type = props.pop(JMS_TYPE)
+                value = props.get(JMS_PRIORITY)
+                if type(value) is str and len(value) == 1 and "0" <= value <= "9":
+                    del props[JMS_PRIORITY]
+                    priority = ord(value) - 48
+        if content_type is not None:
+            props[CONTENT_TYPE_PROPERTY] = content_type
+    props[QOS_PROPERTY] = _QOS_INT8[qos]
+    if retain:
+        props[RETAIN_PROPERTY] = True
+    msg = Message(
+        body,
+        body_kind=kind,
+        properties=props,
+        destination=destination,
+        delivery_mode=_MODE_BY_QOS[qos],
+        priority=priority,
+        correlation_id=correlation_id,
+        reply_to=reply_to,
+        type=msg_type,
+        expiration=expiration,
+        timestamp=now_ms,
+    )
+    if trace_id is not None:
+        msg.trace_id = trace_id
+    return msg
+
+
+# A parsed gw-types list: (name as sent, parser or None, unescaped name or None) per entry.
+_TypesEntry = tuple[str, Callable[[str], Any] | None, str | None]
+_TYPES_CACHE: dict[str, tuple[_TypesEntry, ...]] = {}
+_TYPES_CACHE_MAX = 1024  # a publisher sends the same list again and again
+_TYPES_CACHE_MAX_LEN = 1024  # longer lists are parsed each time, not kept
+
+
+def _parse_types(types: str) -> tuple[_TypesEntry, ...]:
+    """Parse a gw-types list: ``name:type`` or ``name:type:esc`` entries, comma-separated.
+
+    ``name`` is escaped with :func:`types_escape`. Malformed entries are ignored; of two
+    entries for one name, the first counts.
+    """
+    entries: list[_TypesEntry] = []
+    seen: set[str] = set()
+    for entry in types.split(","):
+        parts = entry.split(":")
+        if len(parts) < 2:
+            continue
+        wire_name = types_unescape(parts[0])
+        if wire_name in seen:
+            continue
+        seen.add(wire_name)
+        escaped = len(parts) > 2 and parts[2] == "esc"
+        entries.append(
+            (wire_name, _PARSERS.get(parts[1]), wire_unescape(wire_name) if escaped else None)
+        )
+    return tuple(entries)
+
+
+def _apply_types(props: dict[str, Any], types: str) -> dict[str, Any]:
+    """Convert the string values gw-types lists to their types and undo wire escapes.
+
+    A value that does not parse as its type stays a string; an entry for a name that is not
+    present, or with an unknown type, is ignored. Property order is kept.
+    """
+    entries = _TYPES_CACHE.get(types)
+    if entries is None:
+        entries = _parse_types(types)
+        if len(_TYPES_CACHE) < _TYPES_CACHE_MAX and len(types) <= _TYPES_CACHE_MAX_LEN:
+            _TYPES_CACHE[types] = entries
+    renamed = False
+    for wire_name, parse, name in entries:
+        value = props.get(wire_name)
+        if value is None:  # every value is a string here, so None means absent
+            continue
+        if name is not None:
+            value = wire_unescape(value)
+            if name != wire_name:
+                renamed = True
+        if parse is not None:
+            try:
+                value = parse(value)
+            except (ValueError, OverflowError):
+                pass
+        props[wire_name] = value
+    if renamed:
+        renames = {w: n for w, _, n in entries if n is not None}
+        props = {renames.get(k, k): v for k, v in props.items()}
+    return props
+
+
+# -- core → MQTT -------------------------------------------------------------------------------
+
+
+class MqttOut(NamedTuple):
+    """What to send to one MQTT subscriber (the adapter adds the topic and packet id)."""
+
+    payload: bytes
+    qos: int  # the message's own QoS; the adapter sends min(granted, qos)
+    properties: dict[str, Any]  # MQTT 5 PUBLISH properties; a fresh dict, {} below level 5
+
+
+def message_to_mqtt(msg: Message, *, level: int, now_ms: int, reply_topic: str | None) -> MqttOut:
+    """The MQTT rendering of a core message (table "core → MQTT" in the README).
+
+    ``reply_topic`` is the adapter's MQTT rendering of ``msg.reply_to`` (or ``None``). The
+    Message Expiry Interval sent is what is left of the message's lifetime, rounded up to
+    whole seconds [MQTT-3.3.2-6]; the adapter drops expired messages before calling this.
+    """
+    kind = msg.body_kind
+    body = msg.body
+    utf8 = False
+    json_body = False
+    if kind is _TEXT:
+        try:
+            payload = body.encode()
+            utf8 = True
+        except UnicodeEncodeError:
+            # A Java string with a lone surrogate: sent as it is, but not claimed as UTF-8.
+            payload = body.encode("utf-8", "surrogatepass")
+    elif kind is _BYTES or kind is _OBJECT:
+        payload = body
+    elif kind is _NONE:
+        payload = b""
+    else:
+        payload = json_payload(body)
+        utf8 = json_body = True
+    props = msg.properties
+    qos = None
+    if props:
+        q = props.get(QOS_PROPERTY)
+        if q is not None:
+            qos = _QOS_VALUES.get(q)
+    if qos is None:
+        qos = _QOS_BY_MODE.get(msg.delivery_mode, 0)
+    out: dict[str, Any] = {}
+    if level < 5:
+        return MqttOut(payload, qos, out)
+    if utf8:
+        out[PFI] = 1
+    if json_body:
+        out[CONTENT_TYPE] = JSON_CONTENT_TYPE
+    elif props:
+        ct = props.get(CONTENT_TYPE_PROPERTY)
+        if type(ct) is str:
+            out[CONTENT_TYPE] = ct
+    expires = msg.expires_at or msg.expiration
+    if expires:
+        left = expires - now_ms
+        if left <= 0:
+            out[EXPIRY] = 1
+        else:
+            seconds = -(-left // 1000)
+            out[EXPIRY] = seconds if seconds < MAX_EXPIRY_INTERVAL else MAX_EXPIRY_INTERVAL
+    if reply_topic is not None:
+        out[RESPONSE_TOPIC] = reply_topic
+    corr = msg.correlation_id
+    if corr is not None:
+        out[CORRELATION_DATA] = (
+            corr if isinstance(corr, bytes) else corr.encode("utf-8", "surrogatepass")
+        )
+    pairs = _user_properties(msg, props)
+    if pairs:
+        out[USER_PROPERTY] = pairs
+    return MqttOut(payload, qos, out)
+
+
+def _user_properties(msg: Message, props: dict[str, Any]) -> list[tuple[str, str]]:
+    """JMS properties, then JMSType / JMSPriority / JMSMessageID, gw-types and gw-trace-id."""
+    pairs: list[tuple[str, str]] = []
+    append = pairs.append
+    types: list[str] | None = None
+    for name, value in props.items():
+        if name in _SKIP_OUT:
+            continue
+        t = type(value)
+        if t is str:
+            if name.isascii() and value.isascii() and "\x00" not in name and "\x00" not in value:
+                append((name, value))  # the common case: an ASCII string property
+                continue
+            text = value
+            tname = "string"
+        else:
+            render = _RENDER.get(t)
+            if render is None:  # not a legal property value; sent as its text
+                append((name, str(value)))
+                continue
+            tname, to_text = render
+            text = to_text(value)
+        if _wire_safe(name) and _wire_safe(text):
+            append((name, text))
+            if t is str:
+                continue
+            entry = types_escape(name) + ":" + tname
+        else:
+            wire_name = wire_escape(name)
+            append((wire_name, wire_escape(text)))
+            entry = types_escape(wire_name) + ":" + tname + ":esc"
+        if types is None:
+            types = [entry]
+        else:
+            types.append(entry)
+    # JMS header fields with no MQTT slot, so nothing of a JMS message is lost.
+    header = msg.type
+    if header is not None:
+        types = _header_pair(pairs, types, JMS_TYPE, header)
+    if msg.priority != DEFAULT_PRIORITY:
+        append((JMS_PRIORITY, str(msg.priority)))
+    header = msg.message_id
+    if header is not None:
+        types = _header_pair(pairs, types, JMS_MESSAGE_ID, header)
+    if types is not None:
+        append((TYPES_USER_PROPERTY, ",".join(types)))
+    header = msg.trace_id
+    if header is not None:
+        if header.isascii() and "\x00" not in header or _wire_safe(header):
+            append((TRACE_USER_PROPERTY, header))
+        else:
+            append((TRACE_USER_PROPERTY, wire_escape(header)))
+    return pairs
+
+
+def _header_pair(
+    pairs: list[tuple[str, str]], types: list[str] | None, name: str, value: str
+) -> list[str] | None:
+    if value.isascii() and "\x00" not in value or _wire_safe(value):
+        pairs.append((name, value))
+        return types
+    pairs.append((name, wire_escape(value)))
+    if types is None:
+        return [name + ":string:esc"]
+    types.append(name + ":string:esc")
+    return types
+
+
+# -- the documented JSON form of map and stream bodies ----------------------------------------
+
+_json_str = json.JSONEncoder(ensure_ascii=False).encode
+_json_str_ascii = json.JSONEncoder(ensure_ascii=True).encode
+
+
+def json_payload(body: Any) -> bytes:
+    """A map or stream body as UTF-8 JSON in the documented form (README, "Body rules")."""
+    out: list[str] = []
+    _json_value(body, out, _json_str)
+    text = "".join(out)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        # A string holds a lone surrogate: write every string with \\u escapes instead.
+        out.clear()
+        _json_value(body, out, _json_str_ascii)
+        return "".join(out).encode()
+
+
+def _json_float(value: float, text: Callable[[Any], str]) -> str:
+    if value != value:
+        return '"NaN"'
+    if value == math.inf:
+        return '"Infinity"'
+    if value == -math.inf:
+        return '"-Infinity"'
+    return text(value)
+
+
+def _json_value(v: Any, out: list[str], enc: Callable[[str], str]) -> None:
+    t = type(v)
+    if t is str or t is Char:
+        out.append(enc(v))
+    elif v is None:
+        out.append("null")
+    elif t is bool:
+        out.append("true" if v else "false")
+    elif t is dict:
+        out.append("{")
+        first = True
+        for k, x in v.items():
+            if first:
+                first = False
+            else:
+                out.append(",")
+            out.append(enc(k))
+            out.append(":")
+            _json_value(x, out, enc)
+        out.append("}")
+    elif t is list or isinstance(v, TypedArray):
+        out.append("[")
+        first = True
+        for x in v:
+            if first:
+                first = False
+            else:
+                out.append(",")
+            _json_value(x, out, enc)
+        out.append("]")
+    elif t is float:
+        out.append(_json_float(v, float.__repr__))
+    elif t is Float32:
+        out.append(_json_float(v, _float32_text))
+    elif t is bytes:
+        out.append('"' + base64.b64encode(v).decode("ascii") + '"')
+    elif isinstance(v, int):
+        out.append(int.__repr__(v))
+    else:
+        raise TypeError(f"cannot write {t.__name__} in a JSON body")
