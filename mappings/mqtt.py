@@ -124,8 +124,11 @@ def _float32_text(value: float) -> str:
     packed = _F32.pack(f)
     for spec in _SHORTEST_SPECS:
         text = format(f, spec)
-        if _F32.pack(float(text)) == packed:
-            break
+        try:
+            if _F32.pack(float(text)) == packed:
+                break
+        except OverflowError:  # rounded up past the float32 maximum
+            continue
     return text if ("." in text or "e" in text) else text + ".0"
 
 
@@ -360,13 +363,17 @@ def mqtt_to_message(
                 elif name:
                     setdefault(name, value)
             if special is not None:
-                trace_id = special.get(TRACE_USER_PROPERTY)
-                for name in (JMS_TYPE, JMS_PRIORITY):
+                # The headers carried as user properties join the properties until gw-types
+                # has been applied (it may mark them escaped), then leave them.
+                for name in (JMS_TYPE, JMS_PRIORITY, TRACE_USER_PROPERTY):
                     if name in special:
                         setdefault(name, special[name])
                 types = special.get(TYPES_USER_PROPERTY)
                 if types:
                     props = _apply_types(props, types)
+                trace_id = props.pop(TRACE_USER_PROPERTY, None)
+                if type(trace_id) is not str:  # gw-types cannot make a trace id a number
+                    trace_id = None
                 value = props.get(JMS_TYPE)
                 if type(value) is str:
                     msg_type = props.pop(JMS_TYPE)
@@ -579,14 +586,16 @@ def _user_properties(msg: Message, props: dict[str, Any]) -> list[tuple[str, str
     header = msg.message_id
     if header is not None:
         types = _header_pair(pairs, types, JMS_MESSAGE_ID, header)
+    header = msg.trace_id
+    if header is None:
+        if types is not None:
+            append((TYPES_USER_PROPERTY, ",".join(types)))
+        return pairs
+    trace: list[tuple[str, str]] = []
+    types = _header_pair(trace, types, TRACE_USER_PROPERTY, header)
     if types is not None:
         append((TYPES_USER_PROPERTY, ",".join(types)))
-    header = msg.trace_id
-    if header is not None:
-        if header.isascii() and "\x00" not in header or _wire_safe(header):
-            append((TRACE_USER_PROPERTY, header))
-        else:
-            append((TRACE_USER_PROPERTY, wire_escape(header)))
+    append(trace[0])
     return pairs
 
 

@@ -654,9 +654,9 @@ class MqttCodec:
         """Every packet but PUBLISH on a connection of known level."""
         ptype = first >> 4
         level = self.protocol_level
+        if ptype == 0 or (ptype == AUTH and level is not None and level < MQTT_5):
+            raise _malformed(f"reserved packet type {ptype} (MQTT 5.0 2.1.2, 3.1.1 2.2.1)")
         if ptype not in self._receivable:
-            if ptype == 0 or (ptype == AUTH and level is not None and level < MQTT_5):
-                raise _malformed(f"reserved packet type {ptype} (MQTT 5.0 2.1.2)")
             raise _protocol_error(
                 f"a {self.side.value} does not receive {PacketType(ptype).name}")
         if ptype == CONNECT:

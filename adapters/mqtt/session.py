@@ -578,8 +578,6 @@ class MqttConnection:
         self.session = session
         session.attach(self)
         session.will = p.will
-        if present:
-            server.restore_subscriptions(session)
         self.state = State.CONNECTED
         self.keepalive = p.keepalive
         if p.keepalive:
@@ -602,7 +600,9 @@ class MqttConnection:
         self.send(ConnAck(present and not p.clean_start, ReasonCode.SUCCESS, ack_props))
         session.save()
         if present:
+            # CONNACK first, then what was in flight, then new deliveries ([MQTT-4.4.0-1]).
             session.resend_inflight()
+            server.restore_subscriptions(session)
         session.resume()
 
     def handle_publish(self, p: Publish) -> None:

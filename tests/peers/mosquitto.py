@@ -3,7 +3,8 @@
 How this works: ``start_mosquitto(workdir)`` picks a free port on 127.0.0.1 (binding port 0
 and reading the port back), writes a mosquitto.conf into ``workdir`` (one listener on that
 address only, anonymous clients allowed, no persistence, the log in ``workdir``), starts
-Debian's ``mosquitto -c CONF`` and waits until the port accepts TCP connections. Leaving the
+Debian's ``mosquitto -c CONF`` and waits until its log says it runs (every listener bound)
+and the port accepts TCP connections. Leaving the
 ``with`` block stops it: SIGTERM, then SIGKILL after a grace period. The broker runs as the
 current user (``user`` line), so root does not make it drop privileges to the ``mosquitto``
 account, which could not write into pytest's private temporary directories.
