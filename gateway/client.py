@@ -458,8 +458,10 @@ class Producer:
         priority: int = 4,
         ttl: int = 0,
         delivery_delay: int = 0,
+        validate: bool = True,
     ) -> None:
         self.session = session
+        self.validate = validate  # check body and property values before sending
         self.destination = destination
         self.delivery_mode = delivery_mode
         self.priority = priority
@@ -477,10 +479,16 @@ class Producer:
         delivery_delay: int | None = None,
     ) -> asyncio.Future[None] | None:
         """Send with the producer's defaults; the producer's mode wins over the message's
-        (seed L13810-13812). Returns ``None`` or a future (see ``Broker.publish``)."""
+        (seed L13810-13812). Returns ``None`` or a future (see ``Broker.publish``).
+
+        Raises:
+            MessageFormatError: a body or property value the model does not allow.
+        """
         dest = destination or self.destination
         if dest is None:
             raise InvalidDestinationError("no destination given for an anonymous producer")
+        if self.validate:
+            msg.validate()
         broker = self.session.broker
         now = broker.now()
         msg.destination = dest

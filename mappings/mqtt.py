@@ -568,7 +568,10 @@ def _user_properties(msg: Message, props: dict[str, Any]) -> list[tuple[str, str
             append((name, text))
             if t is str:
                 continue
-            entry = types_escape(name) + ":" + tname
+            if "%" in name or "," in name or ":" in name:
+                entry = types_escape(name) + ":" + tname
+            else:
+                entry = name + ":" + tname
         else:
             wire_name = wire_escape(name)
             append((wire_name, wire_escape(text)))
@@ -580,22 +583,32 @@ def _user_properties(msg: Message, props: dict[str, Any]) -> list[tuple[str, str
     # JMS header fields with no MQTT slot, so nothing of a JMS message is lost.
     header = msg.type
     if header is not None:
-        types = _header_pair(pairs, types, JMS_TYPE, header)
+        if header.isascii() and "\x00" not in header:
+            append((JMS_TYPE, header))
+        else:
+            types = _header_pair(pairs, types, JMS_TYPE, header)
     if msg.priority != DEFAULT_PRIORITY:
         append((JMS_PRIORITY, str(msg.priority)))
     header = msg.message_id
     if header is not None:
-        types = _header_pair(pairs, types, JMS_MESSAGE_ID, header)
+        if header.isascii() and "\x00" not in header:
+            append((JMS_MESSAGE_ID, header))
+        else:
+            types = _header_pair(pairs, types, JMS_MESSAGE_ID, header)
+    # gw-types, then the trace id last (its escape, if any, is listed in gw-types).
     header = msg.trace_id
     if header is None:
-        if types is not None:
-            append((TYPES_USER_PROPERTY, ",".join(types)))
-        return pairs
-    trace: list[tuple[str, str]] = []
-    types = _header_pair(trace, types, TRACE_USER_PROPERTY, header)
+        trace = None
+    elif header.isascii() and "\x00" not in header:
+        trace = (TRACE_USER_PROPERTY, header)
+    else:
+        held: list[tuple[str, str]] = []
+        types = _header_pair(held, types, TRACE_USER_PROPERTY, header)
+        trace = held[0]
     if types is not None:
         append((TYPES_USER_PROPERTY, ",".join(types)))
-    append(trace[0])
+    if trace is not None:
+        append(trace)
     return pairs
 
 

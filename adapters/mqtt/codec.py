@@ -363,7 +363,7 @@ def _encode_connack(pk: ConnAck, level: int) -> bytes:
     flags = 1 if pk.session_present else 0
     if level < MQTT_5:  # 1-5 are taken as 3.1.1 return codes already (none is MQTT 5's)
         code = rc if 0 <= rc <= 5 else v3_connack_return_code(_check_reason(CONNACK, rc))
-        return bytes((0x20, 2, flags, code))
+        return bytes((0x20, 2, flags if level > MQTT_3_1 else 0, code))  # 3.1: byte unused
     rc = _check_reason(CONNACK, rc)
     return _frame(0x20, bytes((flags, rc)) + encode_properties(pk.properties, CONNACK))
 
@@ -566,14 +566,15 @@ class MqttCodec:
                         f"packet of {total} bytes exceeds the limit of {self.max_packet_size}",
                         ReasonCode.PACKET_TOO_LARGE)
                 if avail < total:
+                    self._check_header(first)  # refuse early: do not wait for a bad packet
                     need = total
                     break
                 end = pos + total
                 if first >> 4 == 3 and level:
                     # PUBLISH, inline: the hot path (MQTT 5.0 3.3; 3.1.1 3.3).
                     qos = (first >> 1) & 3
-                    if qos == 3:
-                        raise _malformed("PUBLISH with QoS 3 [MQTT-3.3.1-4]")
+                    if qos == 3 or (not qos and first & 8):
+                        self._check_header(first)
                     q = p + 2 + ((data[p] << 8) | data[p + 1]) if end - p >= 2 else end + 1
                     if q > end:
                         raise _malformed("PUBLISH topic runs past the end")
@@ -590,8 +591,6 @@ class MqttCodec:
                         if not packet_id:
                             raise _protocol_error("PUBLISH with packet identifier 0 [MQTT-2.2.1-3]")
                         q += 2
-                    elif first & 8:
-                        raise _malformed("QoS 0 PUBLISH with DUP set [MQTT-3.3.1-2]")
                     else:
                         packet_id = None
                     if level == MQTT_5:
@@ -650,8 +649,13 @@ class MqttCodec:
                                   "[MQTT-3.3.4-6]")
         return props, p
 
-    def _parse_other(self, first: int, data: bytes, p: int, end: int) -> Packet:
-        """Every packet but PUBLISH on a connection of known level."""
+    def _check_header(self, first: int) -> None:
+        """Refuse a packet on its first byte alone: type, direction, state and flags.
+
+        Runs once the Remaining Length is known, before the body has to arrive, and again
+        (cheaply) when the packet is complete, so the error is the same however the bytes
+        were split.
+        """
         ptype = first >> 4
         level = self.protocol_level
         if ptype == 0 or (ptype == AUTH and level is not None and level < MQTT_5):
@@ -664,9 +668,15 @@ class MqttCodec:
                 raise _protocol_error("second CONNECT [MQTT-3.1.0-2]")
             if first & 0x0F:
                 raise _malformed("CONNECT with fixed-header flags set [MQTT-2.1.3-1]")
-            return self._parse_connect(data, p, end)
+            return
         if level is None:
             raise _protocol_error(f"{PacketType(ptype).name} before CONNECT [MQTT-3.1.0-1]")
+        if ptype == PUBLISH:
+            if first & 0x06 == 0x06:
+                raise _malformed("PUBLISH with QoS 3 [MQTT-3.3.1-4]")
+            if first & 0x0E == 0x08:
+                raise _malformed("QoS 0 PUBLISH with DUP set [MQTT-3.3.1-2]")
+            return
         if level < MQTT_5 and ptype == DISCONNECT and not self._server:
             raise _protocol_error("a 3.1.1 server does not send DISCONNECT")
         flags = first & 0x0F
@@ -674,6 +684,15 @@ class MqttCodec:
                 PUBREL, SUBSCRIBE, UNSUBSCRIBE)):
             raise _malformed(f"{PacketType(ptype).name} with reserved flags {flags:#06b} "
                              "[MQTT-2.1.3-1] [MQTT-3.6.1-1] [MQTT-3.8.1-1] [MQTT-3.10.1-1]")
+
+    def _parse_other(self, first: int, data: bytes, p: int, end: int) -> Packet:
+        """Every packet but PUBLISH on a connection of known level."""
+        self._check_header(first)
+        ptype = first >> 4
+        level = self.protocol_level
+        if level is None:  # _check_header let it through, so it is the first CONNECT
+            return self._parse_connect(data, p, end)
+        # (PUBLISH never gets here once the level is known: the loop parses it inline.)
         if PUBACK <= ptype <= PUBCOMP:
             return self._parse_ack(ptype, data, p, end, level)
         if ptype == SUBSCRIBE:

@@ -609,3 +609,16 @@ async def test_server_memory_limit_rejects_instead_of_growing(tmp_path):
         assert 70 <= sent <= 84
         b.purge_queue("big")
         p.send(Message.binary(b"x" * 100_000))  # room again once drained
+
+
+async def test_producer_refuses_a_malformed_message(tmp_path):
+    from gateway.errors import MessageFormatError
+    from gateway.message import BodyKind
+
+    async with running_broker(tmp_path) as b:
+        p = b.connect().session().producer(Q("v"), delivery_mode=NP)
+        with pytest.raises(MessageFormatError):
+            p.send(Message(b"bytes", body_kind=BodyKind.TEXT))
+        with pytest.raises(MessageFormatError):
+            p.send(Message.text("x", properties={"bad": {"nested": 1}}))
+        assert b.queues["v"].count == 0 if "v" in b.queues else True

@@ -138,7 +138,7 @@ def test_invalid_utf8_with_indicator_raises_even_with_a_text_content_type():
         "application/json",
         "Application/JSON; charset=utf-8",
         "application/octet-stream;charset=utf-8",
-        "application/xml; charset=\"UTF-8\"",
+        'application/xml; charset="UTF-8"',
         "application/xml; q=1; charset = utf-8",
     ],
 )
@@ -298,7 +298,9 @@ def test_a_user_property_with_an_empty_name_is_dropped():
 
 
 def test_trace_user_property_sets_the_trace_id_not_a_property():
-    m = m_in(user_property=[("a", "1"), (TRACE_USER_PROPERTY, "gw7.42"), (TRACE_USER_PROPERTY, "x")])
+    m = m_in(
+        user_property=[("a", "1"), (TRACE_USER_PROPERTY, "gw7.42"), (TRACE_USER_PROPERTY, "x")]
+    )
     assert m.trace_id == "gw7.42"
     assert TRACE_USER_PROPERTY not in m.properties
 
@@ -356,7 +358,9 @@ def test_types_user_property_converts_listed_values(tname, text, expected):
 
 
 def test_types_user_property_nan():
-    m = m_in(user_property=[("a", "nan"), ("b", "nan"), (TYPES_USER_PROPERTY, "a:float32,b:float64")])
+    m = m_in(
+        user_property=[("a", "nan"), ("b", "nan"), (TYPES_USER_PROPERTY, "a:float32,b:float64")]
+    )
     assert type(m.properties["a"]) is Float32 and math.isnan(m.properties["a"])
     assert type(m.properties["b"]) is float and math.isnan(m.properties["b"])
 
@@ -549,7 +553,9 @@ def test_qos_property_wins_over_delivery_mode(q):
 
 @pytest.mark.parametrize("bad", [Int8(3), Int8(-1), "1", 1.5])
 def test_an_unusable_qos_property_falls_back_to_the_delivery_mode(bad):
-    msg = Message.text("x", delivery_mode=DeliveryMode.NON_PERSISTENT, properties={QOS_PROPERTY: bad})
+    msg = Message.text(
+        "x", delivery_mode=DeliveryMode.NON_PERSISTENT, properties={QOS_PROPERTY: bad}
+    )
     assert m_out(msg).qos == 1
 
 
@@ -582,13 +588,11 @@ def test_content_type_from_the_content_type_property():
 
 
 def test_message_expiry_interval_is_the_remaining_time_rounded_up():
-    assert m_out(Message.text("x", expiration=T0 + 60_000)).properties[
-        "message_expiry_interval"
-    ] == 60
+    assert (
+        m_out(Message.text("x", expiration=T0 + 60_000)).properties["message_expiry_interval"] == 60
+    )
     assert m_out(Message.text("x", expiration=T0 + 1)).properties["message_expiry_interval"] == 1
-    assert m_out(Message.text("x", expiration=T0 + 1001)).properties[
-        "message_expiry_interval"
-    ] == 2
+    assert m_out(Message.text("x", expiration=T0 + 1001)).properties["message_expiry_interval"] == 2
     # the time the message waited is subtracted [MQTT-3.3.2-6]
     msg = Message.text("x", expiration=T0 + 60_000)
     assert m_out(msg, now_ms=T0 + 10_500).properties["message_expiry_interval"] == 50
@@ -627,9 +631,10 @@ def test_correlation_id_becomes_correlation_data_bytes():
     assert m_out(Message.text("x", correlation_id="req-é")).properties["correlation_data"] == (
         b"req-\xc3\xa9"
     )
-    assert m_out(Message.text("x", correlation_id=b"\x00\x01")).properties[
-        "correlation_data"
-    ] == b"\x00\x01"
+    assert (
+        m_out(Message.text("x", correlation_id=b"\x00\x01")).properties["correlation_data"]
+        == b"\x00\x01"
+    )
     assert "correlation_data" not in m_out(Message.text("x")).properties
 
 
@@ -733,6 +738,19 @@ def test_strings_mqtt_cannot_carry_are_escaped_and_marked():
     ]
 
 
+def test_a_trace_id_mqtt_cannot_carry_is_escaped_and_read_back():
+    msg = Message.text("x")
+    msg.trace_id = "t\x00%"
+    pairs = user_props(msg)
+    assert pairs == [
+        (TYPES_USER_PROPERTY, "gw-trace-id:string:esc"),
+        (TRACE_USER_PROPERTY, "t%00%25"),
+    ]
+    back = m_in(user_property=pairs)
+    assert back.trace_id == "t\x00%"
+    assert set(back.properties) == {QOS_PROPERTY}
+
+
 def test_the_properties_dict_is_fresh_for_every_call():
     msg = Message.text("x", properties={"a": "b"})
     first = m_out(msg)
@@ -756,7 +774,7 @@ def test_round_trip_mqtt5_core_mqtt5_keeps_what_the_publisher_sent():
         (TRACE_USER_PROPERTY, "edge.99"),
     ]
     msg = m_in(
-        "21.5".encode(),
+        b"21.5",
         qos=1,
         payload_format_indicator=1,
         content_type="text/plain; charset=utf-8",
@@ -921,7 +939,9 @@ def test_every_array_type_is_a_json_array(cls):
 
 
 def test_readme_names_every_constant_and_rule():
-    readme = (Path(__file__).resolve().parents[2] / "mappings" / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "mappings" / "README.md").read_text(
+        encoding="utf-8"
+    )
     for word in (
         QOS_PROPERTY,
         RETAIN_PROPERTY,

@@ -255,6 +255,21 @@ def test_level_is_known_early_so_a_bad_connect_can_be_answered():
     assert codec.data_to_send() == h("20 03 00 81 00")
 
 
+@pytest.mark.parametrize(("level", "data", "reason"), [
+    (None, b"GET / HTTP/1.1\r\n", PROTOCOL),  # 'G' reads as PUBACK, length 'E' = 69
+    (4, h("42 10"), MALFORMED),  # PUBACK with flags 0b0010, body not yet here
+    (4, h("f0 7f 00"), MALFORMED),  # AUTH at 3.1.1
+    (5, h("36 7f 00"), MALFORMED),  # PUBLISH QoS 3
+    (4, h("20 7f"), PROTOCOL),  # CONNACK to a server
+])
+def test_bad_header_is_refused_before_the_body_arrives(level, data, reason):
+    codec = fresh_or_connected(level, SERVER)
+    codec.receive_data(data)
+    with pytest.raises(MqttRemoteProtocolError) as info:
+        codec.events_received()
+    assert info.value.reason_code == reason
+
+
 def test_earlier_good_packets_travel_on_the_error():
     codec = server_after_connect(4)
     codec.receive_data(h("c0 00 30 05 00 01 74 00 00 36 00"))
@@ -456,6 +471,12 @@ def test_v3_connack_translation():
     assert codec.data_to_send() == h("20 02 00 04  20 02 00 03  20 02 00 05")
 
 
+def test_31_connack_has_no_session_present():
+    codec = server_after_connect(3)
+    codec.send_connack(True)
+    assert codec.data_to_send() == h("20 02 00 00")
+
+
 def test_v3_drops_what_it_cannot_carry():
     codec = server_after_connect(4)
     codec.send(PubAck(1, R.NO_MATCHING_SUBSCRIBERS, {"reason_string": "x"}))
@@ -558,7 +579,8 @@ def test_pair_runs_a_whole_session(level):
         "dev-1", will, "u", b"secret")
     assert s.protocol_level == level
     s.send_connack(True, R.SUCCESS, {"topic_alias_maximum": 4} if v5 else None)
-    assert pair.to_client() == [ConnAck(True, R.SUCCESS, {"topic_alias_maximum": 4} if v5 else {})]
+    assert pair.to_client() == [ConnAck(level > 3, R.SUCCESS,  # no Session Present in 3.1
+                                        {"topic_alias_maximum": 4} if v5 else {})]
 
     c.send_subscribe(1, [("dev/+/cmd", SubscriptionOptions(2)), ("a/#", SubscriptionOptions(1))])
     assert pair.to_server() == [Subscribe(1, [("dev/+/cmd", SubscriptionOptions(2)),
