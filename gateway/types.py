@@ -339,7 +339,11 @@ def _number_text(value: Any) -> str:
         # Shortest text that reads back as the same float32, as Java's Float.toString does.
         for digits in range(1, 10):
             text = f"{float(value):.{digits}g}"
-            if Float32(float(text)) == value:
+            try:
+                same = Float32(float(text)) == value
+            except OverflowError:  # rounded past the float32 maximum: more digits
+                continue
+            if same:
                 return text if ("." in text or "e" in text or "n" in text) else text + ".0"
     if isinstance(value, float):
         return repr(float(value))

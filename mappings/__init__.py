@@ -1,8 +1,8 @@
-"""The mapping engine (YAML → compiled functions) and the bundled default mappings.
+"""The mapping engine (YAML → compiled functions) and the bundled default mappings; this package imports only gateway.message and gateway.types.
 
-This package imports only :mod:`gateway.message`, :mod:`gateway.types` and the standard
-library (an import-linter contract keeps it so): adapters and transports call into it, never
-the other way round. For now it holds the default MQTT mapping as plain Python
-(:mod:`mappings.mqtt`, tables in ``mappings/README.md``); a later step turns the defaults
-into declarative YAML compiled by the engine.
+How this works. Adapters and transports call into this package, never the other way round,
+and it imports nothing but :mod:`gateway.message`, :mod:`gateway.types` and the standard
+library (an import-linter contract keeps it so). For now it holds the default MQTT mapping as
+plain Python (:mod:`mappings.mqtt`; its tables are in ``mappings/README.md``); a later step
+turns the defaults into declarative YAML compiled by the engine.
 """

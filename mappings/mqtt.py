@@ -103,7 +103,6 @@ _SPECIAL_IN = frozenset(
     (TRACE_USER_PROPERTY, TYPES_USER_PROPERTY, QOS_PROPERTY, RETAIN_PROPERTY,
      CONTENT_TYPE_PROPERTY, JMS_TYPE, JMS_PRIORITY)
 )  # fmt: skip
-_DROPPED_IN = frozenset((QOS_PROPERTY, RETAIN_PROPERTY, CONTENT_TYPE_PROPERTY))
 
 # Out: JMS properties that are not sent as user properties (they are MQTT fields already, or
 # the trace id, which has its own user property, or names the gateway's own ones would shadow).

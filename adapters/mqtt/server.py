@@ -57,7 +57,8 @@ class MqttServer:
         self.retained = RetainedStore(broker.store, kv.get(RETAINED_NS))
         self.sessions: dict[str, MqttSession] = {}
         self.connections: set[MqttConnection] = set()
-        self._map_key: tuple[Any, int] | None = None
+        self._map_key: tuple[int, int, int] | None = None
+        self._map_msg: Message | None = None
         self._map_out: MqttOut | None = None
         self._enc_key: tuple[Any, ...] | None = None
         self._enc_out = b""
@@ -166,11 +167,14 @@ class MqttServer:
 
     def mapped(self, msg: Message, level: int, now: int) -> MqttOut:
         """The MQTT form of ``msg`` for a protocol level, computed once per message."""
-        key = (msg, 5 if level >= 5 else 4)
-        if key == self._map_key and self._map_out is not None:
+        # Identity, level class and (for expiring messages) the second: the remaining
+        # expiry interval is per second.
+        exp = msg.expires_at or msg.expiration
+        key = (id(msg), 5 if level >= 5 else 4, now // 1000 if exp else 0)
+        if key == self._map_key and self._map_msg is msg and self._map_out is not None:
             return self._map_out
         out = message_to_mqtt(msg, level=level, now_ms=now, reply_topic=_reply_topic(msg))
-        self._map_key, self._map_out = key, out
+        self._map_key, self._map_out, self._map_msg = key, out, msg
         return out
 
     def encoded(self, topic: str, payload: bytes, qos: int, retain: bool, pid: int | None,

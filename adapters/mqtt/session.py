@@ -62,7 +62,11 @@ from adapters.mqtt.packets import (
     Will,
     v3_connack_return_code,
 )
-from adapters.mqtt.topics import mqtt_filter_to_subject, mqtt_topic_to_subject, subject_to_mqtt_topic
+from adapters.mqtt.topics import (
+    mqtt_filter_to_subject,
+    mqtt_topic_to_subject,
+    subject_to_mqtt_topic,
+)
 from gateway.client import AckMode
 from gateway.endpoint import Delivery
 from gateway.errors import (
@@ -73,7 +77,7 @@ from gateway.errors import (
     SecurityError,
 )
 from gateway.message import Destination, Message
-from mappings.mqtt import RETAIN_PROPERTY, PayloadFormatInvalid, message_to_mqtt, mqtt_to_message
+from mappings.mqtt import RETAIN_PROPERTY, PayloadFormatInvalid
 
 if TYPE_CHECKING:
     from adapters.mqtt.server import MqttServer

@@ -73,7 +73,7 @@ def make_handler(server: Any) -> Any:
             close()
             try:
                 await asyncio.wait_for(task, 5)
-            except (asyncio.TimeoutError, ConnectionError):
+            except (TimeoutError, ConnectionError):
                 task.cancel()
         return ws
 
