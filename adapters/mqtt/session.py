@@ -634,7 +634,7 @@ class MqttConnection:
         if qos and len(self.pending_acks) >= SERVER_RECEIVE_MAXIMUM and self.level >= MQTT_5:
             raise MqttRemoteProtocolError("receive maximum exceeded",
                                           ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
-        reason = ReasonCode.SUCCESS
+        reason: int = ReasonCode.SUCCESS
         fut = None
         try:
             reason, fut = self.server.publish(self, session, topic, p)
@@ -764,7 +764,7 @@ class MqttConnection:
     def handle_unsubscribe(self, p: Unsubscribe) -> None:
         session = self.session
         assert session is not None
-        codes = []
+        codes: list[int] = []
         for flt in p.filters:
             rec = session.subs.pop(flt, None)
             if rec is None:
