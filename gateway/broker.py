@@ -110,7 +110,6 @@ class Broker:
         self._temp_seq = itertools.count(1)
         self._msg_prefix = f"ID:{self.name}.{os.getpid():x}{uuid.uuid4().hex[:6]}:"
         self._trace_prefix = f"{self.id}:"
-        self._dest_text: dict[Destination, str] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self.stats = {"published": 0, "rejected": 0, "dropped": 0, "expired": 0, "undelivered": 0}
         self.closed = False
@@ -152,12 +151,9 @@ class Broker:
         return self.loop.call_later(delay, fn)
 
     def dest_text(self, dest: Destination) -> str:
-        t = self._dest_text.get(dest)
-        if t is None:
-            if len(self._dest_text) > 100_000:
-                self._dest_text.clear()
-            t = self._dest_text[dest] = str(dest)
-        return t
+        """The ``topic:name`` / ``queue:name`` text the delivery log writes (cached on ``dest``)."""
+        t = dest._text
+        return t if t is not None else str(dest)
 
     def _sweep(self) -> None:
         now = self.now()

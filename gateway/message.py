@@ -82,12 +82,13 @@ TEMP_PREFIX = "$TMP$."
 class Destination:
     """A topic or queue name; equal and hashable by (kind, name)."""
 
-    __slots__ = ("kind", "name", "_hash")
+    __slots__ = ("kind", "name", "_hash", "_text")
 
     def __init__(self, kind: DestKind, name: str) -> None:
         self.kind = kind
         self.name = name
         self._hash = hash((kind, name))
+        self._text: str | None = None
 
     @classmethod
     def topic(cls, name: str) -> Destination:
@@ -121,7 +122,10 @@ class Destination:
         return f"{'Topic' if self.kind is TOPIC else 'Queue'}[{self.name}]"
 
     def __str__(self) -> str:
-        return f"{'topic' if self.kind is TOPIC else 'queue'}:{self.name}"
+        t = self._text
+        if t is None:
+            t = self._text = f"{'topic' if self.kind is TOPIC else 'queue'}:{self.name}"
+        return t
 
     @classmethod
     def parse(cls, text: str) -> Destination:

@@ -32,7 +32,7 @@ from adapters.mqtt.session import (
     SubRecord,
     publish_reason,
 )
-from adapters.mqtt.topics import mqtt_topic_to_subject
+from adapters.mqtt.topics import mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway.errors import GatewayError, InvalidDestinationError, SecurityError
 from gateway.message import Destination, Message
 from mappings.mqtt import MqttOut, message_to_mqtt, mqtt_to_message
@@ -43,6 +43,7 @@ log = logging.getLogger("adapters.mqtt")
 # message_size_limit we default lower, and the gateway's max_client_msg_size lowers it more.
 DEFAULT_MAX_PACKET_SIZE = 16 * 1024 * 1024
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered in the socket before deliveries pause
+TOPIC_CACHE_SIZE = 10_000  # mapped topic names kept; cleared whole when full
 
 
 class MqttServer:
@@ -62,6 +63,7 @@ class MqttServer:
         self._map_out: MqttOut | None = None
         self._enc_key: tuple[Any, ...] | None = None
         self._enc_out = b""
+        self._subjects: dict[str, str] = {}  # MQTT topic → subject, for the publish path
         self._restore_sessions(kv.get(SESSION_NS, {}))
 
     # -- sessions ---------------------------------------------------------------------------
@@ -117,10 +119,15 @@ class MqttServer:
     def publish(self, conn: MqttConnection, session: MqttSession, topic: str,
                 p: Publish) -> tuple[int, Any]:
         """Publish a client's PUBLISH into the core; returns (reason code, future or None)."""
-        try:
-            name = mqtt_topic_to_subject(topic)
-        except InvalidDestinationError:
-            return ReasonCode.TOPIC_NAME_INVALID, None
+        name = self._subjects.get(topic)
+        if name is None:
+            try:
+                name = mqtt_topic_to_subject(topic)
+            except InvalidDestinationError:
+                return ReasonCode.TOPIC_NAME_INVALID, None
+            if len(self._subjects) >= TOPIC_CACHE_SIZE:
+                self._subjects.clear()
+            self._subjects[topic] = name
         if name.startswith("$"):
             return ReasonCode.TOPIC_NAME_INVALID, None  # $-topics are the server's ([MQTT-4.7.2])
         reply_to = None
@@ -197,8 +204,6 @@ class MqttServer:
 
 
 def _reply_topic(msg: Message) -> str | None:
-    from adapters.mqtt.topics import subject_to_mqtt_topic
-
     rt = msg.reply_to
     if rt is None:
         return None

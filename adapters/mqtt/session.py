@@ -185,6 +185,9 @@ class MqttSession:
             parent_match=rec.parent, window=self.receive_maximum,
             share_scope="mqtt" if shared is not None else None,
         )
+        if rec.options.qos == 0:
+            # Everything goes out at QoS 0: nothing to acknowledge, nothing to track.
+            rec.consumer.core.track = False
         if self.paused:
             rec.consumer.core.pause()
 

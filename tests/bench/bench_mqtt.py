@@ -78,6 +78,9 @@ WARMUP = b"warm-up"
 BROKERS = ("gateway", "mosquitto", "amqtt")
 AMQTT_REQUIREMENT = "amqtt==0.12.1"  # the version this script was verified with
 START_TIMEOUT = 20.0  # the gateway opens its store before it listens
+# A run with no message arriving for this long has lost messages (or the broker hangs).
+STALL_TIMEOUT = 30.0
+STALL_AFTER_PUBLISHER = 5.0  # ... or this long once the publisher has exited
 FD_MARGIN = 200  # descriptors kept free beyond the idle connections (pipes, logs, venv, ...)
 
 # Targets from issue 3.
@@ -219,8 +222,11 @@ def amqtt_python(venv: Path, requirement: str) -> Path:
     python = venv / "bin" / "python"
     check = [str(python), "-c", "import amqtt.broker"]
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        ignore_venv(venv)
         return python
     log(f"creating {venv} with {requirement} (first run only)")
+    venv.mkdir(parents=True, exist_ok=True)
+    ignore_venv(venv)  # before anything else lands there
     steps = [[sys.executable, "-m", "venv", str(venv)],
              [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
               requirement]]
@@ -230,6 +236,14 @@ def amqtt_python(venv: Path, requirement: str) -> Path:
             lines = (done.stdout + done.stderr).strip().splitlines()[-10:]
             raise BrokerFailed(f"could not install {requirement}:\n" + "\n".join(lines))
     return python
+
+
+def ignore_venv(venv: Path) -> None:
+    """Keep git away from the virtualenv whatever the project's .gitignore says (as
+    Python 3.13's venv module does itself)."""
+    marker = venv / ".gitignore"
+    if not marker.exists():
+        marker.write_text("# created by tests/bench/bench_mqtt.py\n*\n")
 
 
 @contextlib.contextmanager
@@ -262,6 +276,7 @@ def start_broker(name: str, workdir: Path, args: argparse.Namespace) -> Iterator
 
 def versions(args: argparse.Namespace) -> dict[str, str]:
     out = {}
+    names = set(args.broker_names)
     try:
         head = subprocess.run([find_command("mosquitto"), "-h"], capture_output=True,
                               text=True).stdout.splitlines()
@@ -269,36 +284,41 @@ def versions(args: argparse.Namespace) -> dict[str, str]:
     except PeerMissing:
         out["mosquitto"] = "not installed"
     python = args.amqtt_venv / "bin" / "python"
-    if python.exists():
+    if "amqtt" in names and python.exists():
         done = subprocess.run([str(python), "-c", "import amqtt; print(amqtt.__version__)"],
                               capture_output=True, text=True)
         out["amqtt"] = done.stdout.strip() or "?"
-    try:
-        import gateway
-        out["gateway"] = gateway.__version__
-    except ImportError:
-        out["gateway"] = "?"
-    return out
+    if "gateway" in names:
+        try:
+            import gateway
+            out["gateway"] = gateway.__version__
+        except ImportError:
+            out["gateway"] = "?"
+    return {name: version for name, version in out.items() if name in names}
 
 
 # --- throughput ------------------------------------------------------------------------------
 
 class OutputCounter(threading.Thread):
-    """Drains a subscriber's stdout, counting lines and bytes."""
+    """Drains a subscriber's stdout, counting lines and bytes; ``ended`` is the
+    perf_counter() time of end of file, that is of the subscriber's exit (Popen.wait with a
+    timeout polls at up to 50 ms intervals, too coarse for a one-second run)."""
 
     def __init__(self, fd: int) -> None:
         super().__init__(daemon=True)
         self.fd = fd
         self.lines = 0
         self.bytes = 0
+        self.ended = 0.0
 
     def run(self) -> None:
         while True:
             try:
                 chunk = os.read(self.fd, 1 << 16)
             except OSError:
-                return
+                chunk = b""
             if not chunk:
+                self.ended = time.perf_counter()
                 return
             self.lines += chunk.count(b"\n")
             self.bytes += len(chunk)
@@ -369,17 +389,24 @@ def run_throughput(port: int, qos: int, count: int, timeout: float) -> float:
                                stderr=subprocess.PIPE)
         writer = threading.Thread(target=feed, args=(pub, data), daemon=True)
         writer.start()
-        try:
-            sub.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            raise BenchError(f"timed out after {timeout:g} s: {counter.lines} of "
-                             f"{count + 1 - warmups} messages arrived") from None
-        elapsed = time.perf_counter() - t0
-        counter.join(5)
-        if sub.returncode != 0:
+        expected = count + 1 - warmups
+        seen, progress_at = 0, time.monotonic()
+        while counter.is_alive():
+            counter.join(0.2)
+            now = time.monotonic()
+            if counter.lines != seen:
+                seen, progress_at = counter.lines, now
+            idle = now - progress_at
+            if now > deadline or idle > STALL_TIMEOUT or (
+                    pub.poll() is not None and idle > STALL_AFTER_PUBLISHER):
+                why = f"timed out after {timeout:g} s" if now > deadline else (
+                    f"stalled for {idle:.0f} s")
+                raise BenchError(f"{why}: {counter.lines} of {expected} messages arrived "
+                                 f"(publisher status {pub.poll()})")
+        elapsed = counter.ended - t0
+        if sub.wait(10) != 0:
             err = sub.stderr.read().decode(errors="replace") if sub.stderr else ""
             raise BenchError(f"mosquitto_sub exited with {sub.returncode}: {err.strip()!r}")
-        expected = count + 1 - warmups
         if counter.lines != expected or counter.bytes != expected * (PAYLOAD_SIZE + 1):
             raise BenchError(f"received {counter.lines} lines / {counter.bytes} bytes, "
                              f"expected {expected} messages of {PAYLOAD_SIZE} bytes")
@@ -525,7 +552,8 @@ def fmt_idle(r: Result) -> str:
     return "error" if "idle" in r.errors else "-"
 
 
-def report(results: dict[str, Result], idle_count: int, info: dict[str, str]) -> None:
+def report(results: dict[str, Result], idle_count: int, idle_wanted: int,
+           info: dict[str, str]) -> None:
     rows = [("broker", "QoS0 msgs/s", "QoS1 msgs/s", "idle bytes/conn")]
     for r in results.values():
         if r.start_error is not None:
@@ -539,8 +567,10 @@ def report(results: dict[str, Result], idle_count: int, info: dict[str, str]) ->
                          for j, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
         if i == 0:
             print("-+-".join("-" * w for w in widths))
+    lowered = (f" (not {idle_wanted:,}: the RLIMIT_NOFILE hard limit is too low)"
+               if idle_count < idle_wanted else "")
     print(f"\nversions: {', '.join(f'{k} {v}' for k, v in info.items())}; "
-          f"{idle_count:,} idle connections")
+          f"{idle_count:,} idle connections{lowered}")
     for r in results.values():
         if r.start_error is not None:
             print(f"\n{r.name}: failed to start: {r.start_error}")
@@ -630,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     info = versions(args)
-    report(results, idle_count, info)
+    report(results, idle_count, args.idle_conns, info)
     if args.json:
         args.json.write_text(json.dumps({
             "versions": info, "idle_connections": idle_count,
