@@ -26,6 +26,7 @@ set -euo pipefail
 PEERS=(
   "mosquitto           mosquitto                        mosquitto"
   "mosquitto-clients   mosquitto_pub,mosquitto_sub      -"
+  "openssl             openssl                          -"
 )
 
 # Daemons live in /usr/sbin, which is not on a normal user's PATH.
