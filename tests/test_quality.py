@@ -37,3 +37,13 @@ def test_mypy_strict_is_clean_on_the_packages():
 def test_import_layering_contracts_are_kept():
     r = run("lint-imports")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    commands = [line.strip() for line in ci.splitlines()
+                if line.strip() and not line.lstrip().startswith("#")
+                and not line.startswith(("set ", "cd "))]
+    assert commands, "no command in .ci/run"
+    assert commands[-1] in readme, ".ci/run must run the README's test command"
