@@ -33,6 +33,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import struct
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -92,6 +93,13 @@ SERVER_RECEIVE_MAXIMUM = 1024
 # Topic aliases a client may use towards us (MQTT 5 3.2.2.3.8).
 SERVER_TOPIC_ALIAS_MAXIMUM = 64
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "never expires" (MQTT 5 3.1.2.11.2)
+
+
+# Success PUBACK / PUBREC: fixed header, remaining length 2, packet id — the short form MQTT 5
+# also allows when the reason code is 0 and there are no properties (3.4.2.1, 3.5.2.1).
+_PID = struct.Struct(">H")
+_PUBACK_HEAD = b"\x40\x02"
+_PUBREC_HEAD = b"\x50\x02"
 
 
 class State(enum.Enum):
@@ -651,6 +659,10 @@ class MqttConnection:
         if self.level < MQTT_5 and reason >= 0x80:
             # 3.1.1 has no negative acknowledgement: acknowledge and drop ([MQTT-3.3.5-2]).
             reason = ReasonCode.SUCCESS
+        if fut is None and not self.pending_acks and reason == ReasonCode.SUCCESS:
+            # Nothing earlier is waiting and nothing to wait for: acknowledge now.
+            self._write((_PUBACK_HEAD if qos == 1 else _PUBREC_HEAD) + _PID.pack(pid))
+            return
         self.pending_acks.append((pid, fut, reason | (qos << 16)))
         self._flush_acks()
         if fut is not None and not fut.done():
