@@ -429,7 +429,10 @@ class MqttConnection:
                         ReasonCode.PROTOCOL_ERROR)
                 self.HANDLERS[type(packet)](self, packet)
         except UnsupportedProtocolVersion as exc:
-            self._refuse(exc.protocol_level, ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, str(exc))
+            log.info("mqtt %s: %s; refused", self.address, exc)
+            self._write(exc.reply)  # CONNACK 0x01 (3.1.1 format) or 0x84 ([MQTT-3.1.2-2])
+            self.state = State.CLOSED
+            self._close()
         except MqttRemoteProtocolError as exc:
             self.protocol_error(exc.reason_code, str(exc))
         except GatewayError as exc:
@@ -493,7 +496,14 @@ class MqttConnection:
         log.warning("mqtt %s (%s): %s; closing", self.address,
                     self.session.client_id if self.session else "-", text)
         if self.state is State.AWAIT_CONNECT:
-            self._refuse(self.level, reason, text)
+            level = self.codec.protocol_level
+            if level is not None and level >= MQTT_5:
+                self._refuse(level, reason, text)  # a CONNACK with the reason (MQTT 5 3.2.2.2)
+            else:
+                # No CONNECT yet, or a bad 3.1/3.1.1 CONNECT: close without CONNACK
+                # ([MQTT-3.1.0-1], [MQTT-3.1.4-1]).
+                self.state = State.CLOSED
+                self._close()
             return
         if self.level >= MQTT_5:
             self.send(Disconnect(reason, {"reason_string": text[:200]}))
@@ -800,7 +810,7 @@ class MqttConnection:
             if new_expiry is not None:
                 if session.expiry == 0 and new_expiry:
                     raise MqttRemoteProtocolError(
-                        "session expiry set on DISCONNECT after 0 at CONNECT [MQTT-3.14.2-2]",
+                        "session expiry set on DISCONNECT after 0 at CONNECT (MQTT 5 3.14.2.2.2)",
                         ReasonCode.PROTOCOL_ERROR)
                 session.expiry = int(new_expiry)
                 session.persistent = session.expiry > 0

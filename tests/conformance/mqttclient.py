@@ -26,6 +26,7 @@ from adapters.mqtt.packets import (
     PROTOCOL_NAMES,
     ConnAck,
     Connect,
+    Disconnect,
     MqttRemoteProtocolError,
     Packet,
     Publish,
@@ -198,6 +199,26 @@ class RawClient:
             self._read(deadline)
         return self.closed
 
+    def expect_disconnect(self, reasons: set[int]) -> Disconnect:
+        """An MQTT 5 DISCONNECT with one of ``reasons``, then the close and nothing after it
+        ([MQTT-4.13.2-1], [MQTT-3.14.4-1])."""
+        d = self.expect(Disconnect)
+        assert d.reason_code in reasons, f"DISCONNECT {d.reason_code:#04x}, want {reasons}"
+        assert self.wait_closed(), "the server did not close after its DISCONNECT"
+        assert not self.packets, f"packets after the DISCONNECT: {list(self.packets)}"
+        return d
+
+    def after_connack(self) -> bytes:
+        """The bytes the server sent after its CONNACK (the first packet received)."""
+        raw = bytes(self.raw_in)
+        n, length, shift = 1, 0, 0
+        while True:
+            b = raw[n]
+            length |= (b & 0x7F) << shift
+            n, shift = n + 1, shift + 7
+            if b < 0x80:
+                return raw[n + length:]
+
     def close(self) -> None:
         try:
             self.sock.close()
@@ -239,3 +260,10 @@ def raw_connect(client_id: str = "raw", *, level: int = 4, name: str = "MQTT", f
         body += props
     body += utf8(client_id)
     return frame(0x10, body)
+
+
+def raw_publish(topic: bytes, payload: bytes, first: int, level: int,
+                packet_id: bytes = b"") -> bytes:
+    """A PUBLISH built by hand (any first byte, any topic bytes) in ``level``'s format."""
+    props = b"\x00" if level >= 5 else b""
+    return frame(first, utf8(topic) + packet_id + props + payload)
