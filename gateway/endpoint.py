@@ -316,6 +316,34 @@ class Endpoint:
                                broker.dest_text(self.dest), session.connection.id, count)
         consumer.listener(d)
 
+    def claim(self, store_id: int, consumer: Consumer) -> Delivery | None:
+        """Hand the pending message with ``store_id`` to ``consumer`` now, out of turn.
+
+        For an adapter resuming an exchange that was in flight when the gateway stopped
+        (MQTT re-sends it with its original packet id). The listener is not called; the
+        delivery is tracked for acknowledgement like any other. ``None`` if it is not here.
+        """
+        for p in range(PRIORITIES - 1, -1, -1):
+            for msg in self.pending[p]:
+                if msg.store_id == store_id:
+                    self.pending[p].remove(msg)
+                    self.npending -= 1
+                    count = self.counts.get(msg, 0) + 1
+                    session = consumer.session
+                    tag = session.next_tag
+                    session.next_tag = tag + 1
+                    d = Delivery(msg, tag, count, consumer)
+                    consumer.unacked += 1
+                    session.unacked[tag] = d
+                    self.counts[msg] = count
+                    broker = self.broker
+                    if broker.log_enabled:
+                        broker.dlog.record("deliver" if count == 1 else "redeliver", msg,
+                                           broker.dest_text(self.dest), session.connection.id,
+                                           count)
+                    return d
+        return None
+
     # -- settlement -----------------------------------------------------------------------
 
     def ack(self, d: Delivery) -> None:

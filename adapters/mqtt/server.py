@@ -25,6 +25,7 @@ from adapters.mqtt.packets import Publish, ReasonCode, SubscriptionOptions, Will
 from adapters.mqtt.retained import NAMESPACE as RETAINED_NS
 from adapters.mqtt.retained import RetainedStore
 from adapters.mqtt.session import (
+    INFLIGHT_NS,
     NEVER,
     SESSION_NS,
     MqttConnection,
@@ -64,12 +65,20 @@ class MqttServer:
         self._enc_key: tuple[Any, ...] | None = None
         self._enc_out = b""
         self._subjects: dict[str, str] = {}  # MQTT topic → subject, for the publish path
-        self._restore_sessions(kv.get(SESSION_NS, {}))
+        self._restore_sessions(kv.get(SESSION_NS, {}), kv.get(INFLIGHT_NS, {}))
 
     # -- sessions ---------------------------------------------------------------------------
 
-    def _restore_sessions(self, records: dict[str, bytes]) -> None:
+    def _restore_sessions(self, records: dict[str, bytes], inflight: dict[str, bytes]) -> None:
         """Persistent sessions from the store: detached until their client comes back."""
+        flights: dict[str, dict[int, tuple[int, bool, str]]] = {}
+        for key, raw in inflight.items():
+            cid, _, pid = key.rpartition("\x00")
+            try:
+                store_id, released, flt = json.loads(bytes(raw))
+                flights.setdefault(cid, {})[int(pid)] = (int(store_id), bool(released), flt)
+            except (ValueError, TypeError):
+                self.broker.store.delete_kv(INFLIGHT_NS, key)
         for cid, raw in records.items():
             try:
                 rec = json.loads(bytes(raw))
@@ -83,9 +92,13 @@ class MqttServer:
                 self.broker.store.delete_kv(SESSION_NS, cid)
                 continue
             session.paused = True
+            session.restored = flights.pop(cid, {})
             self.sessions[cid] = session
             if session.expiry != NEVER:
                 session.expiry_timer = self.loop.call_later(session.expiry, session.end)
+        for cid, orphans in flights.items():  # records of sessions that are gone
+            for orphan in orphans:
+                self.broker.store.delete_kv(INFLIGHT_NS, f"{cid}\x00{orphan}")
 
     def restore_subscriptions(self, session: MqttSession) -> None:
         for rec in session.subs.values():

@@ -87,6 +87,10 @@ log = logging.getLogger("adapters.mqtt")
 
 MQTT_5 = 5
 SESSION_NS = "mqtt.session"
+# Outgoing QoS 1/2 packets in flight for persistent sessions, one record each
+# (key "<client id>\x00<packet id>", value JSON [store id, released, filter]), so the same
+# packet ids are used again after a gateway restart ([MQTT-4.4.0-1]).
+INFLIGHT_NS = "mqtt.inflight"
 # Receive Maximum we offer clients: in-flight QoS 1/2 PUBLISH packets we accept unacknowledged
 # (MQTT 5 3.2.2.3.3; the spec's default and maximum is 65,535).
 SERVER_RECEIVE_MAXIMUM = 1024
@@ -136,13 +140,14 @@ class SubRecord:
 class OutFlight:
     """An outgoing QoS 1/2 PUBLISH awaiting its acknowledgement (or a PUBREL awaiting PUBCOMP)."""
 
-    __slots__ = ("pid", "delivery", "packet", "released")
+    __slots__ = ("pid", "delivery", "packet", "released", "saved")
 
     def __init__(self, pid: int, delivery: Delivery | None, packet: bytes) -> None:
         self.pid = pid
         self.delivery = delivery
         self.packet = packet  # the encoded PUBLISH, re-sent with DUP on reconnect
         self.released = False  # PUBREC received, PUBREL sent
+        self.saved = False  # recorded in the store (INFLIGHT_NS)
 
 
 class MqttSession:
@@ -167,6 +172,8 @@ class MqttSession:
         self.expiry_timer: Any = None
         self.receive_maximum = 65535
         self.paused = False
+        # In-flight records read from the store at start-up: pid → (store id, released, filter).
+        self.restored: dict[int, tuple[int, bool, str]] = {}
 
     # -- core attachment --------------------------------------------------------------------
 
@@ -190,7 +197,7 @@ class MqttSession:
         rec.consumer = self.core_session.consumer(
             Destination.topic(rec.pattern), listener=lambda d, r=rec: self.deliver(d, r),
             durable_name=durable, shared_name=shared, no_local=rec.options.no_local,
-            parent_match=rec.parent, window=self.receive_maximum,
+            parent_match=rec.parent, window=0 if self.paused else self.receive_maximum,
             share_scope="mqtt" if shared is not None else None,
         )
         if rec.options.qos == 0:
@@ -219,7 +226,9 @@ class MqttSession:
         self.paused = False
         for rec in self.subs.values():
             if rec.consumer is not None:
-                rec.consumer.core.resume()
+                core = rec.consumer.core
+                core.paused = False
+                core.set_window(self.receive_maximum)
 
     # -- delivery (core → client) -----------------------------------------------------------
 
@@ -254,9 +263,63 @@ class MqttSession:
         if data is None:  # too large for the client: dropped as the spec requires
             self.core_session.ack(d)
             return
-        self.outgoing[pid] = OutFlight(pid, d, data)
+        f = self.outgoing[pid] = OutFlight(pid, d, data)
+        if self.persistent and msg.store_id and rec.share is None:
+            self.save_inflight(f, msg.store_id, rec.filter)
         if len(self.outgoing) >= self.receive_maximum:
             self.pause()
+
+    def _inflight_key(self, pid: int) -> str:
+        return f"{self.client_id}\x00{pid}"
+
+    def save_inflight(self, f: OutFlight, store_id: int, flt: str) -> None:
+        store = self.server.broker.store
+        store.put_kv(INFLIGHT_NS, self._inflight_key(f.pid),
+                     json.dumps([store_id, f.released, flt]).encode())
+        store.commit(None)
+        f.saved = True
+
+    def forget_inflight(self, pid: int) -> None:
+        store = self.server.broker.store
+        store.delete_kv(INFLIGHT_NS, self._inflight_key(pid))
+        store.commit(None)
+
+    def resume_restored(self) -> None:
+        """After a gateway restart: send again what was in flight, with its packet ids.
+
+        A released QoS 2 exchange gets its PUBREL; an unacknowledged PUBLISH is taken back
+        from its durable subscription and sent with the same packet id and DUP set.
+        """
+        conn = self.conn
+        assert conn is not None
+        restored, self.restored = self.restored, {}
+        for pid in sorted(restored):
+            store_id, released, flt = restored[pid]
+            if released:
+                f = self.outgoing[pid] = OutFlight(pid, None, b"")
+                f.released = f.saved = True
+                conn.send(PubRel(pid))
+                continue
+            rec = self.subs.get(flt)
+            d = None
+            if rec is not None and rec.consumer is not None:
+                d = rec.consumer.core.endpoint.claim(store_id, rec.consumer.core)
+            if d is None:
+                self.forget_inflight(pid)
+                continue
+            msg = d.msg
+            out = self.server.mapped(msg, conn.level, self.server.broker.now())
+            qos = max(1, min(rec.options.qos, out.qos)) if rec is not None else 1
+            topic = subject_to_mqtt_topic(msg.destination.name) if msg.destination else ""
+            data = conn.send_publish(topic, out.payload, qos, False, pid, out.properties,
+                                     dup=True)
+            if data is None:
+                self.core_session.ack(d)
+                self.forget_inflight(pid)
+                continue
+            f = self.outgoing[pid] = OutFlight(pid, d, data)
+            f.saved = True
+            self.next_pid = max(self.next_pid, pid % 65535 + 1)
 
     def deliver_retained(self, msg: Message, rec: SubRecord) -> None:
         """Send a retained message to a new subscription (retain flag set, [MQTT-3.3.1-9])."""
@@ -292,6 +355,8 @@ class MqttSession:
             return False
         if f.delivery is not None and not f.delivery.settled:
             self.core_session.ack(f.delivery)
+        if f.saved:
+            self.forget_inflight(pid)
         if self.paused and self.conn is not None and len(self.outgoing) < self.receive_maximum:
             self.resume()
         return True
@@ -359,7 +424,11 @@ class MqttSession:
             if self.core_session is not None:
                 self.unsubscribe(rec, drop=True)
         self.subs.clear()
+        for pid in [*self.outgoing, *self.restored]:
+            if pid in self.restored or self.outgoing[pid].saved:
+                self.forget_inflight(pid)
         self.outgoing.clear()
+        self.restored.clear()
         if self.core is not None:
             self.core.close()
             self.core = None
@@ -464,7 +533,7 @@ class MqttConnection:
         self._write(data)
 
     def send_publish(self, topic: str, payload: bytes, qos: int, retain: bool, pid: int | None,
-                     props: dict[str, Any]) -> bytes | None:
+                     props: dict[str, Any], *, dup: bool = False) -> bytes | None:
         """Encode and write one PUBLISH; ``None`` if the client's Maximum Packet Size forbids it."""
         if self.level >= MQTT_5 and self.alias_max:
             alias = self.aliases_out.get(topic)
@@ -481,6 +550,8 @@ class MqttConnection:
                 data = encode_publish(topic, payload, qos, retain, False, pid, props, self.level)
         else:
             data = self.server.encoded(topic, payload, qos, retain, pid, props, self.level)
+        if dup:
+            data = bytes([data[0] | 0x08]) + data[1:]
         limit = self.codec.peer_max_packet_size
         if limit and len(data) > limit:
             log.info("dropped a %d-byte message for %s: over its Maximum Packet Size %d",
@@ -628,6 +699,8 @@ class MqttConnection:
             # CONNACK first, then what was in flight, then new deliveries ([MQTT-4.4.0-1]).
             session.resend_inflight()
             server.restore_subscriptions(session)
+            if session.restored:
+                session.resume_restored()
         session.resume()
 
     def handle_publish(self, p: Publish) -> None:
@@ -715,9 +788,12 @@ class MqttConnection:
             session.acked(p.packet_id)
             return
         # From PUBREC on the client owns the message: settle it in the core.
+        store_id = f.delivery.msg.store_id if f.delivery is not None else 0
         if f.delivery is not None and not f.delivery.settled:
             session.core_session.ack(f.delivery)
         f.released = True
+        if f.saved:
+            session.save_inflight(f, store_id, "")
         self.send(PubRel(p.packet_id))
 
     def handle_pubcomp(self, p: PubComp) -> None:

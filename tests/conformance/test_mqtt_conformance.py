@@ -536,18 +536,7 @@ def restart_gw(tmp_path: Path) -> Iterator[GatewayThread]:
 
 
 @LEVELS
-@pytest.mark.parametrize("qos", [
-    pytest.param(1, marks=pytest.mark.xfail(strict=True, reason=(
-        "bug: MqttSession.outgoing (packet id -> in-flight PUBLISH) lives only in memory; "
-        "after a gateway restart the persistent session is back (Session Present 1) but the "
-        "unacknowledged QoS 1 message comes as a NEW delivery: packet id restarts at 1 "
-        "(original 2) and DUP=0 -- seen: Publish(payload=b'second', qos=1, dup=False, "
-        "packet_id=1). [MQTT-4.4.0-1] original ids, [MQTT-3.3.1-1] DUP on re-delivery"))),
-    pytest.param(2, marks=pytest.mark.xfail(strict=True, reason=(
-        "bug: after a gateway restart the PUBREL of a QoS 2 message past PUBREC is never "
-        "re-sent (nothing arrives after the CONNACK with Session Present 1): the released "
-        "packet id is kept only in MqttSession.outgoing in memory. [MQTT-4.4.0-1]"))),
-], ids=["qos1", "qos2"])
+@pytest.mark.parametrize("qos", [1, 2], ids=["qos1", "qos2"])
 def test_08c_inflight_survives_a_gateway_restart(restart_gw: GatewayThread, client: MakeClient,
                                                  level: int, qos: int) -> None:
     """[MQTT-4.4.0-1] with the gateway restarted in between (it keeps persistent sessions
