@@ -70,7 +70,7 @@ SWEEP_INTERVAL = 1.0  # seconds between expiry sweeps
 class Topic:
     """A topic that exists on this gateway (static, dynamic or temporary)."""
 
-    __slots__ = ("name", "props", "owner", "static", "stats_in", "dest", "dest_text")
+    __slots__ = ("name", "props", "owner", "static", "stats_in", "dest", "dest_text", "simple")
 
     def __init__(self, name: str, props: Any, *, static: bool, owner: Any = None) -> None:
         self.name = name
@@ -80,6 +80,7 @@ class Topic:
         self.stats_in = 0
         self.dest = Destination.topic(name)
         self.dest_text = str(self.dest)
+        self.simple = is_simple(props)
 
 
 class Broker:
@@ -111,7 +112,8 @@ class Broker:
         self._msg_prefix = f"ID:{self.name}.{os.getpid():x}{uuid.uuid4().hex[:6]}:"
         self._trace_prefix = f"{self.id}:"
         self._sweeper: asyncio.TimerHandle | None = None
-        self.stats = {"published": 0, "rejected": 0, "dropped": 0, "expired": 0, "undelivered": 0}
+        self.stats = {"rejected": 0, "dropped": 0, "expired": 0, "undelivered": 0}
+        self.published = 0
         self.closed = False
         self.hooks_publish: list[Callable[[Message, Any], None]] = []
         # The store's key-value records at start-up, for adapters (MQTT sessions, retained).
@@ -371,11 +373,30 @@ class Broker:
             )
         if self.max_memory and self.memory + msg.size > self.max_memory:
             raise LimitExceededError("server message memory limit (max_msg_memory) reached")
-        if dest.kind == TOPIC:
-            target: Topic | QueueEndpoint = self.topic(dest.name)
+        is_topic = dest.kind is TOPIC
+        if is_topic:
+            target: Topic | QueueEndpoint = self.topics.get(dest.name) or self.topic(dest.name)
         else:
-            target = self.queue(dest.name)
+            target = self.queues.get(dest.name) or self.queue(dest.name)
         props = target.props
+        if target.simple:
+            if msg.expiration:
+                msg.expires_at = msg.expiration
+        else:
+            self._apply_props(msg, conn, dest, props, now)
+        self.published += 1
+        if self.log_enabled:
+            self.dlog.record("publish", msg, dest._text or str(dest), conn.id if conn else None)
+        if self.hooks_publish:
+            for hook in self.hooks_publish:
+                hook(msg, conn)
+        if is_topic:
+            return self._route_topic(target, msg, now)  # type: ignore[arg-type]
+        return self._route_queue(target, msg, now)  # type: ignore[arg-type]
+
+    def _apply_props(self, msg: Message, conn: Any, dest: Destination, props: Any,
+                     now: int) -> None:
+        """Security, sender name, expiration override and tracing (seed §3.6)."""
         if conn is not None:
             if conn.kind == "CLIENT" and self.authorization and props is not None and props.secure:
                 self.check(conn, "topic" if dest.kind == TOPIC else "queue", dest.name,
@@ -390,17 +411,9 @@ class Broker:
             msg.expiration = 0
         elif msg.expiration:
             msg.expires_at = msg.expiration
-        self.stats["published"] += 1
-        if self.log_enabled:
-            self.dlog.record("publish", msg, self.dest_text(dest), conn.id if conn else None)
         if props is not None and props.trace:
             trace_log.info("received %s on %s from %s", msg.message_id, dest,
                            conn.id if conn else "-")
-        for hook in self.hooks_publish:
-            hook(msg, conn)
-        if dest.kind == TOPIC:
-            return self._route_topic(target, msg, now)  # type: ignore[arg-type]
-        return self._route_queue(target, msg, now)  # type: ignore[arg-type]
 
     def _route_topic(self, topic: Topic, msg: Message, now: int) -> asyncio.Future[None] | None:
         topic.stats_in += 1
@@ -716,8 +729,18 @@ class Broker:
             "durables": len(self.durables),
             "subscriptions": len(self.subs),
             "memory": self.memory,
+            "published": self.published,
             **self.stats,
         }
+
+
+def is_simple(props: Any) -> bool:
+    """True when a destination's properties ask for no per-message work on publish
+    (no security check, sender name, expiration override or tracing)."""
+    return props is None or not (
+        props.secure or props.sender_name or props.sender_name_enforced
+        or props.expiration_ms is not None or props.trace
+    )
 
 
 def _over(ep: Endpoint, msg: Message, maxmsgs: int, maxbytes: int) -> bool:

@@ -567,6 +567,9 @@ class QueueEndpoint(Endpoint):
         self.owner = owner  # the connection of a temporary queue
         self.exclusive = bool(props.exclusive)
         self.flow_limit = props.flow_control_bytes if broker.flow_control else 0
+        from gateway.broker import is_simple
+
+        self.simple = is_simple(props)
         self.stored = False  # the definition is in the store
 
     def max_redelivery(self) -> int:

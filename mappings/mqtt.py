@@ -398,6 +398,8 @@ def mqtt_to_message(
         expiration=expiration,
         timestamp=now_ms,
     )
+    # Size for limits: the payload plus a flat allowance per property (no walk needed).
+    msg.size = len(payload) + 64 + 48 * len(props)
     if trace_id is not None:
         msg.trace_id = trace_id
     return msg

@@ -65,6 +65,7 @@ class MqttServer:
         self._enc_key: tuple[Any, ...] | None = None
         self._enc_out = b""
         self._subjects: dict[str, str] = {}  # MQTT topic → subject, for the publish path
+        self._topics: dict[str, str] = {}  # subject → MQTT topic, for the delivery path
         self._restore_sessions(kv.get(SESSION_NS, {}), kv.get(INFLIGHT_NS, {}))
 
     # -- sessions ---------------------------------------------------------------------------
@@ -184,6 +185,15 @@ class MqttServer:
                      session.client_id, will.topic, reason)
 
     # -- per-message caches (core → client) --------------------------------------------------
+
+    def mqtt_topic(self, name: str) -> str:
+        """The MQTT topic for a subject, cached (the delivery path asks once per message)."""
+        topic = self._topics.get(name)
+        if topic is None:
+            if len(self._topics) >= TOPIC_CACHE_SIZE:
+                self._topics.clear()
+            topic = self._topics[name] = subject_to_mqtt_topic(name)
+        return topic
 
     def mapped(self, msg: Message, level: int, now: int) -> MqttOut:
         """The MQTT form of ``msg`` for a protocol level, computed once per message."""

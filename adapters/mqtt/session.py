@@ -248,7 +248,7 @@ class MqttSession:
         out = server.mapped(msg, conn.level, now)
         qos = min(rec.options.qos, out.qos)
         retain = bool(rec.options.retain_as_published and msg.properties.get(RETAIN_PROPERTY))
-        topic = subject_to_mqtt_topic(msg.destination.name) if msg.destination else ""
+        topic = server.mqtt_topic(msg.destination.name) if msg.destination else ""
         props = out.properties
         if conn.level >= MQTT_5 and (rec.sub_id is not None or conn.alias_max):
             props = dict(props)
