@@ -408,10 +408,19 @@ class _Writer:
             self.out = -1  # the gateway is gone: go on writing the files
 
 
+NICENESS = 10  # scheduling priority offset of the writer process (0 = same as the gateway)
+
+
 def main() -> int:
     """The writer process: ``python -m gateway.dlog_writer``, started by DeliveryLog."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # it ends when its input ends
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Formatting can lag a little behind: give the CPU to the gateway and its peers first
+    # (the gateway's pending bound holds it back if the writer falls too far behind).
+    try:
+        os.nice(NICENESS)
+    except OSError:
+        pass
     out = os.dup(1)
     os.dup2(2, 1)  # a stray print() goes to stderr, not into the reports
     frame = _read_frame(0)
