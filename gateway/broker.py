@@ -115,7 +115,6 @@ class Broker:
         self.stats = {"rejected": 0, "dropped": 0, "expired": 0, "undelivered": 0}
         self.published = 0
         self.closed = False
-        self.hooks_publish: list[Callable[[Message, Any], None]] = []
         # The store's key-value records at start-up, for adapters (MQTT sessions, retained).
         self.kv: dict[str, dict[str, bytes]] = {}
         # (method, path, aiohttp handler) that adapters offer on the HTTP listener (WebSocket).
@@ -387,9 +386,6 @@ class Broker:
         self.published += 1
         if self.log_enabled:
             self.dlog.record("publish", msg, dest._text or str(dest), conn.id if conn else None)
-        if self.hooks_publish:
-            for hook in self.hooks_publish:
-                hook(msg, conn)
         if is_topic:
             return self._route_topic(target, msg, now)  # type: ignore[arg-type]
         return self._route_queue(target, msg, now)  # type: ignore[arg-type]

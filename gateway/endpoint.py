@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gateway.message import DeliveryMode, Destination, Message
+from gateway.message import Destination, Message
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -653,7 +653,3 @@ def requeue_all(deliveries: list[Delivery], *, count_delivery: bool = True) -> N
         endpoints[id(ep)] = ep
     for ep in endpoints.values():
         ep.dispatch()
-
-
-def is_persistent(msg: Message) -> bool:
-    return msg.delivery_mode == DeliveryMode.PERSISTENT

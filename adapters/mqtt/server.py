@@ -130,7 +130,7 @@ class MqttServer:
 
     # -- publishing (client → core) ---------------------------------------------------------
 
-    def publish(self, conn: MqttConnection, session: MqttSession, topic: str,
+    def publish(self, level: int, session: MqttSession, topic: str,
                 p: Publish) -> tuple[int, Any]:
         """Publish a client's PUBLISH into the core; returns (reason code, future or None)."""
         name = self._subjects.get(topic)
@@ -145,7 +145,7 @@ class MqttServer:
         if name.startswith("$"):
             return ReasonCode.TOPIC_NAME_INVALID, None  # $-topics are the server's ([MQTT-4.7.2])
         reply_to = None
-        rt = p.properties.get("response_topic") if conn.level >= 5 else None
+        rt = p.properties.get("response_topic") if level >= 5 else None
         if rt:
             try:
                 reply_to = Destination.topic(mqtt_topic_to_subject(rt))
@@ -153,13 +153,13 @@ class MqttServer:
                 return ReasonCode.TOPIC_NAME_INVALID, None
         now = self.broker.now()
         msg = mqtt_to_message(payload=p.payload, qos=p.qos, retain=p.retain,
-                              properties=p.properties, level=conn.level,
+                              properties=p.properties, level=level,
                               destination=Destination.topic(name), reply_to=reply_to,
                               now_ms=now)
         try:
             fut = session.core_session.send(msg, None, now)
         except GatewayError as exc:
-            if conn.level < 5 or p.qos == 0:
+            if level < 5 or p.qos == 0:
                 log.info("mqtt %s: publish to %s refused: %s", session.client_id, topic, exc)
             return publish_reason(exc), None
         if p.retain:
@@ -173,13 +173,7 @@ class MqttServer:
                     dict(will.properties))
         conn = session.conn
         level = conn.level if conn is not None else session.level
-
-        class _Level:
-            pass
-
-        shim = _Level()
-        shim.level = level  # type: ignore[attr-defined]
-        reason, _ = self.publish(shim, session, will.topic, p)  # type: ignore[arg-type]
+        reason, _ = self.publish(level, session, will.topic, p)
         if reason >= 0x80:
             log.info("mqtt %s: will message to %s refused (reason 0x%02x)",
                      session.client_id, will.topic, reason)

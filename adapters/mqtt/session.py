@@ -731,7 +731,7 @@ class MqttConnection:
         reason: int = ReasonCode.SUCCESS
         fut = None
         try:
-            reason, fut = self.server.publish(self, session, topic, p)
+            reason, fut = self.server.publish(self.level, session, topic, p)
         except PayloadFormatInvalid as exc:
             reason = ReasonCode.PAYLOAD_FORMAT_INVALID
             log.info("mqtt %s: %s", session.client_id, exc)
