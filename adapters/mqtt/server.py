@@ -66,6 +66,9 @@ class MqttServer:
         self._enc_out = b""
         self._subjects: dict[str, str] = {}  # MQTT topic → subject, for the publish path
         self._topics: dict[str, str] = {}  # subject → MQTT topic, for the delivery path
+        # Connections written to while a read is processed: flushed once when it ends.
+        self.reading = False
+        self.dirty: list[MqttProtocol] = []
         self._restore_sessions(kv.get(SESSION_NS, {}), kv.get(INFLIGHT_NS, {}))
 
     # -- sessions ---------------------------------------------------------------------------
@@ -247,8 +250,23 @@ class MqttProtocol(asyncio.Protocol):
         self.server.connections.add(self.conn)
 
     def data_received(self, data: bytes) -> None:
+        """Process the read, then write every connection it produced output for, once each
+        (acknowledgements and deliveries leave in the same loop turn, no extra wake-up)."""
         assert self.conn is not None
-        self.conn.data_received(data)
+        server = self.server
+        if server.reading:  # re-entered (cannot happen with asyncio, kept safe)
+            self.conn.data_received(data)
+            return
+        server.reading = True
+        try:
+            self.conn.data_received(data)
+        finally:
+            server.reading = False
+            dirty = server.dirty
+            if dirty:
+                server.dirty = []
+                for proto in dirty:
+                    proto.flush()
 
     def eof_received(self) -> bool | None:
         return None
@@ -263,7 +281,11 @@ class MqttProtocol(asyncio.Protocol):
         self.out.append(data)
         if not self.flush_scheduled:
             self.flush_scheduled = True
-            self.server.loop.call_soon(self.flush)
+            server = self.server
+            if server.reading:
+                server.dirty.append(self)
+            else:
+                server.loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """Write everything collected this loop turn in one call."""
