@@ -66,7 +66,6 @@ from adapters.mqtt.packets import (
 from adapters.mqtt.topics import (
     mqtt_filter_to_subject,
     mqtt_topic_to_subject,
-    subject_to_mqtt_topic,
 )
 from gateway.client import AckMode
 from gateway.endpoint import Delivery
@@ -245,15 +244,8 @@ class MqttSession:
         if exp and exp <= now:
             self.core_session.ack(d)
             return
-        out = server.mapped(msg, conn.level, now)
-        qos = min(rec.options.qos, out.qos)
+        out, qos, topic, props = self._prepare(msg, rec, conn, now)
         retain = bool(rec.options.retain_as_published and msg.properties.get(RETAIN_PROPERTY))
-        topic = server.mqtt_topic(msg.destination.name) if msg.destination else ""
-        props = out.properties
-        if conn.level >= MQTT_5 and (rec.sub_id is not None or conn.alias_max):
-            props = dict(props)
-            if rec.sub_id is not None:
-                props["subscription_identifier"] = [rec.sub_id]
         if qos == 0:
             self.core_session.ack(d)
             conn.send_publish(topic, out.payload, 0, retain, None, props)
@@ -307,11 +299,9 @@ class MqttSession:
             if d is None:
                 self.forget_inflight(pid)
                 continue
-            msg = d.msg
-            out = self.server.mapped(msg, conn.level, self.server.broker.now())
-            qos = max(1, min(rec.options.qos, out.qos)) if rec is not None else 1
-            topic = subject_to_mqtt_topic(msg.destination.name) if msg.destination else ""
-            data = conn.send_publish(topic, out.payload, qos, False, pid, out.properties,
+            assert rec is not None  # claim() found it through rec
+            out, qos, topic, props = self._prepare(d.msg, rec, conn, self.server.broker.now())
+            data = conn.send_publish(topic, out.payload, max(1, qos), False, pid, props,
                                      dup=True)
             if data is None:
                 self.core_session.ack(d)
@@ -321,18 +311,25 @@ class MqttSession:
             f.saved = True
             self.next_pid = max(self.next_pid, pid % 65535 + 1)
 
+    def _prepare(self, msg: Message, rec: SubRecord, conn: MqttConnection,
+                 now: int) -> tuple[Any, int, str, dict[str, Any]]:
+        """The MQTT form of ``msg`` for one subscription: (mapped, QoS, topic, properties)."""
+        server = self.server
+        out = server.mapped(msg, conn.level, now)
+        qos = min(rec.options.qos, out.qos)
+        topic = server.mqtt_topic(msg.destination.name) if msg.destination else ""
+        props = out.properties
+        if conn.level >= MQTT_5 and rec.sub_id is not None:
+            props = dict(props)
+            props["subscription_identifier"] = [rec.sub_id]
+        return out, qos, topic, props
+
     def deliver_retained(self, msg: Message, rec: SubRecord) -> None:
         """Send a retained message to a new subscription (retain flag set, [MQTT-3.3.1-9])."""
         conn = self.conn
         if conn is None:
             return
-        out = self.server.mapped(msg, conn.level, self.server.broker.now())
-        qos = min(rec.options.qos, out.qos)
-        topic = subject_to_mqtt_topic(msg.destination.name) if msg.destination else ""
-        props = out.properties
-        if conn.level >= MQTT_5 and rec.sub_id is not None:
-            props = dict(props)
-            props["subscription_identifier"] = [rec.sub_id]
+        out, qos, topic, props = self._prepare(msg, rec, conn, self.server.broker.now())
         if qos == 0:
             conn.send_publish(topic, out.payload, 0, True, None, props)
             return
