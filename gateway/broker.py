@@ -335,7 +335,11 @@ class Broker:
         if conn is not None:
             msg.producer_conn = conn.id
         if not msg.size:
-            msg.size = estimate_size(msg)
+            body = msg.body
+            if type(body) is bytes and not msg.properties:
+                msg.size = len(body) + 64  # estimate_size's answer, without the call
+            else:
+                msg.size = estimate_size(msg)
 
     def publish(self, msg: Message, conn: Any = None, now: int = 0) -> asyncio.Future[None] | None:
         """Route one message; see the module docstring. ``msg.destination`` must be set.
@@ -351,8 +355,34 @@ class Broker:
             now = self.now()
         if msg.message_id is None or msg.trace_id is None or not msg.size:
             self.stamp(msg, conn, now)
+        # One function, not publish() calling a _publish(): this is the hot path.
         try:
-            return self._publish(msg, conn, now)
+            dest = msg.destination
+            if dest is None:
+                raise InvalidDestinationError("message has no destination")
+            if self.max_msg_size and msg.size > self.max_msg_size:
+                raise LimitExceededError(
+                    f"message of {msg.size} bytes exceeds max_client_msg_size {self.max_msg_size}"
+                )
+            if self.max_memory and self.memory + msg.size > self.max_memory:
+                raise LimitExceededError("server message memory limit (max_msg_memory) reached")
+            is_topic = dest.kind is TOPIC
+            if is_topic:
+                target: Topic | QueueEndpoint = self.topics.get(dest.name) or self.topic(dest.name)
+            else:
+                target = self.queues.get(dest.name) or self.queue(dest.name)
+            if target.simple:
+                if msg.expiration:
+                    msg.expires_at = msg.expiration
+            else:
+                self._apply_props(msg, conn, dest, target.props, now)
+            self.published += 1
+            if self.log_enabled:
+                self.dlog.record("publish", msg, dest._text or str(dest),
+                                 conn.id if conn else None)
+            if is_topic:
+                return self._route_topic(target, msg, now)  # type: ignore[arg-type]
+            return self._route_queue(target, msg, now)  # type: ignore[arg-type]
         except (InvalidDestinationError, SecurityError, LimitExceededError) as exc:
             self.stats["rejected"] += 1
             if self.log_enabled:
@@ -361,34 +391,6 @@ class Broker:
             if msg.delivery_mode == RELIABLE:
                 return None
             raise
-
-    def _publish(self, msg: Message, conn: Any, now: int) -> asyncio.Future[None] | None:
-        dest = msg.destination
-        if dest is None:
-            raise InvalidDestinationError("message has no destination")
-        if self.max_msg_size and msg.size > self.max_msg_size:
-            raise LimitExceededError(
-                f"message of {msg.size} bytes exceeds max_client_msg_size {self.max_msg_size}"
-            )
-        if self.max_memory and self.memory + msg.size > self.max_memory:
-            raise LimitExceededError("server message memory limit (max_msg_memory) reached")
-        is_topic = dest.kind is TOPIC
-        if is_topic:
-            target: Topic | QueueEndpoint = self.topics.get(dest.name) or self.topic(dest.name)
-        else:
-            target = self.queues.get(dest.name) or self.queue(dest.name)
-        props = target.props
-        if target.simple:
-            if msg.expiration:
-                msg.expires_at = msg.expiration
-        else:
-            self._apply_props(msg, conn, dest, props, now)
-        self.published += 1
-        if self.log_enabled:
-            self.dlog.record("publish", msg, dest._text or str(dest), conn.id if conn else None)
-        if is_topic:
-            return self._route_topic(target, msg, now)  # type: ignore[arg-type]
-        return self._route_queue(target, msg, now)  # type: ignore[arg-type]
 
     def _apply_props(self, msg: Message, conn: Any, dest: Destination, props: Any,
                      now: int) -> None:

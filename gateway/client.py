@@ -33,6 +33,7 @@ import asyncio
 import enum
 import itertools
 import logging
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from gateway.broker import Broker
 
 log = logging.getLogger("gateway.client")
+_time = time.time
 
 _consumer_ids = itertools.count(1)
 
@@ -147,6 +149,7 @@ class Session:
         self.ack_mode = ack_mode
         self.no_ack = ack_mode == AckMode.NONE
         self.transacted = ack_mode == AckMode.TRANSACTED
+        self.auto_ack = ack_mode in (AckMode.AUTO, AckMode.DUPS_OK)
         self.unacked: dict[int, Delivery] = {}
         self.next_tag = 1
         self.consumers: list[MessageConsumer] = []
@@ -489,8 +492,8 @@ class Producer:
             raise InvalidDestinationError("no destination given for an anonymous producer")
         if self.validate:
             msg.validate()
-        broker = self.session.broker
-        now = broker.now()
+        session = self.session
+        now = int(_time() * 1000)
         msg.destination = dest
         msg.delivery_mode = delivery_mode if delivery_mode is not None else self.delivery_mode
         msg.priority = priority if priority is not None else self.priority
@@ -499,7 +502,9 @@ class Producer:
         msg.expiration = now + t if t else 0
         delay = delivery_delay if delivery_delay is not None else self.delivery_delay
         msg.delivery_time = now + delay if delay else 0
-        return self.session.send(msg, None, now)
+        if session.tx is None and not session.closed:
+            return session.broker.publish(msg, session.connection, now)
+        return session.send(msg, None, now)
 
     async def send_async(self, msg: Message, destination: Destination | None = None,
                          **kw: Any) -> None:
@@ -535,7 +540,8 @@ class MessageConsumer:
                 log.exception("message listener failed; the message will be redelivered")
                 self.session.release(d)
                 return
-            self._auto_ack(d)
+            if not d.settled:
+                self._auto_ack(d)
             return
         if self.waiters:
             w = self.waiters.popleft()
@@ -547,8 +553,7 @@ class MessageConsumer:
         self.buffer.append(d)
 
     def _auto_ack(self, d: Delivery) -> None:
-        mode = self.session.ack_mode
-        if mode in (AckMode.AUTO, AckMode.DUPS_OK) and not d.settled:
+        if self.session.auto_ack and not d.settled:
             self.session.ack(d)
 
     def receive_nowait(self) -> Delivery | None:
@@ -598,9 +603,7 @@ class MessageConsumer:
         self.buffer.clear()
         if requeue:
             for t, d in list(session.unacked.items()):
-                if d.consumer is core and session.tx is None and session.ack_mode in (
-                    AckMode.AUTO, AckMode.DUPS_OK,
-                ):
+                if d.consumer is core and session.tx is None and session.auto_ack:
                     session.unacked.pop(t, None)
                     endpoint.requeue(d)
         if self in session.consumers:

@@ -1,8 +1,8 @@
 """The delivery log: one record per thing that happened to a message, written off the hot path.
 
 How this works. Every publish, delivery, acknowledgement, redelivery, expiry, drop, discard,
-dead-lettering, rejection, import and export calls :meth:`DeliveryLog.record`, which appends
-one tuple to a list and returns -- no formatting, no lock, no I/O. A background thread wakes
+dead-lettering, rejection, import and export calls :meth:`DeliveryLog.record`, which extends
+a list by the record's ten values and returns -- no formatting, no lock, no I/O. A background thread wakes
 every ``flush_interval`` (or as soon as 10,000 records are pending) and takes the pending
 records out of the list. By default it hands them, ``marshal``-ed (about 0.1 µs a record, in
 C), through a pipe to a writer process (:mod:`gateway.dlog_writer`), which formats them as
@@ -23,9 +23,17 @@ can ``grep`` a trace id across a day of logs. Parquet would need a batch writer 
 row groups in memory until a file is closed (a crash loses the open file) and would make
 pyarrow a runtime dependency of the gateway.
 
-Taking the batch. The hot path appends to one list that is never replaced. The writer copies
+The hot path. The pending list is flat, ``WIDTH`` values a record, not a list of tuples:
+the values are strings and numbers, which the cyclic garbage collector never looks at, so
+the pending records cost it nothing. A tuple per record was a tracked allocation that
+stayed alive until the writer took it; ten thousand of them made the collector run every
+few hundred messages and cost the gateway about 15% of its throughput. The writer process
+regroups the values into records (:func:`records`).
+
+Taking the batch. The hot path extends one list that is never replaced. The writer copies
 the first ``n`` items and deletes them (``batch = p[:n]; del p[:n]``), each a single C-level
-list operation under the GIL, so an append racing with the writer lands after the ``n`` taken
+list operation under the GIL, as is the hot path's ``+=`` of a tuple, so ``n`` is always a
+whole number of records and a record racing with the writer lands after the ``n`` taken
 items and is kept for the next batch. (Swapping in a new list would let a thread that had
 already loaded the old list append to it after the writer had finished with it.)
 
@@ -87,6 +95,9 @@ BATCH_RECORDS = 10_000  # wake the writer early past this many pending records
 DEFAULT_FLUSH_INTERVAL = 0.2  # seconds; bounds how stale the file is behind the gateway
 DEFAULT_MAX_FILE_BYTES = 64 << 20  # rotate past 64 MiB: one Spark input split per file or so
 SEND_RECORDS = 2 * BATCH_RECORDS  # at most this many records to the writer process at once
+WIDTH = 10  # values per record in the pending list (see "The hot path" above)
+BATCH_ITEMS = BATCH_RECORDS * WIDTH
+SEND_ITEMS = SEND_RECORDS * WIDTH
 MAX_PENDING = 1_000_000  # record() waits past this many pending records (~200 MB, ~3 s at
 #                          full speed: far more than a healthy writer ever lets pile up)
 CLOSE_TIMEOUT = 30.0  # seconds close() waits for the writer process before taking over
@@ -187,6 +198,12 @@ def _format_fast(batch: list[_Record], gateway_id: str) -> bytes:
             f'"reason":{_s(reason)}}}\n'
         )
     return "".join(lines).encode("ascii")
+
+
+def records(flat: list[Any]) -> list[_Record]:
+    """The records of a flat pending list, as tuples (``WIDTH`` values each)."""
+    it = iter(flat)
+    return list(zip(*[it] * WIDTH, strict=False))  # type: ignore[arg-type]
 
 
 class Stats(Protocol):
@@ -374,7 +391,8 @@ class DeliveryLog:
         self.write_errors = 0
         self.stalls = 0
         self.files: list[str] = []  # every file this log has opened, oldest first
-        self._pending: list[_Record] = []
+        self._pending: list[Any] = []  # WIDTH values per record, flat (see record())
+        self._max_items = self.max_pending * WIDTH
         self._wake = threading.Event()
         self._room = threading.Event()  # set by the writer each time it takes a batch
         self._io_lock = threading.Lock()  # the writer thread vs flush()/close()
@@ -396,50 +414,54 @@ class DeliveryLog:
     ) -> None:
         """Log one event for ``msg`` on ``dest`` (``topic:a.b`` or a Destination).
 
-        Runs on the hot path: one tuple appended to a list. ``client`` is the connection or
+        Runs on the hot path: ten values added to a list. ``client`` is the connection or
         transport id involved (producer, consumer or transport), ``count`` the delivery
         count (JMSXDeliveryCount) where there is one, ``reason`` a short word for drops,
         discards, rejections and dead-lettering. See ``docs/delivery-log.md``.
 
-        Pass ``dest`` as a string the caller keeps (e.g. computed once per destination):
-        a tuple holding only strings and numbers is untracked by the cyclic GC, one holding
-        a Destination object is not, and costs about twice as much under load. For the same
-        reason the delivery mode is stored as a plain ``int``.
+        Pass ``dest`` as a string the caller keeps (e.g. computed once per destination),
+        not a Destination object: the writer process is sent plain strings and numbers
+        (anything else is converted, slowly, batch by batch). For the same reason the
+        delivery mode is stored as a plain ``int``.
 
         Never drops a record: past ``max_pending`` pending records it waits for the writer
         thread to take a batch (see "Bounded memory" above).
         """
         if self.enabled:
             p = self._pending
-            p.append(
-                (
-                    _time(), event, msg.trace_id, msg.message_id, int(msg.delivery_mode),
-                    msg.size, dest, client, count, reason,
-                )
+            p += (
+                _time(), event, msg.trace_id, msg.message_id, int(msg.delivery_mode),
+                msg.size, dest, client, count, reason,
             )  # fmt: skip
             n = len(p)
-            if n >= BATCH_RECORDS and (n == BATCH_RECORDS or n >= self.max_pending):
+            if n >= BATCH_ITEMS and (n == BATCH_ITEMS or n >= self._max_items):
                 self._full(n)
 
     def _full(self, n: int) -> None:
         """Wake the writer; past ``max_pending``, wait until it has taken a batch."""
         self._wake.set()
         thread = self._thread
-        if n < self.max_pending or thread is None or thread is threading.current_thread():
+        if n < self._max_items or thread is None or thread is threading.current_thread():
             return  # without a writer thread, flush() and close() write everything
         self.stalls += 1
         if self.stalls == 1:
             log.warning(
                 "delivery log: %d records pending; record() waits for the writer (the log "
                 "is written slower than the gateway works)",
-                n,
+                n // WIDTH,
             )
-        while len(self._pending) >= self.max_pending and not self._stop and thread.is_alive():
+        limit = self._max_items
+        while len(self._pending) >= limit and not self._stop and thread.is_alive():
             self._room.clear()
-            if len(self._pending) < self.max_pending:
+            if len(self._pending) < limit:
                 break
             self._wake.set()
             self._room.wait(0.05)
+
+    @property
+    def pending(self) -> int:
+        """Records appended and not yet taken by the writer."""
+        return len(self._pending) // WIDTH
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -536,11 +558,11 @@ class DeliveryLog:
                         child.send([])  # let it retry what a failed write left over
                     while p:
                         n = len(p)
-                        batch = p[:SEND_RECORDS]  # bounds the GIL time of one send
-                        del p[:SEND_RECORDS]
+                        batch = p[:SEND_ITEMS]  # bounds the GIL time of one send
+                        del p[:SEND_ITEMS]
                         self._room.set()
                         child.send(batch)
-                        if n <= SEND_RECORDS and len(p) < BATCH_RECORDS:
+                        if n <= SEND_ITEMS and len(p) < BATCH_ITEMS:
                             break  # all were sent; fewer than a batch came meanwhile
                     return
                 except OSError:
@@ -555,8 +577,8 @@ class DeliveryLog:
             batch = p[:n]
             del p[:n]
             self._room.set()
-            files.write(batch)
-            if len(p) < BATCH_RECORDS:
+            files.write(records(batch))
+            if len(p) < BATCH_ITEMS:
                 break
 
     def _spawn(self) -> WriterProcess | None:

@@ -8,7 +8,7 @@ pipes in frames of one kind byte, a 4-byte little-endian length and a ``marshal`
 direction   frame                                  meaning
 ==========  =====================================  ========================================
 to it       ``I`` (directory, gateway_id, max)     the first frame: what :class:`LogFiles` needs
-to it       ``B`` [record, ...]                    a batch: format it, write it (one ``write()``)
+to it       ``B`` [value, ...]                     a batch, ``WIDTH`` values a record: write it
 to it       ``F`` token                            a barrier: answer ``A`` once done with the above
 to it       ``C``                                  finish: fsync, close, answer ``C``, exit
 from it     ``O`` (path, seq)                      a new file, sent before anything is written to it
@@ -46,7 +46,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from gateway.dlog import Counters, LogFiles, Stats, _float, _int, _Record, _str
+from gateway.dlog import WIDTH, Counters, LogFiles, Stats, _float, _int, _Record, _str, records
 
 log = logging.getLogger("gateway.dlog")
 
@@ -90,17 +90,20 @@ def _write_frame(fd: int, kind: bytes, payload: bytes) -> None:
             rest = rest[os.write(fd, rest) :]
 
 
-def encode_batch(batch: list[_Record]) -> bytes:
-    """The batch as ``marshal`` bytes that :func:`format_records` formats as it would it.
+def encode_batch(flat: list[Any]) -> bytes:
+    """A flat batch (``WIDTH`` values a record) as ``marshal`` bytes, formatted as it would be.
 
     ``marshal`` takes exact str, int, float, bytes, None and containers of them. A value it
     does not take (a Destination object, an enum member, a caller's bug) is replaced, in
     that record only, by what the formatter would have written for it.
     """
     try:
-        return marshal.dumps(batch)
+        return marshal.dumps(flat)
     except ValueError:
-        return marshal.dumps([r if all(type(v) in _PLAIN for v in r) else _plain(r) for r in batch])
+        out: list[Any] = []
+        for r in records(flat):
+            out += r if all(type(v) in _PLAIN for v in r) else _plain(r)
+        return marshal.dumps(out)
 
 
 def _plain(r: _Record) -> _Record:
@@ -215,11 +218,12 @@ class WriterProcess:
 
     # -- called by the DeliveryLog, under its I/O lock ----------------------------------
 
-    def send(self, batch: list[_Record]) -> None:
-        """Send a batch (kept until reported written); OSError if the process is gone."""
-        payload = encode_batch(batch)
-        self._retained.append((self._sent, len(batch), payload))
-        self._sent += len(batch)
+    def send(self, flat: list[Any]) -> None:
+        """Send a flat batch (kept until reported written); OSError if the process is gone."""
+        payload = encode_batch(flat)
+        n = len(flat) // WIDTH
+        self._retained.append((self._sent, n, payload))
+        self._sent += n
         self._send(_BATCH, payload)
 
     def barrier(self) -> _Error:
@@ -283,7 +287,7 @@ class WriterProcess:
         left: list[_Record] = []
         for first, count, payload in self._retained:
             if first + count > done:
-                left.extend(marshal.loads(payload)[max(0, done - first) :])
+                left.extend(records(marshal.loads(payload))[max(0, done - first) :])
         files.seq = self._seq
         if last is not None:
             files.adopt(*last)
@@ -365,7 +369,7 @@ class _Writer:
                 return 0
             kind, payload = frame
             if kind == _BATCH:
-                self._write(marshal.loads(payload))
+                self._write(records(marshal.loads(payload)))
             elif kind == _FLUSH:
                 self._reply(_ACK, (marshal.loads(payload), self.error))
             elif kind == _CLOSE:

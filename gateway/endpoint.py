@@ -190,7 +190,11 @@ class Endpoint:
             return
         if not self.npending and self.consumers and not self.dispatching and not self.selective:
             # Fast path: nothing waiting, so a ready consumer takes the message at once.
-            consumer = self._next_ready()
+            consumers = self.consumers
+            if len(consumers) == 1 or self.exclusive:
+                consumer: Consumer | None = consumers[0] if consumers[0].ready else None
+            else:
+                consumer = self._next_ready()
             if consumer is not None:
                 self.dispatching = True
                 try:

@@ -223,19 +223,19 @@ class Message:
 
     @classmethod
     def text(cls, text: str, **kw: Any) -> Message:
-        return cls(text, body_kind=BodyKind.TEXT, **kw)
+        return cls(text, body_kind=_TEXT, **kw)
 
     @classmethod
     def binary(cls, data: bytes, **kw: Any) -> Message:
-        return cls(data, body_kind=BodyKind.BYTES, **kw)
+        return cls(data, body_kind=_BYTES, **kw)
 
     @classmethod
     def map(cls, data: dict[str, Any], **kw: Any) -> Message:
-        return cls(data, body_kind=BodyKind.MAP, **kw)
+        return cls(data, body_kind=_MAP, **kw)
 
     @classmethod
     def stream(cls, data: list[Any], **kw: Any) -> Message:
-        return cls(data, body_kind=BodyKind.STREAM, **kw)
+        return cls(data, body_kind=_STREAM, **kw)
 
     def validate(self) -> None:
         """Check body and property values against the model (raises MessageFormatError)."""
@@ -310,17 +310,26 @@ _COMPARED = (
 builtin_type = type
 
 
+# Enum members read from the class cost a descriptor call each (Python 3.11); the hot paths
+# use these module constants instead.
+_NONE = BodyKind.NONE
+_TEXT = BodyKind.TEXT
+_BYTES = BodyKind.BYTES
+_MAP = BodyKind.MAP
+_STREAM = BodyKind.STREAM
+
+
 def infer_body_kind(body: Any) -> BodyKind:
     if body is None:
-        return BodyKind.NONE
+        return _NONE
     if isinstance(body, str):
-        return BodyKind.TEXT
+        return _TEXT
     if isinstance(body, (bytes, bytearray)):
-        return BodyKind.BYTES
+        return _BYTES
     if isinstance(body, dict):
-        return BodyKind.MAP
+        return _MAP
     if isinstance(body, list):
-        return BodyKind.STREAM
+        return _STREAM
     from gateway.errors import MessageFormatError
 
     raise MessageFormatError(f"cannot infer a body kind for {builtin_type(body).__name__}")

@@ -688,7 +688,7 @@ def test_record_waits_past_max_pending(tmp_path: Path) -> None:
         wait_for(lambda: log.stalls >= 1)
         time.sleep(0.2)
         assert not done.is_set()  # record() is waiting
-        assert len(log._pending) <= bound + 1
+        assert log.pending <= bound + 1
     finally:
         os.kill(child.pid, signal.SIGCONT)
     t.join()
@@ -702,7 +702,7 @@ def test_record_never_waits_without_a_writer_thread(tmp_path: Path) -> None:
     m = make_msg(1)
     for i in range(30_000):
         log.record("deliver", m, "topic:t", "c", i)
-    assert log.stalls == 0 and len(log._pending) == 30_000
+    assert log.stalls == 0 and log.pending == 30_000
     log.close()
     assert log.records_written == 30_000
 
