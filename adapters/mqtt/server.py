@@ -251,7 +251,12 @@ class MqttProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         """Process the read, then write every connection it produced output for, once each
-        (acknowledgements and deliveries leave in the same loop turn, no extra wake-up)."""
+        (acknowledgements and deliveries leave in the same loop turn, no extra wake-up).
+
+        The reading connection is written first: its acknowledgements free its sender's
+        in-flight window (``mosquitto_pub`` keeps 20 QoS 1 messages in flight), so the
+        sender goes on while the deliveries are written.
+        """
         assert self.conn is not None
         server = self.server
         if server.reading:  # re-entered (cannot happen with asyncio, kept safe)
@@ -265,8 +270,11 @@ class MqttProtocol(asyncio.Protocol):
             dirty = server.dirty
             if dirty:
                 server.dirty = []
+                if self.flush_scheduled:
+                    self.flush()
                 for proto in dirty:
-                    proto.flush()
+                    if proto.flush_scheduled:
+                        proto.flush()
 
     def eof_received(self) -> bool | None:
         return None
