@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import ssl
 from typing import Any
 
 from adapters.mqtt.codec import encode_publish
@@ -36,6 +35,7 @@ from adapters.mqtt.session import (
 from adapters.mqtt.topics import mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway.errors import GatewayError, InvalidDestinationError, SecurityError
 from gateway.message import Destination, Message
+from gateway.tls import server_context
 from mappings.mqtt import MqttOut, message_to_mqtt, mqtt_to_message
 
 log = logging.getLogger("adapters.mqtt")
@@ -349,23 +349,10 @@ def shared_server(broker: Any) -> MqttServer:
     return server
 
 
-def tls_context(broker: Any) -> ssl.SSLContext:
-    gw = broker.config.gateway
-    if not gw.tls_cert:
-        raise GatewayError("mqtts listener needs tls_cert (and tls_key) in gateway.conf")
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(str(gw.tls_cert), str(gw.tls_key) if gw.tls_key else None)
-    if gw.tls_ca:
-        ctx.load_verify_locations(str(gw.tls_ca))
-        if getattr(gw, "tls_require_client_cert", False):
-            ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
-
-
 async def start(broker: Any, spec: Any) -> MqttListener:
     """Registry entry: listen for MQTT (``mqtt://``) or MQTT over TLS (``mqtts://``)."""
     server = shared_server(broker)
-    ctx = tls_context(broker) if spec.scheme == "mqtts" else None
+    ctx = server_context(broker, "mqtts") if spec.scheme == "mqtts" else None
     tcp = await broker.loop.create_server(
         lambda: MqttProtocol(server), spec.host or None, spec.port, ssl=ctx,
     )

@@ -62,6 +62,10 @@ parameter                           default            meaning
 ``tls_ca``                          (none)             PEM CA bundle to verify client certificates
 ``tls_require_client_cert``         disabled           TLS clients must present a certificate that
                                                        ``tls_ca`` verifies (seed L9099-9147)
+``amqp_default_destination``        ``queue``          what a bare AMQP address (no ``queue://`` or
+                                                       ``topic://`` prefix, no capability or
+                                                       ``x-opt-jms-dest`` saying) names: ``queue``
+                                                       or ``topic``
 ``log_level``                       ``info``           ``debug``, ``info``, ``warning`` or ``error``
 ==================================  =================  ===============================================
 """
@@ -106,6 +110,7 @@ ABORT_KINDS = frozenset(
 DEFAULT_STORE = "data"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 STORE_TYPES = ("sqlite", "memory")
+DEST_KINDS = ("queue", "topic")
 
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
 _HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?|\*")
@@ -166,6 +171,7 @@ class GatewaySettings:
     tls_key: str | None = None
     tls_ca: str | None = None
     tls_require_client_cert: bool = False
+    amqp_default_destination: str = "queue"
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -300,6 +306,7 @@ _PARAMS: dict[str, Callable[[str], Any]] = {
     "tls_key": _text,
     "tls_ca": _text,
     "tls_require_client_cert": parse_bool,
+    "amqp_default_destination": _choice(DEST_KINDS),
     "log_level": _choice(LOG_LEVELS),
 }
 _PATHS = ("store", "delivery_log_dir", "tls_cert", "tls_key", "tls_ca")

@@ -1,0 +1,475 @@
+"""AMQP 1.0 links on the core: producers, consumers, browsers and the transaction coordinator.
+
+How this works. Each attached link gets one object that lives as long as the link:
+
+- :class:`IncomingLink` -- the client sends (a proton receiver on our side). Each complete
+  transfer is decoded, mapped (:func:`mappings.amqp.amqp_to_message`) and published through
+  the link's core session; the disposition (accepted, or rejected with the error) is sent
+  once the core has taken the message -- for a persistent message, after its group commit.
+  Credit is the producer's throttle: the link keeps at most :data:`CREDIT` transfers
+  granted-or-unconfirmed, so while the core holds a send back (flow control, the store)
+  no new credit is issued and the client stops (AMQP 1.0 §2.6.7).
+- :class:`OutgoingLink` -- the client receives (a proton sender). A core consumer delivers
+  into it while the link has credit; the core consumer is paused at zero credit and when
+  the socket's write buffer is full. The client's dispositions settle the core delivery:
+  accepted → ack, rejected → undeliverable, released → back without counting a delivery,
+  modified → back, counted as a failed delivery (§3.4).
+- :class:`BrowseLink` -- ``distribution-mode copy`` on a queue (a JMS QueueBrowser): a
+  snapshot of the queue, sent as credit allows, consuming nothing.
+- :class:`Coordinator` -- the transaction coordinator target (§4.5): ``declare`` opens a
+  core :class:`~gateway.client.Transaction`, ``discharge`` commits or rolls it back.
+
+Transactional work (§4.4): a transfer whose state is ``transactional-state`` is sent in that
+transaction; a disposition whose state is ``transactional-state(accepted)`` acknowledges in it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from proton import Condition, Described, Delivery, Message, Terminus, symbol, ulong
+
+from gateway.errors import GatewayError, TransactionRolledBackError
+from gateway.message import QUEUE, TOPIC, Destination
+from mappings.amqp import amqp_to_message, message_to_amqp, parse_address
+
+if TYPE_CHECKING:
+    from adapters.amqp.connection import AmqpConnection
+    from gateway.client import MessageConsumer, Session
+    from gateway.endpoint import Delivery as CoreDelivery
+
+log = logging.getLogger("adapters.amqp")
+
+CREDIT = 1000  # transfers a producer link may have granted or unconfirmed at once
+ACCEPTED = Delivery.ACCEPTED
+REJECTED = Delivery.REJECTED
+RELEASED = Delivery.RELEASED
+MODIFIED = Delivery.MODIFIED
+DECLARED = 0x33  # amqp:declared:list (§4.5.4)
+TRANSACTIONAL_STATE = 0x34  # amqp:transactional-state:list (§4.5.8)
+_ACCEPTED_OUTCOME = Described(ulong(0x24), [])
+
+SELECTOR_FILTERS = (symbol("apache.org:selector-filter:string"), ulong(0x0000468C00000004))
+NO_LOCAL_FILTERS = (symbol("apache.org:no-local-filter:list"), ulong(0x0000468C00000003))
+DECLARE = (symbol("amqp:declare:list"), ulong(0x31))
+DISCHARGE = (symbol("amqp:discharge:list"), ulong(0x32))
+
+# AMQP error conditions for core errors (§2.8.15; amqp:transaction:* §4.5.9)
+CONDITIONS = {
+    "invalid-destination": "amqp:not-found",
+    "not-authorized": "amqp:unauthorized-access",
+    "limit-exceeded": "amqp:resource-limit-exceeded",
+    "invalid-selector": "amqp:invalid-field",
+    "message-format": "amqp:decode-error",
+    "illegal-state": "amqp:resource-locked",
+    "transaction-rolled-back": "amqp:transaction:rollback",
+}
+
+
+def condition(exc: BaseException) -> Condition:
+    """The AMQP error condition for a core error (``amqp:internal-error`` for the rest)."""
+    reason = exc.reason if isinstance(exc, GatewayError) else ""
+    return Condition(CONDITIONS.get(reason, "amqp:internal-error"), str(exc))
+
+
+def data_object(data: Any) -> Any:
+    """The value a proton :class:`~proton.Data` holds (``None`` if empty)."""
+    if data is None:
+        return None
+    data.rewind()
+    if data.next() is None:
+        return None
+    return data.get_object()
+
+
+def capability_hint(terminus: Terminus) -> int | None:
+    """The destination type a terminus' capabilities ask for (JMS mapping §3.2.5)."""
+    names = capabilities(terminus)
+    for name, hint in (("temporary-queue", 2), ("temporary-topic", 3), ("queue", 0),
+                       ("topic", 1)):
+        if name in names:
+            return hint
+    return None
+
+
+def capabilities(terminus: Terminus) -> set[str]:
+    caps = data_object(terminus.capabilities)
+    if not caps:
+        return set()
+    return {str(c) for c in (caps if isinstance(caps, (list, tuple)) else [caps])}
+
+
+class IncomingLink:
+    """A producer: transfers from the client into the core."""
+
+    __slots__ = ("conn", "link", "session", "dest", "unconfirmed", "closed")
+
+    def __init__(self, conn: AmqpConnection, link: Any, session: Session,
+                 dest: Destination | None) -> None:
+        self.conn = conn
+        self.link = link
+        self.session = session
+        self.dest = dest  # None: an anonymous relay link, each message's `to` decides
+        self.unconfirmed = 0
+        self.closed = False
+
+    def replenish(self) -> None:
+        link = self.link
+        want = CREDIT - link.credit - self.unconfirmed
+        if want >= CREDIT // 2 and not self.closed:
+            link.flow(want)
+
+    def on_delivery(self, dlv: Any) -> None:
+        link = self.link
+        if dlv.partial:
+            limit = self.conn.max_message_size
+            if limit and dlv.pending > limit:
+                self.fail(Condition("amqp:link:message-size-exceeded",
+                                    f"message larger than {limit} bytes"))
+            return
+        if dlv.aborted:
+            link.advance()
+            dlv.settle()
+            return
+        data = link.recv(dlv.pending)
+        link.advance()
+        presettled = dlv.settled
+        conn = self.conn
+        txn_id = None
+        if dlv.remote_state == TRANSACTIONAL_STATE:
+            state = dlv.remote.data
+            txn_id = _txn_key(state[0]) if state else None
+        try:
+            pm = Message()
+            pm.decode(data)
+            dest = self.dest
+            if dest is None:
+                if not pm.address:
+                    raise _NoAddress("a message on an anonymous link has no `to` address")
+                ann = pm.annotations
+                hint = ann.get(symbol("x-opt-jms-dest")) if ann else None
+                dest = parse_address(pm.address, hint=hint, default=conn.default_kind)
+            msg = amqp_to_message(pm, destination=dest, default_kind=conn.default_kind,
+                                  now_ms=conn.broker.now())
+            if txn_id is not None:
+                tx = conn.transaction(txn_id)
+                tx.send(msg)
+                if not presettled:
+                    dlv.local.data = [txn_id, _ACCEPTED_OUTCOME]
+                    dlv.update(TRANSACTIONAL_STATE)
+                    dlv.settle()
+                else:
+                    dlv.settle()
+                self.replenish()
+                return
+            fut = self.session.send(msg)
+        except Exception as exc:  # decode, mapping and core errors alike: reject this one
+            if not isinstance(exc, (GatewayError, _NoAddress)):
+                exc = _Malformed(f"malformed message: {exc}")
+            if presettled:
+                log.warning("amqp %s: dropped a pre-settled message: %s", conn.address, exc)
+                dlv.settle()
+            else:
+                dlv.local.condition = condition(exc)
+                dlv.update(REJECTED)
+                dlv.settle()
+            self.replenish()
+            return
+        if fut is None or fut.done() and fut.exception() is None:
+            if not presettled:
+                dlv.update(ACCEPTED)
+            dlv.settle()
+            self.replenish()
+            return
+        self.unconfirmed += 1
+        fut.add_done_callback(lambda f: self._confirmed(dlv, presettled, f))
+
+    def _confirmed(self, dlv: Any, presettled: bool, fut: Any) -> None:
+        self.unconfirmed -= 1
+        if self.closed:
+            return
+        exc = fut.exception() if not fut.cancelled() else GatewayError("cancelled")
+        if not presettled:
+            if exc is None:
+                dlv.update(ACCEPTED)
+            else:
+                dlv.local.condition = condition(exc)
+                dlv.update(REJECTED)
+        dlv.settle()
+        self.replenish()
+        self.conn.changed()
+
+    def fail(self, cond: Condition) -> None:
+        self.link.condition = cond
+        self.link.close()
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _NoAddress(GatewayError):
+    reason = "invalid-destination"
+
+
+class _Malformed(GatewayError):
+    reason = "message-format"
+
+
+class OutgoingLink:
+    """A consumer: core deliveries to the client, settled by its dispositions."""
+
+    __slots__ = ("conn", "link", "session", "consumer", "unsettled", "presettled", "closed",
+                 "durable_name", "dest")
+
+    def __init__(self, conn: AmqpConnection, link: Any, session: Session) -> None:
+        self.conn = conn
+        self.link = link
+        self.session = session
+        self.consumer: MessageConsumer | None = None
+        self.unsettled: dict[bytes, tuple[CoreDelivery, Any]] = {}  # tag → (core, proton)
+        self.presettled = link.snd_settle_mode == link.SND_SETTLED
+        self.closed = False
+        self.durable_name: str | None = None
+        self.dest: Destination | None = None
+
+    def start(self, mc: MessageConsumer) -> None:
+        self.consumer = mc
+        self.on_flow()
+
+    def deliver(self, d: CoreDelivery) -> None:
+        """The core consumer's listener: send one message (the link has credit)."""
+        link = self.link
+        conn = self.conn
+        pm = message_to_amqp(d.msg, delivery_count=d.count, now_ms=conn.broker.now())
+        tag = str(d.tag).encode()
+        dlv = link.delivery(tag)
+        link.send(pm.encode())
+        link.advance()
+        if self.presettled:
+            dlv.settle()
+            self.session.ack(d)
+        else:
+            self.unsettled[tag] = (d, dlv)
+        if link.credit <= 0 or conn.write_paused:
+            self.consumer.core.pause()  # type: ignore[union-attr]
+        conn.changed()
+
+    def on_flow(self) -> None:
+        mc = self.consumer
+        if mc is None or self.closed:
+            return
+        link = self.link
+        if link.credit > 0 and not self.conn.write_paused:
+            mc.core.resume()
+        else:
+            mc.core.pause()
+        if link.drain_mode and link.credit > 0:
+            # Nothing more to send now (what was ready has gone): spend the rest (§2.6.7).
+            link.drained()
+
+    def on_disposition(self, dlv: Any) -> None:
+        entry = self.unsettled.pop(dlv.tag, None)
+        if entry is None:
+            dlv.settle()
+            return
+        if not self._settle(entry[0], dlv):
+            self.unsettled[dlv.tag] = entry
+
+    def _settle(self, d: CoreDelivery, dlv: Any) -> bool:
+        """Apply the client's outcome to the core delivery; False if it has none yet."""
+        state = dlv.remote_state
+        session = self.session
+        if state == ACCEPTED or (state == 0 and dlv.settled):
+            session.ack(d)
+        elif state == TRANSACTIONAL_STATE:
+            data = dlv.remote.data or []
+            tx = self.conn.transactions.get(_txn_key(data[0])) if data else None
+            if tx is None:
+                session.release(d)  # an unknown transaction: as if never acknowledged
+            else:
+                tx.ack(d)
+        elif state == REJECTED:
+            session.reject(d, "rejected")
+        elif state == RELEASED:
+            session.release(d, count_delivery=False)
+        elif state == MODIFIED:
+            session.release(d, count_delivery=bool(dlv.remote.failed))
+        else:  # received (or unknown): not final; keep waiting
+            return False
+        dlv.settle()
+        return True
+
+    def close(self, *, closed: bool) -> None:
+        """The link ended: unsettled deliveries return; ``closed`` ends a durable subscription."""
+        if self.closed:
+            return
+        self.closed = True
+        session = self.session
+        unsettled = list(self.unsettled.values())
+        self.unsettled.clear()
+        mc = self.consumer
+        if mc is not None:
+            mc.close()  # first, so that what returns is not delivered here again
+        for d, dlv in unsettled:
+            # A disposition may have come in the same read as the detach: proton reports
+            # the detach first. What the client settled counts; the rest returns.
+            if not self._settle(d, dlv):
+                session.release(d)
+        if closed and self.durable_name is not None and not session.closed:
+            try:
+                session.unsubscribe(self.durable_name)
+            except GatewayError as exc:
+                log.info("amqp %s: durable subscription %s not removed: %s",
+                         self.conn.address, self.durable_name, exc)
+
+    def pause(self) -> None:
+        if self.consumer is not None:
+            self.consumer.core.pause()
+
+
+class BrowseLink:
+    """A queue browser: a snapshot of the queue, sent as credit allows, nothing consumed."""
+
+    __slots__ = ("conn", "link", "pending", "next_tag", "closed")
+
+    def __init__(self, conn: AmqpConnection, link: Any, messages: list[Any]) -> None:
+        self.conn = conn
+        self.link = link
+        self.pending = messages
+        self.next_tag = 0
+        self.closed = False
+
+    def on_flow(self) -> None:
+        link = self.link
+        now = self.conn.broker.now()
+        pending = self.pending
+        while link.credit > 0 and pending and not self.conn.write_paused:
+            msg = pending.pop(0)
+            self.next_tag += 1
+            dlv = link.delivery(str(self.next_tag).encode())
+            link.send(message_to_amqp(msg, delivery_count=1, now_ms=now).encode())
+            link.advance()
+            dlv.settle()
+        if link.drain_mode and link.credit > 0:
+            link.drained()
+        self.conn.changed()
+
+    def on_disposition(self, dlv: Any) -> None:
+        dlv.settle()
+
+    def close(self, *, closed: bool) -> None:
+        self.closed = True
+        self.pending.clear()
+
+
+class Coordinator:
+    """The transaction coordinator (§4.5): declare and discharge over a control link."""
+
+    __slots__ = ("conn", "link", "closed")
+
+    def __init__(self, conn: AmqpConnection, link: Any) -> None:
+        self.conn = conn
+        self.link = link
+        self.closed = False
+
+    def on_delivery(self, dlv: Any) -> None:
+        link = self.link
+        if dlv.partial:
+            return
+        data = link.recv(dlv.pending)
+        link.advance()
+        conn = self.conn
+        try:
+            pm = Message()
+            pm.decode(data)
+            body = pm.body
+            descriptor = getattr(body, "descriptor", None)
+            fields = list(getattr(body, "value", None) or [])
+        except Exception as exc:
+            self._reject(dlv, Condition("amqp:decode-error", f"bad control message: {exc}"))
+            return
+        if descriptor in DECLARE:
+            txn_id = conn.declare()
+            dlv.local.data = [txn_id]
+            dlv.update(DECLARED)
+            dlv.settle()
+        elif descriptor in DISCHARGE:
+            txn_id = _txn_key(fields[0]) if fields else None
+            fail = bool(fields[1]) if len(fields) > 1 else False
+            tx = conn.transactions.pop(txn_id, None) if txn_id is not None else None
+            if tx is None:
+                self._reject(dlv, Condition("amqp:transaction:unknown-id",
+                                            f"no transaction {txn_id!r}"))
+                return
+            if fail:
+                tx.rollback()
+                self._accept(dlv)
+                return
+            try:
+                fut = tx.commit()
+            except TransactionRolledBackError as exc:
+                self._reject(dlv, condition(exc))
+                return
+            if fut is None:
+                self._accept(dlv)
+            else:
+                fut.add_done_callback(lambda f: self._committed(dlv, f))
+        else:
+            self._reject(dlv, Condition("amqp:not-implemented",
+                                        f"unknown control message {descriptor!r}"))
+        link.flow(1)
+
+    def _committed(self, dlv: Any, fut: Any) -> None:
+        exc = fut.exception() if not fut.cancelled() else GatewayError("cancelled")
+        if exc is None:
+            self._accept(dlv)
+        else:
+            self._reject(dlv, Condition("amqp:transaction:rollback", str(exc)))
+        self.conn.changed()
+
+    def _accept(self, dlv: Any) -> None:
+        dlv.update(ACCEPTED)
+        dlv.settle()
+
+    def _reject(self, dlv: Any, cond: Condition) -> None:
+        dlv.local.condition = cond
+        dlv.update(REJECTED)
+        dlv.settle()
+
+    def close(self, *, closed: bool = True) -> None:
+        self.closed = True
+
+
+def _txn_key(txn_id: Any) -> Any:
+    """Transaction ids arrive as binary (a memoryview from proton): keys are bytes."""
+    return bytes(txn_id) if isinstance(txn_id, (memoryview, bytearray)) else txn_id
+
+
+def selector_and_no_local(source: Terminus) -> tuple[str | None, bool, dict[Any, Any]]:
+    """The JMS selector and no-local filters of a source, and the filters we apply (to echo)."""
+    filters = data_object(source.filter)
+    selector: str | None = None
+    no_local = False
+    applied: dict[Any, Any] = {}
+    if isinstance(filters, dict):
+        for key, value in filters.items():
+            descriptor = getattr(value, "descriptor", None)
+            if descriptor in SELECTOR_FILTERS:
+                selector = str(value.value)
+                applied[key] = value
+            elif descriptor in NO_LOCAL_FILTERS:
+                no_local = True
+                applied[key] = value
+    return selector, no_local, applied
+
+
+def put_filters(terminus: Terminus, filters: dict[Any, Any]) -> None:
+    if filters:
+        terminus.filter.put_object(filters)
+
+
+def dynamic_kind(terminus: Terminus) -> Any:
+    return TOPIC if capability_hint(terminus) in (1, 3) else QUEUE
+

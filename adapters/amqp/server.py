@@ -1,0 +1,128 @@
+"""The AMQP 1.0 listener: a thin asyncio shell around :mod:`adapters.amqp.connection`.
+
+How this works. :func:`start` is the registry entry for ``listen = amqp://host:port`` (5672)
+and ``amqps://`` (5671, TLS with the gateway's certificate, terminated by asyncio's ssl
+module so that proton needs no TLS of its own). Each TCP connection gets an
+:class:`AmqpProtocol` that feeds bytes to its :class:`AmqpConnection`, writes what it
+returns, and tells it when the socket's write buffer fills and drains (deliveries pause).
+
+:class:`AmqpServer` holds what the connections share: the broker, the settings read from
+``gateway.conf`` (``amqp_default_destination``: the kind of a bare address; whether
+anonymous clients may connect; the largest message accepted), and the live connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from adapters.amqp.connection import AmqpConnection
+from gateway.message import QUEUE, TOPIC
+from gateway.tls import server_context
+
+log = logging.getLogger("adapters.amqp")
+
+WRITE_HIGH_WATER = 1 << 20  # bytes buffered in the socket before deliveries pause
+DEFAULT_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
+
+
+class AmqpServer:
+    """State shared by every AMQP connection of one gateway."""
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+        self.loop: asyncio.AbstractEventLoop = broker.loop
+        gw = broker.config.gateway
+        kind = getattr(gw, "amqp_default_destination", "queue")
+        self.default_kind = TOPIC if kind == "topic" else QUEUE
+        self.allow_anonymous = bool(gw.allow_anonymous)
+        limit = int(gw.max_client_msg_size)
+        self.max_message_size = min(limit, DEFAULT_MAX_MESSAGE_SIZE) if limit else DEFAULT_MAX_MESSAGE_SIZE
+        self.connections: set[AmqpConnection] = set()
+
+    def close(self) -> None:
+        for conn in list(self.connections):
+            conn.close_socket()
+
+
+class AmqpProtocol(asyncio.Protocol):
+    """One TCP (or TLS) connection."""
+
+    def __init__(self, server: AmqpServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.conn: AmqpConnection | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        address = f"{peer[0]}:{peer[1]}" if peer else "?"
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
+        self.conn = AmqpConnection(self.server, self.write, self.close, address)
+        self.server.connections.add(self.conn)
+
+    def data_received(self, data: bytes) -> None:
+        assert self.conn is not None
+        self.conn.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.conn is not None:
+            self.server.connections.discard(self.conn)
+            self.conn.connection_lost()
+
+    def write(self, data: bytes) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.write(data)
+
+    def close(self) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.close()
+
+    def pause_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.resume_writing()
+
+
+class AmqpListener:
+    """Handle returned to the gateway: its address and an async close."""
+
+    def __init__(self, server: AmqpServer, tcp: asyncio.AbstractServer,
+                 address: tuple[str, int]) -> None:
+        self.server = server
+        self.tcp = tcp
+        self.address = address
+
+    async def close(self) -> None:
+        self.tcp.close()
+        self.server.close()
+        await self.tcp.wait_closed()
+
+
+def shared_server(broker: Any) -> AmqpServer:
+    """One AmqpServer per broker, shared by the plain and TLS listeners."""
+    server = getattr(broker, "_amqp_server", None)
+    if server is None:
+        server = AmqpServer(broker)
+        broker._amqp_server = server
+    return server
+
+
+async def start(broker: Any, spec: Any) -> AmqpListener:
+    """Registry entry: listen for AMQP 1.0 (``amqp://``) or AMQP over TLS (``amqps://``)."""
+    server = shared_server(broker)
+    ctx = server_context(broker, "amqps") if spec.scheme == "amqps" else None
+    tcp = await broker.loop.create_server(
+        lambda: AmqpProtocol(server), spec.host or None, spec.port, ssl=ctx,
+    )
+    sock = tcp.sockets[0].getsockname()
+    return AmqpListener(server, tcp, (sock[0], sock[1]))
