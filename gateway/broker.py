@@ -692,14 +692,16 @@ class Broker:
             self.store.delete_endpoint(sub.key)
             self.store.commit(None)
 
-    def unsubscribe(self, conn: Any, name: str) -> None:
-        """Delete a durable subscription (JMS ``Session.unsubscribe``).
+    def unsubscribe(self, conn: Any, name: str, share_scope: str | None = None) -> None:
+        """Delete a durable subscription (JMS ``Session.unsubscribe``); ``share_scope`` as
+        given to :meth:`subscribe` for a shared one named in another scope.
 
         Raises:
             InvalidDestinationError: no such durable subscription.
             IllegalStateError: it still has an active consumer.
         """
-        key = f"sub:{conn.client_id or ''}:{name}"
+        scope = share_scope if share_scope is not None else (conn.client_id or "")
+        key = f"sub:{scope}:{name}"
         sub = self.durables.get(key)
         if sub is None:
             raise InvalidDestinationError(f"no durable subscription named {name!r}")

@@ -269,8 +269,8 @@ class Session:
             if not (m.expires_at and m.expires_at <= now) and (sel is None or sel.matches(m))
         ]
 
-    def unsubscribe(self, name: str) -> None:
-        self.broker.unsubscribe(self.connection, name)
+    def unsubscribe(self, name: str, share_scope: str | None = None) -> None:
+        self.broker.unsubscribe(self.connection, name, share_scope)
 
     # -- acknowledgement ------------------------------------------------------------------
 

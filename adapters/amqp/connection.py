@@ -404,6 +404,7 @@ class AmqpConnection:
         if rt.dynamic and dest is not None:
             link.target.address = format_address(dest)
         link.rcv_settle_mode = Link.RCV_FIRST
+        link.max_message_size = self.max_message_size
         h = IncomingLink(self, link, link.session.gw, dest)
         link.gw = h
         self.links.add(h)
@@ -478,6 +479,7 @@ class AmqpConnection:
             return
         put_filters(link.source, applied)
         h.durable_name = durable_name
+        h.share_scope = scope if shared else None
         h.dest = dest
         link.gw = h
         self.links.add(h)

@@ -64,6 +64,7 @@ CONDITIONS = {
     "message-format": "amqp:decode-error",
     "illegal-state": "amqp:resource-locked",
     "transaction-rolled-back": "amqp:transaction:rollback",
+    "transaction-unknown": "amqp:transaction:unknown-id",
 }
 
 
@@ -221,7 +222,7 @@ class OutgoingLink:
     """A consumer: core deliveries to the client, settled by its dispositions."""
 
     __slots__ = ("conn", "link", "session", "consumer", "unsettled", "presettled", "closed",
-                 "durable_name", "dest")
+                 "durable_name", "share_scope", "dest")
 
     def __init__(self, conn: AmqpConnection, link: Any, session: Session) -> None:
         self.conn = conn
@@ -232,6 +233,7 @@ class OutgoingLink:
         self.presettled = link.snd_settle_mode == link.SND_SETTLED
         self.closed = False
         self.durable_name: str | None = None
+        self.share_scope: str | None = None
         self.dest: Destination | None = None
 
     def start(self, mc: MessageConsumer) -> None:
@@ -319,7 +321,7 @@ class OutgoingLink:
                 session.release(d)
         if closed and self.durable_name is not None and not session.closed:
             try:
-                session.unsubscribe(self.durable_name)
+                session.unsubscribe(self.durable_name, self.share_scope)
             except GatewayError as exc:
                 log.info("amqp %s: durable subscription %s not removed: %s",
                          self.conn.address, self.durable_name, exc)

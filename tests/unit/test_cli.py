@@ -95,7 +95,7 @@ def test_passwd_hash_is_accepted_by_users_conf(tmp_path):
 
 
 def test_a_listener_whose_adapter_is_not_built_refuses_to_start(tmp_path):
-    write_config(tmp_path, gateway="listen = http://127.0.0.1:0\nlisten = amqp://127.0.0.1:0\n")
+    write_config(tmp_path, gateway="listen = http://127.0.0.1:0\nlisten = stomp://127.0.0.1:0\n")
     proc = start(["serve", "--config-dir", str(tmp_path)], tmp_path)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 2, out
