@@ -43,6 +43,7 @@ from proton import (
     Collector,
     Condition,
     Connection,
+    Endpoint,
     Event,
     Link,
     PropertyDict,
@@ -123,6 +124,7 @@ class AmqpConnection:
             Event.SESSION_REMOTE_CLOSE: self._on_end,
             Event.CONNECTION_REMOTE_CLOSE: self._on_close,
             Event.TRANSPORT_ERROR: self._on_transport_error,
+            Event.TRANSPORT_TAIL_CLOSED: self._on_tail_closed,
         }
 
     # -- I/O from the shell ----------------------------------------------------------------
@@ -352,6 +354,18 @@ class AmqpConnection:
             self._drop_link(h, closed=False)
         c.close()
 
+    def _on_tail_closed(self, ev: Any) -> None:
+        """Proton stopped reading. Unless the peer closed (or the socket did), that was a
+        frame it could not take, and for some of those it writes no ``close``: we do, so
+        the client learns why instead of hanging (§2.7.9, §2.8.15)."""
+        c = self.engine
+        if self.closed or c is None or c.state & Endpoint.REMOTE_CLOSED:
+            return
+        if not c.state & Endpoint.LOCAL_CLOSED:
+            cond = ev.transport.condition
+            c.condition = cond or Condition("amqp:decode-error", "malformed frame")
+            c.close()
+
     def _on_transport_error(self, ev: Any) -> None:
         cond = ev.transport.condition
         log.info("amqp %s: %s", self.address, cond.description if cond else "transport error")
@@ -470,7 +484,7 @@ class AmqpConnection:
             durable_name = name if durable and dest.kind == TOPIC else None
             scope = "" if "global" in caps else None
             mc = session.consumer(
-                dest, selector=selector, no_local=no_local, listener=h.deliver, window=None,
+                dest, selector=selector, no_local=no_local, listener=h.deliver, window=0,
                 durable_name=durable_name, shared_name=name if shared else None,
                 share_scope=scope, name=link.name,
             )
@@ -484,7 +498,6 @@ class AmqpConnection:
         link.gw = h
         self.links.add(h)
         link.open()
-        mc.core.pause()  # until the link has credit
         h.start(mc)
 
     def _find_durable(self, name: str, caps: set[str]) -> tuple[Destination, str | None, bool] | None:

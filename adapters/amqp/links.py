@@ -237,7 +237,12 @@ class OutgoingLink:
         self.dest: Destination | None = None
 
     def start(self, mc: MessageConsumer) -> None:
+        """Take over the core consumer (created with window 0, so nothing came yet): from
+        now on link credit, not a window, decides when it may deliver."""
         self.consumer = mc
+        core = mc.core
+        core.paused = True
+        core.window = None
         self.on_flow()
 
     def deliver(self, d: CoreDelivery) -> None:

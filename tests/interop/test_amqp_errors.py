@@ -21,9 +21,10 @@ from amqpclient import (
     performatives,
 )
 from gw import GatewayThread
-from proton import Described, Message, Terminus, symbol
+from proton import Described, Message, Terminus, symbol, uint
 from proton.reactor import LinkOption, Selector
-from proton.utils import ConnectionException, LinkDetached, SendException
+from proton import ConnectionException
+from proton.utils import LinkDetached, SendException
 
 
 def start(tmp_path, gateway: str = "", **files: str) -> GatewayThread:
@@ -78,7 +79,7 @@ def test_not_amqp_at_all_is_answered_with_our_header_and_closed(gw):
 
 
 def test_a_link_before_a_session_is_a_connection_error(gw):
-    attach = frame(ATTACH, ["l", 0, False, None, None, None, None], channel=3)
+    attach = frame(ATTACH, ["l", uint(0), False, None, None, None, None], channel=3)
     out = performatives(exchange(gw.port("amqp"), AMQP_HEADER + open_frame() + attach))
     assert out[-1][0] == CLOSE and error_of(out[-1][1], 0) is not None
 
@@ -178,11 +179,14 @@ def test_a_consumer_that_vanishes_mid_delivery_loses_nothing(gw):
     c.create_sender("queue://work").send(Message(body="job", durable=True))
     c.close()
     # A raw client takes the message unsettled, then its socket is killed.
-    attach = frame(ATTACH, ["taker", 0, True, None, None,
+    attach = frame(ATTACH, ["taker", uint(0), True, None, None,
                             Described(symbol("amqp:source:list"), ["queue://work"]), None])
-    flow = frame(0x13, [0, 100, 0, 100, 0, 0, 100])  # next-in, in-window, next-out, out-window, handle, delivery-count, credit
+    # flow: next-incoming-id, incoming-window, next-outgoing-id, outgoing-window, handle,
+    # delivery-count, link-credit
+    flow = frame(0x13, [uint(0), uint(100), uint(0), uint(100), uint(0), uint(0), uint(100)])
+    begin = frame(BEGIN, [None, uint(0), uint(100), uint(100)])
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(AMQP_HEADER + open_frame() + frame(BEGIN, [None, 0, 100, 100]) + attach + flow)
+        s.sendall(AMQP_HEADER + open_frame() + begin + attach + flow)
         data = b""
         deadline = time.time() + 5
         while b"job" not in data and time.time() < deadline:
@@ -198,6 +202,6 @@ def test_a_consumer_that_vanishes_mid_delivery_loses_nothing(gw):
 
 
 def test_detach_of_a_closed_session_channel_is_an_error(gw):
-    detach = frame(DETACH, [7, True], channel=9)
+    detach = frame(DETACH, [uint(7), True], channel=9)
     out = performatives(exchange(gw.port("amqp"), AMQP_HEADER + open_frame() + detach))
     assert out[-1][0] == CLOSE and error_of(out[-1][1], 0) is not None
