@@ -229,7 +229,8 @@ class OutgoingLink:
         self.link = link
         self.session = session
         self.consumer: MessageConsumer | None = None
-        self.unsettled: dict[bytes, tuple[CoreDelivery, Any]] = {}  # tag → (core, proton)
+        # delivery tag → (core delivery, proton delivery); proton hands tags back as str
+        self.unsettled: dict[str, tuple[CoreDelivery, Any]] = {}
         self.presettled = link.snd_settle_mode == link.SND_SETTLED
         self.closed = False
         self.durable_name: str | None = None
@@ -250,7 +251,7 @@ class OutgoingLink:
         link = self.link
         conn = self.conn
         pm = message_to_amqp(d.msg, delivery_count=d.count, now_ms=conn.broker.now())
-        tag = str(d.tag).encode()
+        tag = str(d.tag)
         dlv = link.delivery(tag)
         link.send(pm.encode())
         link.advance()
@@ -355,7 +356,7 @@ class BrowseLink:
         while link.credit > 0 and pending and not self.conn.write_paused:
             msg = pending.pop(0)
             self.next_tag += 1
-            dlv = link.delivery(str(self.next_tag).encode())
+            dlv = link.delivery(str(self.next_tag))
             link.send(message_to_amqp(msg, delivery_count=1, now_ms=now).encode())
             link.advance()
             dlv.settle()
