@@ -80,7 +80,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("adapters.amqp")
 
 IDLE_TIMEOUT = 60.0  # seconds of silence from the peer before the connection is dropped
-MAX_FRAME_SIZE = 256 * 1024
+MAX_FRAME_SIZE = 32 * 1024  # see the note where it is set
 SOLE_CONNECTION = symbol("sole-connection-for-container")
 OFFERED = SymbolList([symbol("ANONYMOUS-RELAY"), symbol("DELAYED_DELIVERY"),
                       symbol("SHARED-SUBS")])

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from proton import Condition, Described, Delivery, Message, Terminus, symbol, ulong
+from proton import Condition, Delivery, Described, Message, Terminus, symbol, ulong
 
 from gateway.errors import GatewayError, TransactionRolledBackError
 from gateway.message import QUEUE, TOPIC, Destination
@@ -399,8 +399,7 @@ class Coordinator:
             self._reject(dlv, Condition("amqp:decode-error", f"bad control message: {exc}"))
             return
         if descriptor in DECLARE:
-            txn_id = conn.declare()
-            dlv.local.data = [txn_id]
+            dlv.local.data = [conn.declare()]
             dlv.update(DECLARED)
             dlv.settle()
         elif descriptor in DISCHARGE:

@@ -93,7 +93,8 @@ class SaslServer:
             if self.state == "header" and header == SASL_HEADER:
                 self.state = "init"
                 return SASL_HEADER + _frame(_MECHANISMS, [
-                    Array(UNDESCRIBED, Data.SYMBOL, *[symbol(m) for m in self.mechanisms])
+                    Array(UNDESCRIBED, Data.SYMBOL,  # type: ignore[arg-type]
+                          *[symbol(m) for m in self.mechanisms])
                 ])
             if header == AMQP_HEADER:
                 if self.state == "header" and not self.anonymous:
@@ -127,7 +128,7 @@ class SaslServer:
         try:
             d = Data()
             d.decode(body)
-            frame = d.get_object()
+            frame: Any = d.get_object()
             descriptor = frame.descriptor
             if descriptor not in (_INIT, _INIT_NAME) or not isinstance(frame.value, list):
                 raise ValueError(f"expected sasl-init, got {descriptor!r}")

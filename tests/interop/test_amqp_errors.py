@@ -21,9 +21,8 @@ from amqpclient import (
     performatives,
 )
 from gw import GatewayThread
-from proton import Described, Message, Terminus, symbol, uint
+from proton import ConnectionException, Described, Message, Terminus, symbol, uint
 from proton.reactor import LinkOption, Selector
-from proton import ConnectionException
 from proton.utils import LinkDetached, SendException
 
 

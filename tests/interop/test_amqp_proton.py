@@ -9,7 +9,7 @@ import time
 import pytest
 from amqpclient import connect
 from gw import GatewayThread
-from proton import Message, Terminus, symbol
+from proton import Message, Terminus, Timeout, symbol
 from proton.handlers import MessagingHandler, TransactionHandler
 from proton.reactor import (
     AtMostOnce,
@@ -19,7 +19,6 @@ from proton.reactor import (
     LinkOption,
     Selector,
 )
-from proton import Timeout
 from proton.utils import LinkDetached
 
 

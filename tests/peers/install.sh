@@ -8,8 +8,8 @@
 #
 # How this works:
 #   1. PEERS lists one peer per line: the Debian package, the commands that prove it is
-#      installed (comma-separated), and the system service the package may start ("-" for
-#      none). Adding a peer (rabbitmq-server, activemq, ...) is adding one line.
+#      installed (comma-separated), and the system services the package may start
+#      (comma-separated, "-" for none). Adding a peer (activemq, ...) is adding one line.
 #   2. If every command is found, apt is not touched at all.
 #   3. Otherwise (as root) it installs the missing packages with
 #      `apt-get install -y --no-install-recommends`, running `apt-get update` only when apt
@@ -17,17 +17,28 @@
 #   4. Tests start private brokers on free loopback ports (tests/peers/*.py), so a system
 #      service the package started (mosquitto on port 1883, ...) is stopped and disabled:
 #      systemd when it runs, else the SysV init script, and, as a last resort, the process
-#      named in the service's pid file.
+#      named in the service's pid file. A systemd socket unit of the same name (epmd.socket)
+#      is disabled too. epmd, the Erlang port mapper that rabbitmq-server (and even its init
+#      script's `status`) starts on port 4369 of every interface, has neither init script
+#      nor pid file: it is told to exit (`epmd -kill`) when no Erlang node is registered.
+#   5. The rhea AMQP 1.0 client (npm, pinned by tests/peers/rhea/package-lock.json) is
+#      installed into tests/peers/rhea/node_modules by `npm ci` when it is not there yet;
+#      that needs no root, only npm and the npm registry.
 #   Not root: nothing is installed; it says what to run and exits 0 so the unit tests still
 #   run (the peer fixtures then fail with a message pointing back here).
 set -euo pipefail
 
-# package              commands (all must exist)        system service to keep stopped
+# package              commands (all must exist)        system services to keep stopped
 PEERS=(
   "mosquitto           mosquitto                        mosquitto"
   "mosquitto-clients   mosquitto_pub,mosquitto_sub      -"
   "openssl             openssl                          -"
+  "rabbitmq-server     rabbitmq-server,rabbitmqctl      rabbitmq-server,epmd"
+  "nodejs              node                             -"
+  "npm                 npm                              -"
 )
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # Daemons live in /usr/sbin, which is not on a normal user's PATH.
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
@@ -38,7 +49,10 @@ missing=()
 services=()
 for line in "${PEERS[@]}"; do
   read -r pkg cmds svc <<<"$line"
-  [[ "$svc" != "-" ]] && services+=("$svc")
+  if [[ "$svc" != "-" ]]; then
+    IFS=, read -r -a svc_list <<<"$svc"
+    services+=("${svc_list[@]}")
+  fi
   IFS=, read -r -a cmd_list <<<"$cmds"
   for cmd in "${cmd_list[@]}"; do
     if ! command -v "$cmd" >/dev/null 2>&1; then
@@ -86,15 +100,20 @@ fi
 
 # Keep each package's system service stopped and disabled: tests run private brokers.
 stop_service() {
-  local svc=$1 pidfile pid
+  local svc=$1 pidfile pid unit
   if [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null 2>&1; then
-    if systemctl is-active --quiet "$svc" 2>/dev/null \
-        || systemctl is-enabled --quiet "$svc" 2>/dev/null; then
-      say "stopping and disabling the system $svc service (systemd)"
-      systemctl disable --now "$svc" >/dev/null 2>&1 || true
-    fi
+    # The socket unit first: it would start the service again on the next connection.
+    for unit in "$svc.socket" "$svc.service"; do
+      if systemctl is-active --quiet "$unit" 2>/dev/null \
+          || systemctl is-enabled --quiet "$unit" 2>/dev/null; then
+        say "stopping and disabling the system $unit (systemd)"
+        systemctl disable --now "$unit" >/dev/null 2>&1 || true
+      fi
+    done
   elif [[ -x "/etc/init.d/$svc" ]]; then
-    if service "$svc" status >/dev/null 2>&1; then
+    # Running means a live pid in its pid file: `service X status` may be slow (rabbitmqctl
+    # boots an Erlang VM for it) and even start things (epmd).
+    if service_pid "$svc" >/dev/null; then
       say "stopping the system $svc service (init script)"
       service "$svc" stop >/dev/null 2>&1 || true
     fi
@@ -104,16 +123,42 @@ stop_service() {
     fi
   fi
   # Last resort: the daemon named in the package's pid file.
-  for pidfile in "/run/$svc/$svc.pid" "/var/run/$svc/$svc.pid" "/run/$svc.pid"; do
+  if pid=$(service_pid "$svc"); then
+    say "stopping the system $svc daemon (pid $pid)"
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
+  fi
+  [[ "$svc" == epmd ]] && stop_epmd
+  return 0
+}
+
+# Print the live pid that a service's pid file names; fail when there is none.
+service_pid() {
+  local svc=$1 pidfile pid
+  for pidfile in "/run/$svc/$svc.pid" "/run/$svc/pid" "/run/$svc.pid"; do
     [[ -r "$pidfile" ]] || continue
     pid=$(<"$pidfile")
     if [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null; then
-      say "stopping the system $svc daemon (pid $pid from $pidfile)"
-      kill "$pid" 2>/dev/null || true
-      for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-      if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
+      echo "$pid"
+      return 0
     fi
   done
+  return 1
+}
+
+# The system epmd (port 4369, all interfaces) when it runs and serves no Erlang node: the
+# private RabbitMQ nodes of tests/peers/rabbitmq.py run their own epmd on a free loopback port.
+stop_epmd() {
+  local names
+  command -v epmd >/dev/null 2>&1 || return 0
+  names=$(epmd -port 4369 -names 2>/dev/null) || return 0
+  if grep -q '^name ' <<<"$names"; then
+    say "note: the system epmd on port 4369 serves Erlang nodes; left running"
+    return 0
+  fi
+  say "stopping the system epmd (port 4369)"
+  epmd -port 4369 -kill >/dev/null 2>&1 || true
 }
 
 if is_root; then
@@ -122,11 +167,27 @@ if is_root; then
   done
 fi
 
-# Say so if something still listens on MQTT's well-known port (tests never use it).
-if (exec 3<>/dev/tcp/127.0.0.1/1883) 2>/dev/null; then
-  say "note: something still listens on 127.0.0.1:1883 (not started by this script's" \
-      "packages, or not stoppable); the tests use their own free ports and ignore it"
+# rhea, the AMQP 1.0 client of the interop tests, at the version package-lock.json pins.
+if [[ ! -d "$HERE/rhea/node_modules/rhea" ]]; then
+  if ! command -v npm >/dev/null 2>&1; then
+    say "npm is missing, so rhea is not installed; run this script as root"
+  else
+    say "installing rhea into $HERE/rhea/node_modules (npm ci)"
+    if ! npm ci --prefix "$HERE/rhea" --no-audit --no-fund --loglevel=error >&2; then
+      # Like a missing package when not root: the tests that need rhea say what to run.
+      say "npm ci failed: rhea is not installed (the AMQP interop tests will fail until it is)"
+    fi
+  fi
 fi
+
+# Say so if something still listens on a well-known port of MQTT, AMQP, STOMP or epmd (the
+# tests never use them).
+for port in 1883 5672 61613 4369; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    say "note: something still listens on 127.0.0.1:$port (not started by this script's" \
+        "packages, or not stoppable); the tests use their own free ports and ignore it"
+  fi
+done
 
 ((${#missing[@]})) && say "done: ${missing[*]} installed"
 exit 0
