@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from cproton import ffi, lib
 from proton import (
     Collector,
     Condition,
@@ -79,6 +80,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("adapters.amqp")
 
+_PN_DELIVERY = Event.DELIVERY.number
+
 IDLE_TIMEOUT = 60.0  # seconds of silence from the peer before the connection is dropped
 MAX_FRAME_SIZE = 32 * 1024  # see the note where it is set
 SOLE_CONNECTION = symbol("sole-connection-for-container")
@@ -109,6 +112,8 @@ class AmqpConnection:
         self.transactions: dict[Any, Transaction] = {}
         self._txn_seq = 0
         self.links: set[Any] = set()
+        self.by_link: dict[Any, Any] = {}  # proton's pn_link_t pointer → our link object
+        self._col: Any = None
         self.write_paused = False
         self.flush_scheduled = False
         self.closed = False
@@ -118,7 +123,6 @@ class AmqpConnection:
             Event.SESSION_REMOTE_OPEN: self._on_begin,
             Event.LINK_REMOTE_OPEN: self._on_attach,
             Event.LINK_FLOW: self._on_flow,
-            Event.DELIVERY: self._on_delivery,
             Event.LINK_REMOTE_DETACH: self._on_detach,
             Event.LINK_REMOTE_CLOSE: self._on_link_close,
             Event.SESSION_REMOTE_CLOSE: self._on_end,
@@ -126,6 +130,7 @@ class AmqpConnection:
             Event.TRANSPORT_ERROR: self._on_transport_error,
             Event.TRANSPORT_TAIL_CLOSED: self._on_tail_closed,
         }
+        self._raw_handlers = {k.number: v for k, v in self._handlers.items()}
 
     # -- I/O from the shell ----------------------------------------------------------------
 
@@ -184,6 +189,7 @@ class AmqpConnection:
         c = self.engine = Connection()
         self.collector = Collector()
         c.collect(self.collector)
+        self._col = self.collector._impl
         t.bind(c)
 
     def _push(self, data: bytes) -> None:
@@ -204,22 +210,36 @@ class AmqpConnection:
         self._dispatch()
 
     def _dispatch(self) -> None:
-        collector = self.collector
-        assert collector is not None
-        handlers = self._handlers
+        """Handle every event the collector holds.
+
+        Transfers and dispositions -- all but a handful of the events -- are handled on
+        proton's C objects directly (``cproton``): wrapping each event in proton's Python
+        objects cost more than everything else the adapter does with a message.
+        """
+        col = self._col
+        peek, pop, etype = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        null = ffi.NULL
+        by_link = self.by_link
         while True:
-            ev = collector.peek()
-            if ev is None:
+            ev = peek(col)
+            if ev == null:
                 return
             try:
-                handler = handlers.get(ev.type)
-                if handler is not None:
-                    handler(ev)
+                t = etype(ev)
+                if t == _PN_DELIVERY:
+                    dlv = lib.pn_event_delivery(ev)
+                    h = by_link.get(lib.pn_delivery_link(dlv))
+                    if h is not None:
+                        h.on_raw_delivery(dlv)
+                else:
+                    handler = self._raw_handlers.get(t)
+                    if handler is not None:
+                        handler(Event.wrap(ev))  # type: ignore[no-untyped-call]
             except Exception:  # a bug here must not leave the connection half-handled
-                log.exception("amqp %s: error handling %s", self.address, ev.type)
+                log.exception("amqp %s: error handling event %s", self.address, t)
                 self._fail(Condition("amqp:internal-error", "internal error"))
             finally:
-                collector.pop()
+                pop(col)
 
     def changed(self) -> None:
         """Output is waiting (a delivery from another connection, a confirmation)."""
@@ -286,6 +306,7 @@ class AmqpConnection:
         for h in list(self.links):
             h.close(closed=False) if not isinstance(h, IncomingLink) else h.close()
         self.links.clear()
+        self.by_link.clear()
         if self.core is not None:
             self.core.close()
             self.core = None
@@ -398,8 +419,7 @@ class AmqpConnection:
         if rt.type == Terminus.COORDINATOR:
             link.target.copy(rt)
             coord = Coordinator(self, link)
-            link.gw = coord
-            self.links.add(coord)
+            self._register(link, coord)
             link.open()
             link.flow(CREDIT)
             return
@@ -420,8 +440,7 @@ class AmqpConnection:
         link.rcv_settle_mode = Link.RCV_FIRST
         link.max_message_size = self.max_message_size
         h = IncomingLink(self, link, link.session.gw, dest)
-        link.gw = h
-        self.links.add(h)
+        self._register(link, h)
         link.open()
         link.flow(CREDIT)
 
@@ -473,8 +492,7 @@ class AmqpConnection:
             if dest.kind == QUEUE and rs.distribution_mode == Terminus.DIST_MODE_COPY:
                 put_filters(source, applied)
                 browser = BrowseLink(self, link, session.browser(dest, selector))
-                link.gw = browser
-                self.links.add(browser)
+                self._register(link, browser)
                 link.open()
                 browser.on_flow()
                 return
@@ -495,10 +513,14 @@ class AmqpConnection:
         h.durable_name = durable_name
         h.share_scope = scope if shared else None
         h.dest = dest
-        link.gw = h
-        self.links.add(h)
+        self._register(link, h)
         link.open()
         h.start(mc)
+
+    def _register(self, link: Any, h: Any) -> None:
+        link.gw = h
+        self.links.add(h)
+        self.by_link[link._impl] = h
 
     def _find_durable(self, name: str, caps: set[str]) -> tuple[Destination, str | None, bool] | None:
         shared = "shared" in caps
@@ -514,17 +536,6 @@ class AmqpConnection:
         link = ev.link
         if link.is_sender and _has(link, "gw"):
             link.gw.on_flow()
-
-    def _on_delivery(self, ev: Any) -> None:
-        dlv = ev.delivery
-        link = dlv.link
-        if not _has(link, "gw"):
-            return
-        h = link.gw
-        if link.is_receiver:
-            h.on_delivery(dlv)
-        elif dlv.updated:
-            h.on_disposition(dlv)
 
     def _on_detach(self, ev: Any) -> None:
         self._end_link(ev.link, closed=False)
@@ -543,6 +554,7 @@ class AmqpConnection:
     def _drop_link(self, h: Any, *, closed: bool) -> None:
         if h in self.links:
             self.links.discard(h)
+            self.by_link.pop(h.link._impl, None)
             if isinstance(h, IncomingLink):
                 h.close()
             else:

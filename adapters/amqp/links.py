@@ -28,6 +28,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from cproton import PN_ACCEPTED as _PN_ACCEPTED
+from cproton import ffi, lib
 from proton import Condition, Delivery, Described, Message, Terminus, symbol, ulong
 
 from gateway.errors import GatewayError, TransactionRolledBackError
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
     from gateway.endpoint import Delivery as CoreDelivery
 
 log = logging.getLogger("adapters.amqp")
+
+_wrap: Any = Delivery.wrap  # proton's Python object for a pn_delivery_t (the rare paths)
 
 CREDIT = 1000  # transfers a producer link may have granted or unconfirmed at once
 ACCEPTED = Delivery.ACCEPTED
@@ -104,64 +108,56 @@ def capabilities(terminus: Terminus) -> set[str]:
 class IncomingLink:
     """A producer: transfers from the client into the core."""
 
-    __slots__ = ("conn", "link", "session", "dest", "unconfirmed", "closed")
+    __slots__ = ("conn", "link", "raw", "session", "dest", "unconfirmed", "closed")
 
     def __init__(self, conn: AmqpConnection, link: Any, session: Session,
                  dest: Destination | None) -> None:
         self.conn = conn
         self.link = link
+        self.raw = link._impl  # proton's pn_link_t: the hot path calls proton's C API on it
         self.session = session
         self.dest = dest  # None: an anonymous relay link, each message's `to` decides
         self.unconfirmed = 0
         self.closed = False
 
     def replenish(self) -> None:
-        link = self.link
-        want = CREDIT - link.credit - self.unconfirmed
+        raw = self.raw
+        want = CREDIT - lib.pn_link_credit(raw) - self.unconfirmed
         if want >= CREDIT // 2 and not self.closed:
-            link.flow(want)
+            lib.pn_link_flow(raw, want)
 
-    def on_delivery(self, dlv: Any) -> None:
-        link = self.link
-        if dlv.partial:
+    def on_raw_delivery(self, dlv: Any) -> None:
+        """A transfer (or a part of one) arrived: ``dlv`` is proton's ``pn_delivery_t``."""
+        raw = self.raw
+        if lib.pn_delivery_partial(dlv):
             limit = self.conn.max_message_size
-            if limit and dlv.pending > limit:
+            if limit and lib.pn_delivery_pending(dlv) > limit:
                 self.fail(Condition("amqp:link:message-size-exceeded",
                                     f"message larger than {limit} bytes"))
             return
-        if dlv.aborted:
-            link.advance()
-            dlv.settle()
+        if lib.pn_delivery_aborted(dlv):
+            lib.pn_link_advance(raw)
+            lib.pn_delivery_settle(dlv)
             return
-        data = link.recv(dlv.pending)
-        link.advance()
-        presettled = dlv.settled
+        n = lib.pn_delivery_pending(dlv)
+        data = bytearray(n)
+        lib.pn_link_recv(raw, ffi.from_buffer(data), n)
+        lib.pn_link_advance(raw)
+        presettled = lib.pn_delivery_settled(dlv)
         conn = self.conn
         txn_id = None
-        if dlv.remote_state == TRANSACTIONAL_STATE:
-            state = dlv.remote.data
+        if lib.pn_delivery_remote_state(dlv) == TRANSACTIONAL_STATE:
+            state = _wrap(dlv).remote.data
             txn_id = _txn_key(state[0]) if state else None
         try:
-            pm = Message()
-            pm.decode(data)
-            dest = self.dest
-            if dest is None:
-                if not pm.address:
-                    raise _NoAddress("a message on an anonymous link has no `to` address")
-                ann = pm.annotations
-                hint = ann.get(symbol("x-opt-jms-dest")) if ann else None
-                dest = parse_address(pm.address, hint=hint, default=conn.default_kind)
-            msg = amqp_to_message(pm, destination=dest, default_kind=conn.default_kind,
-                                  now_ms=conn.broker.now())
+            msg = self._message(data)
             if txn_id is not None:
-                tx = conn.transaction(txn_id)
-                tx.send(msg)
+                conn.transaction(txn_id).send(msg)
                 if not presettled:
-                    dlv.local.data = [txn_id, _ACCEPTED_OUTCOME]
-                    dlv.update(TRANSACTIONAL_STATE)
-                    dlv.settle()
-                else:
-                    dlv.settle()
+                    w = _wrap(dlv)
+                    w.local.data = [txn_id, _ACCEPTED_OUTCOME]
+                    w.update(TRANSACTIONAL_STATE)
+                lib.pn_delivery_settle(dlv)
                 self.replenish()
                 return
             fut = self.session.send(msg)
@@ -170,34 +166,49 @@ class IncomingLink:
                 exc = _Malformed(f"malformed message: {exc}")
             if presettled:
                 log.warning("amqp %s: dropped a pre-settled message: %s", conn.address, exc)
-                dlv.settle()
+                lib.pn_delivery_settle(dlv)
             else:
-                dlv.local.condition = condition(exc)
-                dlv.update(REJECTED)
-                dlv.settle()
+                _reject(dlv, condition(exc))
             self.replenish()
             return
         if fut is None or fut.done() and fut.exception() is None:
             if not presettled:
-                dlv.update(ACCEPTED)
-            dlv.settle()
+                lib.pn_delivery_update(dlv, _PN_ACCEPTED)
+            lib.pn_delivery_settle(dlv)
             self.replenish()
             return
         self.unconfirmed += 1
         fut.add_done_callback(lambda f: self._confirmed(dlv, presettled, f))
+
+    def _message(self, data: bytearray) -> Any:
+        """The core message for a transfer's bytes (raises on what cannot be taken)."""
+        conn = self.conn
+        pm = Message()
+        pm.decode(data)  # type: ignore[arg-type]
+        dest = self.dest
+        if dest is None:
+            if not pm.address:
+                raise _NoAddress("a message on an anonymous link has no `to` address")
+            ann = pm.annotations
+            hint = ann.get(symbol("x-opt-jms-dest")) if ann else None
+            dest = parse_address(pm.address, hint=hint, default=conn.default_kind)
+        msg = amqp_to_message(pm, destination=dest, default_kind=conn.default_kind,
+                              now_ms=conn.broker.now())
+        msg.size = len(data)
+        return msg
 
     def _confirmed(self, dlv: Any, presettled: bool, fut: Any) -> None:
         self.unconfirmed -= 1
         if self.closed:
             return
         exc = fut.exception() if not fut.cancelled() else GatewayError("cancelled")
-        if not presettled:
-            if exc is None:
-                dlv.update(ACCEPTED)
-            else:
-                dlv.local.condition = condition(exc)
-                dlv.update(REJECTED)
-        dlv.settle()
+        if presettled:
+            lib.pn_delivery_settle(dlv)
+        elif exc is None:
+            lib.pn_delivery_update(dlv, _PN_ACCEPTED)
+            lib.pn_delivery_settle(dlv)
+        else:
+            _reject(dlv, condition(exc))
         self.replenish()
         self.conn.changed()
 
@@ -208,6 +219,14 @@ class IncomingLink:
 
     def close(self) -> None:
         self.closed = True
+
+
+def _reject(dlv: Any, cond: Condition) -> None:
+    """Settle ``dlv`` (a ``pn_delivery_t``) as rejected with ``cond``."""
+    w = _wrap(dlv)
+    w.local.condition = cond
+    w.update(REJECTED)
+    w.settle()
 
 
 class _NoAddress(GatewayError):
@@ -221,16 +240,16 @@ class _Malformed(GatewayError):
 class OutgoingLink:
     """A consumer: core deliveries to the client, settled by its dispositions."""
 
-    __slots__ = ("conn", "link", "session", "consumer", "unsettled", "presettled", "closed",
-                 "durable_name", "share_scope", "dest")
+    __slots__ = ("conn", "link", "raw", "session", "consumer", "unsettled", "presettled",
+                 "closed", "durable_name", "share_scope", "dest")
 
     def __init__(self, conn: AmqpConnection, link: Any, session: Session) -> None:
         self.conn = conn
         self.link = link
+        self.raw = link._impl  # proton's pn_link_t
         self.session = session
         self.consumer: MessageConsumer | None = None
-        # delivery tag → (core delivery, proton delivery); proton hands tags back as str
-        self.unsettled: dict[str, tuple[CoreDelivery, Any]] = {}
+        self.unsettled: dict[Any, CoreDelivery] = {}  # pn_delivery_t → core delivery
         self.presettled = link.snd_settle_mode == link.SND_SETTLED
         self.closed = False
         self.durable_name: str | None = None
@@ -248,19 +267,19 @@ class OutgoingLink:
 
     def deliver(self, d: CoreDelivery) -> None:
         """The core consumer's listener: send one message (the link has credit)."""
-        link = self.link
+        raw = self.raw
         conn = self.conn
-        pm = message_to_amqp(d.msg, delivery_count=d.count, now_ms=conn.broker.now())
-        tag = str(d.tag)
-        dlv = link.delivery(tag)
-        link.send(pm.encode())
-        link.advance()
+        data = message_to_amqp(d.msg, delivery_count=d.count, now_ms=conn.broker.now()).encode()
+        tag = str(d.tag).encode()
+        dlv = lib.pn_delivery(raw, (len(tag), ffi.from_buffer(tag)))
+        lib.pn_link_send(raw, ffi.from_buffer(data), len(data))
+        lib.pn_link_advance(raw)
         if self.presettled:
-            dlv.settle()
+            lib.pn_delivery_settle(dlv)
             self.session.ack(d)
         else:
-            self.unsettled[tag] = (d, dlv)
-        if link.credit <= 0 or conn.write_paused:
+            self.unsettled[dlv] = d
+        if lib.pn_link_credit(raw) <= 0 or conn.write_paused:
             self.consumer.core.pause()  # type: ignore[union-attr]
         conn.changed()
 
@@ -269,7 +288,7 @@ class OutgoingLink:
         if mc is None or self.closed:
             return
         link = self.link
-        if link.credit > 0 and not self.conn.write_paused:
+        if lib.pn_link_credit(self.raw) > 0 and not self.conn.write_paused:
             mc.core.resume()
         else:
             mc.core.pause()
@@ -277,22 +296,25 @@ class OutgoingLink:
             # Nothing more to send now (what was ready has gone): spend the rest (§2.6.7).
             link.drained()
 
-    def on_disposition(self, dlv: Any) -> None:
-        entry = self.unsettled.pop(dlv.tag, None)
-        if entry is None:
-            dlv.settle()
+    def on_raw_delivery(self, dlv: Any) -> None:
+        """The client updated a delivery (``dlv``, proton's ``pn_delivery_t``)."""
+        if not lib.pn_delivery_updated(dlv):
             return
-        if not self._settle(entry[0], dlv):
-            self.unsettled[dlv.tag] = entry
+        d = self.unsettled.pop(dlv, None)
+        if d is None:
+            lib.pn_delivery_settle(dlv)
+        elif not self._settle(d, dlv):
+            lib.pn_delivery_clear(dlv)
+            self.unsettled[dlv] = d
 
     def _settle(self, d: CoreDelivery, dlv: Any) -> bool:
         """Apply the client's outcome to the core delivery; False if it has none yet."""
-        state = dlv.remote_state
+        state = lib.pn_delivery_remote_state(dlv)
         session = self.session
-        if state == ACCEPTED or (state == 0 and dlv.settled):
+        if state == _PN_ACCEPTED or (state == 0 and lib.pn_delivery_settled(dlv)):
             session.ack(d)
         elif state == TRANSACTIONAL_STATE:
-            data = dlv.remote.data or []
+            data = _wrap(dlv).remote.data or []
             tx = self.conn.transactions.get(_txn_key(data[0])) if data else None
             if tx is None:
                 session.release(d)  # an unknown transaction: as if never acknowledged
@@ -303,10 +325,11 @@ class OutgoingLink:
         elif state == RELEASED:
             session.release(d, count_delivery=False)
         elif state == MODIFIED:
-            session.release(d, count_delivery=bool(dlv.remote.failed))
+            failed = lib.pn_disposition_is_failed(lib.pn_delivery_remote(dlv))
+            session.release(d, count_delivery=bool(failed))
         else:  # received (or unknown): not final; keep waiting
             return False
-        dlv.settle()
+        lib.pn_delivery_settle(dlv)
         return True
 
     def close(self, *, closed: bool) -> None:
@@ -315,12 +338,12 @@ class OutgoingLink:
             return
         self.closed = True
         session = self.session
-        unsettled = list(self.unsettled.values())
+        unsettled = list(self.unsettled.items())
         self.unsettled.clear()
         mc = self.consumer
         if mc is not None:
             mc.close()  # first, so that what returns is not delivered here again
-        for d, dlv in unsettled:
+        for dlv, d in unsettled:
             # A disposition may have come in the same read as the detach: proton reports
             # the detach first. What the client settled counts; the rest returns.
             if not self._settle(d, dlv):
@@ -364,8 +387,9 @@ class BrowseLink:
             link.drained()
         self.conn.changed()
 
-    def on_disposition(self, dlv: Any) -> None:
-        dlv.settle()
+    def on_raw_delivery(self, dlv: Any) -> None:
+        if lib.pn_delivery_updated(dlv):
+            lib.pn_delivery_settle(dlv)
 
     def close(self, *, closed: bool) -> None:
         self.closed = True
@@ -381,6 +405,9 @@ class Coordinator:
         self.conn = conn
         self.link = link
         self.closed = False
+
+    def on_raw_delivery(self, dlv: Any) -> None:
+        self.on_delivery(_wrap(dlv))
 
     def on_delivery(self, dlv: Any) -> None:
         link = self.link
