@@ -443,3 +443,35 @@ def test_terminus_durability_is_answered(gw):
     src = r.link.remote_source
     assert src.durability != Terminus.NONDURABLE and src.expiry_policy == Terminus.EXPIRE_NEVER
     c.close()
+
+
+def test_heartbeats_keep_an_idle_connection_open(gw):
+    # The client asks for frames at least every second (idle-time-out 1 s, proton sends it as
+    # half): without our empty frames it would close the connection as idle.
+    c = connect(gw.port("amqp"), heartbeat=1)
+    with pytest.raises(Timeout):
+        c.wait(lambda: False, timeout=3.5, msg="idling")
+    c.create_sender("queue://idle").send(Message(body="still here"))
+    r = c.create_receiver("queue://idle", credit=1)
+    assert r.receive(timeout=5).body == "still here"
+    r.accept()
+    c.close()
+
+
+def test_shared_durable_subscription_outlives_its_consumers(gw):
+    port = gw.port("amqp")
+    opts = Capabilities("shared")
+    c = connect(port, container_id="sd-app")
+    r = c.create_receiver("topic://sd.t", name="sd-sub", credit=10,
+                          options=[DurableSubscription(), opts])
+    r.link.detach()
+    time.sleep(0.2)
+    p = connect(port)
+    p.create_sender("topic://sd.t").send(Message(body="kept for the group", durable=True))
+    p.close()
+    c.close()
+    c = connect(port, container_id="sd-app")
+    r = c.create_receiver("topic://sd.t", name="sd-sub", credit=10,
+                          options=[DurableSubscription(), opts])
+    assert drain(r, 1)[0].body == "kept for the group"
+    c.close()
