@@ -118,6 +118,7 @@ class AmqpConnection:
         self.flush_scheduled = False
         self.closed = False
         self._timer: Any = None
+        self._deadline = 0.0
         self._handlers: dict[Any, Callable[[Any], None]] = {
             Event.CONNECTION_REMOTE_OPEN: self._on_open,
             Event.SESSION_REMOTE_OPEN: self._on_begin,
@@ -278,11 +279,14 @@ class AmqpConnection:
             return
         now = time.monotonic()
         deadline = t.tick(now)
+        if not deadline:
+            return
         if self._timer is not None:
+            if self._deadline <= deadline:
+                return  # the armed timer fires first; it ticks again then
             self._timer.cancel()
-            self._timer = None
-        if deadline:
-            self._timer = self.server.loop.call_later(max(0.0, deadline - now), self._on_timer)
+        self._deadline = deadline
+        self._timer = self.server.loop.call_later(max(0.0, deadline - now), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
