@@ -201,8 +201,12 @@ for _name, _t in SCALAR_TYPES.items():
         _PARSERS[_name] = Char
     elif _t is str:
         _PARSERS[_name] = str
-    # bytes: not a legal property value (seed L1837), so never listed
 del _name, _t
+# Values JMS does not allow as properties but other protocols bring (AMQP binary and
+# decimal application properties; compound values some AMQP clients send against §3.2.5):
+# bytes as base64, maps, lists and typed arrays as the JSON of map and stream bodies.
+_PARSERS["bytes"] = lambda text: base64.b64decode(text.encode("ascii"), validate=True)
+_PARSERS["json"] = json.loads
 
 # -- text and escaping -------------------------------------------------------------------------
 
@@ -560,9 +564,8 @@ def _user_properties(msg: Message, props: dict[str, Any]) -> list[tuple[str, str
             tname = "string"
         else:
             render = _RENDER.get(t)
-            if render is None:  # not a legal property value; sent as its text
-                append((name, str(value)))
-                continue
+            if render is None:
+                render = _render_other(value)
             tname, to_text = render
             text = to_text(value)
         if _wire_safe(name) and _wire_safe(text):
@@ -611,6 +614,23 @@ def _user_properties(msg: Message, props: dict[str, Any]) -> list[tuple[str, str
     if trace is not None:
         append(trace)
     return pairs
+
+
+def _bytes_text(value: Any) -> str:
+    return base64.b64encode(bytes(value)).decode("ascii")
+
+
+def _json_text(value: Any) -> str:
+    return json_payload(value).decode("utf-8")
+
+
+def _render_other(value: Any) -> tuple[str, Callable[[Any], str]]:
+    """How a property value of no JMS property type travels (bytes, map, list, array)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "bytes", _bytes_text
+    if isinstance(value, (dict, list, tuple)):
+        return "json", _json_text
+    return "string", str
 
 
 def _header_pair(

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from cproton import PN_ACCEPTED as _PN_ACCEPTED
 from cproton import ffi, lib
-from proton import Condition, Delivery, Described, Message, Terminus, symbol, ulong
+from proton import Array, Condition, Delivery, Described, Message, Terminus, symbol, ulong
 
 from gateway.errors import GatewayError, TransactionRolledBackError
 from gateway.message import QUEUE, TOPIC, Destination
@@ -99,9 +99,13 @@ def capability_hint(terminus: Terminus) -> int | None:
 
 
 def capabilities(terminus: Terminus) -> set[str]:
+    """The capability symbols of a terminus: sent as one symbol, a list, or (rhea, Qpid JMS)
+    an array of symbols."""
     caps = data_object(terminus.capabilities)
     if not caps:
         return set()
+    if isinstance(caps, Array):
+        caps = caps.elements
     return {str(c) for c in (caps if isinstance(caps, (list, tuple)) else [caps])}
 
 

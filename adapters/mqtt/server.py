@@ -34,7 +34,7 @@ from adapters.mqtt.session import (
 )
 from adapters.mqtt.topics import mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway.errors import GatewayError, InvalidDestinationError, SecurityError
-from gateway.message import Destination, Message
+from gateway.message import TEMP_PREFIX, TOPIC, Destination, Message
 from gateway.tls import server_context
 from mappings.mqtt import MqttOut, message_to_mqtt, mqtt_to_message
 
@@ -145,8 +145,13 @@ class MqttServer:
             if len(self._subjects) >= TOPIC_CACHE_SIZE:
                 self._subjects.clear()
             self._subjects[topic] = name
+        dest = Destination.topic(name)
         if name.startswith("$"):
-            return ReasonCode.TOPIC_NAME_INVALID, None  # $-topics are the server's ([MQTT-4.7.2])
+            # $-topics are the server's ([MQTT-4.7.2]), but for replies: the Response Topic a
+            # JMS or AMQP requester's temporary queue or topic is rendered as (``$TMP$/...``).
+            dest = self._temporary(name)  # type: ignore[assignment]
+            if dest is None:
+                return ReasonCode.TOPIC_NAME_INVALID, None
         reply_to = None
         rt = p.properties.get("response_topic") if level >= 5 else None
         if rt:
@@ -157,17 +162,27 @@ class MqttServer:
         now = self.broker.now()
         msg = mqtt_to_message(payload=p.payload, qos=p.qos, retain=p.retain,
                               properties=p.properties, level=level,
-                              destination=Destination.topic(name), reply_to=reply_to,
-                              now_ms=now)
+                              destination=dest, reply_to=reply_to, now_ms=now)
         try:
             fut = session.core_session.send(msg, None, now)
         except GatewayError as exc:
             if level < 5 or p.qos == 0:
                 log.info("mqtt %s: publish to %s refused: %s", session.client_id, topic, exc)
             return publish_reason(exc), None
-        if p.retain:
+        if p.retain and dest.kind is TOPIC:
             self.retained.set(name, msg if p.payload else None)
         return ReasonCode.SUCCESS, fut
+
+    def _temporary(self, name: str) -> Destination | None:
+        """The temporary queue or topic named ``name`` (``$TMP$.…``), if it exists."""
+        if not name.startswith(TEMP_PREFIX):
+            return None
+        broker = self.broker
+        if name in broker.queues:
+            return Destination.queue(name)
+        if name in broker.topics:
+            return Destination.topic(name)
+        return None
 
     def publish_will(self, session: MqttSession, will: Will) -> None:
         if session.core_session is None:

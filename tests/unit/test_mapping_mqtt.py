@@ -380,7 +380,8 @@ def test_types_user_property_nan():
         ("char", "ab"),
         ("char", ""),
         ("null", "x"),
-        ("bytes", "AAEC"),
+        ("bytes", "AA=C"),
+        ("json", "{not json"),
         ("no-such-type", "1"),
     ],
 )
@@ -963,3 +964,19 @@ def test_readme_names_every_constant_and_rule():
         "base64",
     ):
         assert word in readme, word
+
+
+def test_bytes_and_compound_properties_travel_as_base64_and_json():
+    """Values JMS does not allow as properties but AMQP brings: reversible for bytes, JSON
+    for maps, lists and arrays (mappings/README.md, "User properties")."""
+    msg = Message.text("x", properties={"bin": b"\x00\xff", "map": {"k": Int32(1)},
+                                        "list": [Int32(1), "x"], "arr": Int16Array([1, 2])})
+    out = m_out(msg)
+    ups = dict(out.properties["user_property"])
+    assert ups["bin"] == "AP8="
+    assert (ups["map"], ups["list"], ups["arr"]) == ('{"k":1}', '[1,"x"]', "[1,2]")
+    assert "bin:bytes" in ups["gw-types"] and "map:json" in ups["gw-types"]
+    back = m_in(out.payload, qos=1, user_property=out.properties["user_property"])
+    assert back.properties["bin"] == b"\x00\xff"
+    assert back.properties["map"] == {"k": 1} and back.properties["list"] == [1, "x"]
+    assert back.properties["arr"] == [1, 2]
