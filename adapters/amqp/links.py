@@ -35,6 +35,8 @@ from proton import Array, Condition, Delivery, Described, Message, Terminus, sym
 from gateway.errors import GatewayError, TransactionRolledBackError
 from gateway.message import QUEUE, TOPIC, Destination
 from mappings.amqp import amqp_to_message, message_to_amqp, parse_address
+from mappings.amqp_fast import decode as fast_decode
+from mappings.amqp_fast import encode as fast_encode
 
 if TYPE_CHECKING:
     from adapters.amqp.connection import AmqpConnection
@@ -187,9 +189,15 @@ class IncomingLink:
     def _message(self, data: bytearray) -> Any:
         """The core message for a transfer's bytes (raises on what cannot be taken)."""
         conn = self.conn
+        dest = self.dest
+        if dest is not None:
+            msg = fast_decode(data, destination=dest, default_kind=conn.default_kind,
+                              now_ms=conn.broker.now())
+            if msg is not None:
+                msg.size = len(data)
+                return msg
         pm = Message()
         pm.decode(data)  # type: ignore[arg-type]
-        dest = self.dest
         if dest is None:
             if not pm.address:
                 raise _NoAddress("a message on an anonymous link has no `to` address")
@@ -273,7 +281,11 @@ class OutgoingLink:
         """The core consumer's listener: send one message (the link has credit)."""
         raw = self.raw
         conn = self.conn
-        data = message_to_amqp(d.msg, delivery_count=d.count, now_ms=conn.broker.now()).encode()
+        now = conn.broker.now()
+        msg = d.msg
+        data = fast_encode(msg, delivery_count=d.count, now_ms=now)
+        if data is None:
+            data = message_to_amqp(msg, delivery_count=d.count, now_ms=now).encode()
         tag = str(d.tag).encode()
         dlv = lib.pn_delivery(raw, (len(tag), ffi.from_buffer(tag)))
         lib.pn_link_send(raw, ffi.from_buffer(data), len(data))
