@@ -133,7 +133,11 @@ function stop(reason) {
         receiver.detach();
         setTimeout(function () { common.closeAndFinish(conn, 0); }, 1000).unref();
     } else {
-        common.closeAndFinish(conn, 0);
+        // Close the link itself (detach with closed=true) before the connection: that is
+        // what ends a durable subscription; closing only the connection would keep it.
+        receiver.on('receiver_close', function () { common.closeAndFinish(conn, 0); });
+        receiver.close();
+        setTimeout(function () { common.closeAndFinish(conn, 0); }, 1000).unref();
     }
 }
 
