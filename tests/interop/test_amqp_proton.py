@@ -475,3 +475,34 @@ def test_shared_durable_subscription_outlives_its_consumers(gw):
                           options=[DurableSubscription(), opts])
     assert drain(r, 1)[0].body == "kept for the group"
     c.close()
+
+
+def test_a_producer_is_held_back_while_the_core_pushes_back(tmp_path):
+    """flowControl on a queue with a receiver that takes nothing: the sends past the limit
+    get no outcome (and the link no new credit) until the receiver drains the queue."""
+    g = GatewayThread(tmp_path / "gw", gateway="listen = amqp://127.0.0.1:0\n"
+                      "flow_control = enabled\n", queues=">\nheld flowControl=2KB\n").start()
+    try:
+        port = g.port("amqp")
+        c = connect(port)
+        r = c.create_receiver("queue://held", credit=0)  # a receiver, but no credit yet
+        s = c.create_sender("queue://held")
+        body = b"x" * 512
+        held = None
+        for i in range(20):
+            try:
+                s.send(Message(body=body, properties={"i": i}), timeout=1)
+            except Timeout:
+                held = i
+                break
+        assert held is not None and held < 10  # ~2 KB got in, then the sends were held
+        given = s.link.credit
+        time.sleep(0.5)
+        assert s.link.credit <= given  # no new credit while held
+        r.flow(100)
+        got = [r.receive(timeout=5).properties["i"] for _ in range(held + 1)]
+        r.accept()
+        assert got == list(range(held + 1))  # the held one too, nothing lost
+        c.close()
+    finally:
+        g.stop()
