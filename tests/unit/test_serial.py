@@ -387,7 +387,7 @@ def test_fuzz_mutated_encodings_raise_only_message_format_error(
 
 
 @given(messages())
-@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_every_truncation_raises(m: Message) -> None:
     data = encode_message(m)
     for n in range(len(data)):
