@@ -103,7 +103,9 @@ def parse_address(
     elif address.startswith(TOPIC_PREFIX):
         kind, name = TOPIC, address[8:]
     else:
-        kind = _KIND_BY_HINT.get(hint, default) if isinstance(hint, int) else default
+        # a boolean is an int to Python, not a type byte to AMQP: ignored like any other value
+        ok = isinstance(hint, int) and not isinstance(hint, bool)
+        kind = _KIND_BY_HINT.get(hint, default) if ok else default  # type: ignore[arg-type]
         name = address
     dest = _ADDRESS_CACHE.get((name, kind))
     if dest is None:

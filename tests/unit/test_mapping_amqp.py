@@ -224,6 +224,10 @@ def test_parse_address_ignores_a_hint_that_is_not_an_integer(hint):
     assert parse_address("a", hint=hint, default=TOPIC).kind is TOPIC
 
 
+def test_parse_address_ignores_a_boolean_hint():
+    assert parse_address("a", hint=True, default=QUEUE).kind is QUEUE  # True is not 1 here
+
+
 @pytest.mark.parametrize("address", ["", "queue://", "topic://"])
 def test_parse_address_raises_on_an_empty_name(address):
     with pytest.raises(ValueError):
