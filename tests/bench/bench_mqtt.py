@@ -19,7 +19,10 @@ Throughput, for QoS 0 and QoS 1: ``mosquitto_sub -t bench/t -q QOS -C N+1`` star
 warm-up message is published (``mosquitto_pub -m``), again and again with growing pauses,
 until the subscriber prints it, which proves its subscription is in place; then the clock starts, ``mosquitto_pub -l``
 is fed N lines of 64 bytes through a pipe, and the clock stops when mosquitto_sub exits
-after the N-th message. The figure is N / elapsed, the median of --repeat runs. (Should a
+after the N-th message. The figure is N / elapsed, the median of --repeat runs. All brokers
+run at once (each on its own port) and their runs are interleaved -- gateway, mosquitto,
+amqtt, gateway, ... -- so that a machine that drifts during the bench moves every broker's
+figures alike. (Should a
 slow warm-up arrive twice, each extra copy counts against the N+1, and the figure counts
 only the messages that arrived in the timed window.) The subscriber's output is counted and
 its size checked: every message must arrive whole.
@@ -505,39 +508,57 @@ class Result:
     idle_bytes: float | None = None
 
 
-def bench_broker(name: str, args: argparse.Namespace, workdir: Path, idle_count: int) -> Result:
-    result = Result(name)
+def bench_throughput(names: list[str], args: argparse.Namespace, workdir: Path,
+                     results: dict[str, Result]) -> None:
+    """Every broker started at once; runs interleaved (gateway, mosquitto, amqtt, gateway,
+    ...) so that a machine that drifts slower or faster during the bench shifts every
+    broker's figures alike instead of the one measured last."""
+    with contextlib.ExitStack() as stack:
+        running: dict[str, Running] = {}
+        for name in names:
+            result = results[name]
+            try:
+                r = stack.enter_context(start_broker(name, workdir / name, args))
+            except BrokerFailed as exc:
+                result.start_error = str(exc)
+                log(f"{name}: failed to start: {exc}")
+                continue
+            log(f"{name}: listening on {HOST}:{r.port} (pid {r.pid})")
+            running[name] = r
+        for qos, count in ((0, args.qos0_count), (1, args.qos1_count)):
+            if count <= 0:
+                continue
+            runs: dict[str, list[float]] = {name: [] for name in running}
+            for rep in range(args.repeat):
+                for name, r in running.items():
+                    if f"QoS {qos}" in results[name].errors:
+                        continue
+                    try:
+                        rate = run_throughput(r.port, qos, count, args.timeout)
+                    except BenchError as exc:
+                        results[name].errors[f"QoS {qos}"] = str(exc)
+                        log(f"{name}: QoS {qos}: {exc}\n{r.output_tail()}")
+                        continue
+                    log(f"{name}: QoS {qos} run {rep + 1}: {rate:,.0f} msgs/s")
+                    runs[name].append(rate)
+            for name, rates in runs.items():
+                if rates and f"QoS {qos}" not in results[name].errors:
+                    results[name].runs[qos] = rates
+                    results[name].rates[qos] = statistics.median(rates)
+
+
+def bench_idle(name: str, args: argparse.Namespace, workdir: Path, idle_count: int,
+               result: Result) -> None:
+    """Idle-connection memory, on a freshly started broker of its own."""
+    if idle_count <= 0 or result.start_error is not None:
+        return
     try:
-        with start_broker(name, workdir / name, args) as running:
-            log(f"{name}: listening on {HOST}:{running.port} (pid {running.pid})")
-            for qos, count in ((0, args.qos0_count), (1, args.qos1_count)):
-                if count <= 0:
-                    continue
-                runs: list[float] = []
-                try:
-                    for rep in range(args.repeat):
-                        rate = run_throughput(running.port, qos, count, args.timeout)
-                        log(f"{name}: QoS {qos} run {rep + 1}: {rate:,.0f} msgs/s")
-                        runs.append(rate)
-                except BenchError as exc:
-                    result.errors[f"QoS {qos}"] = str(exc)
-                    log(f"{name}: QoS {qos}: {exc}\n{running.output_tail()}")
-                    continue
-                result.runs[qos] = runs
-                result.rates[qos] = statistics.median(runs)
-    except BrokerFailed as exc:
-        result.start_error = str(exc)
-        log(f"{name}: failed to start: {exc}")
-        return result
-    if idle_count > 0:
-        try:
-            with start_broker(name, workdir / f"{name}-idle", args) as running:
-                result.idle_bytes = measure_idle(running, idle_count, args.timeout)
-                log(f"{name}: {result.idle_bytes:,.0f} bytes per idle connection")
-        except (BrokerFailed, BenchError, OSError) as exc:
-            result.errors["idle"] = str(exc)
-            log(f"{name}: idle connections: {exc}")
-    return result
+        with start_broker(name, workdir / f"{name}-idle", args) as running:
+            result.idle_bytes = measure_idle(running, idle_count, args.timeout)
+            log(f"{name}: {result.idle_bytes:,.0f} bytes per idle connection")
+    except (BrokerFailed, BenchError, OSError) as exc:
+        result.errors["idle"] = str(exc)
+        log(f"{name}: idle connections: {exc}")
 
 
 def fmt_rate(r: Result, qos: int) -> str:
@@ -653,7 +674,10 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Result] = {}
     try:
         for name in args.broker_names:
-            results[name] = bench_broker(name, args, workdir, idle_count)
+            results[name] = Result(name)
+        bench_throughput(list(args.broker_names), args, workdir, results)
+        for name in args.broker_names:
+            bench_idle(name, args, workdir, idle_count, results[name])
     finally:
         if args.keep:
             log(f"work directories kept in {workdir}")
