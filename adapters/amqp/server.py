@@ -18,8 +18,8 @@ import logging
 from typing import Any
 
 from adapters.amqp.connection import AmqpConnection
+from adapters.listener import Listener, listen
 from gateway.message import QUEUE, TOPIC
-from gateway.tls import server_context
 
 log = logging.getLogger("adapters.amqp")
 
@@ -93,21 +93,6 @@ class AmqpProtocol(asyncio.Protocol):
             self.conn.resume_writing()
 
 
-class AmqpListener:
-    """Handle returned to the gateway: its address and an async close."""
-
-    def __init__(self, server: AmqpServer, tcp: asyncio.AbstractServer,
-                 address: tuple[str, int]) -> None:
-        self.server = server
-        self.tcp = tcp
-        self.address = address
-
-    async def close(self) -> None:
-        self.tcp.close()
-        self.server.close()
-        await self.tcp.wait_closed()
-
-
 def shared_server(broker: Any) -> AmqpServer:
     """One AmqpServer per broker, shared by the plain and TLS listeners."""
     server = getattr(broker, "_amqp_server", None)
@@ -117,12 +102,7 @@ def shared_server(broker: Any) -> AmqpServer:
     return server
 
 
-async def start(broker: Any, spec: Any) -> AmqpListener:
+async def start(broker: Any, spec: Any) -> Listener:
     """Registry entry: listen for AMQP 1.0 (``amqp://``) or AMQP over TLS (``amqps://``)."""
     server = shared_server(broker)
-    ctx = server_context(broker, "amqps") if spec.scheme == "amqps" else None
-    tcp = await broker.loop.create_server(
-        lambda: AmqpProtocol(server), spec.host or None, spec.port, ssl=ctx,
-    )
-    sock = tcp.sockets[0].getsockname()
-    return AmqpListener(server, tcp, (sock[0], sock[1]))
+    return await listen(broker, spec, server, lambda: AmqpProtocol(server), "amqps")

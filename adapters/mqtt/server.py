@@ -19,6 +19,7 @@ import json
 import logging
 from typing import Any
 
+from adapters.listener import Listener, listen
 from adapters.mqtt.codec import encode_publish
 from adapters.mqtt.packets import Publish, ReasonCode, SubscriptionOptions, Will
 from adapters.mqtt.retained import NAMESPACE as RETAINED_NS
@@ -35,7 +36,6 @@ from adapters.mqtt.session import (
 from adapters.mqtt.topics import mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway.errors import GatewayError, InvalidDestinationError, SecurityError
 from gateway.message import TEMP_PREFIX, TOPIC, Destination, Message
-from gateway.tls import server_context
 from mappings.mqtt import MqttOut, message_to_mqtt, mqtt_to_message
 
 log = logging.getLogger("adapters.mqtt")
@@ -337,21 +337,6 @@ class MqttProtocol(asyncio.Protocol):
                 conn.session.resume()
 
 
-class MqttListener:
-    """Handle returned to the gateway: its address and an async close."""
-
-    def __init__(self, server: MqttServer, tcp: asyncio.AbstractServer,
-                 address: tuple[str, int]) -> None:
-        self.server = server
-        self.tcp = tcp
-        self.address = address
-
-    async def close(self) -> None:
-        self.tcp.close()
-        self.server.close()
-        await self.tcp.wait_closed()
-
-
 def shared_server(broker: Any) -> MqttServer:
     """One MqttServer per broker, shared by the TCP, TLS and WebSocket listeners."""
     server = getattr(broker, "_mqtt_server", None)
@@ -364,12 +349,7 @@ def shared_server(broker: Any) -> MqttServer:
     return server
 
 
-async def start(broker: Any, spec: Any) -> MqttListener:
+async def start(broker: Any, spec: Any) -> Listener:
     """Registry entry: listen for MQTT (``mqtt://``) or MQTT over TLS (``mqtts://``)."""
     server = shared_server(broker)
-    ctx = server_context(broker, "mqtts") if spec.scheme == "mqtts" else None
-    tcp = await broker.loop.create_server(
-        lambda: MqttProtocol(server), spec.host or None, spec.port, ssl=ctx,
-    )
-    sock = tcp.sockets[0].getsockname()
-    return MqttListener(server, tcp, (sock[0], sock[1]))
+    return await listen(broker, spec, server, lambda: MqttProtocol(server), "mqtts")
