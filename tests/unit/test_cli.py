@@ -94,9 +94,9 @@ def test_passwd_hash_is_accepted_by_users_conf(tmp_path):
     assert not sec.authenticate("carol", "wrong")
 
 
-def test_a_listener_whose_adapter_is_not_built_refuses_to_start(tmp_path):
-    write_config(tmp_path, gateway="listen = http://127.0.0.1:0\nlisten = stomp://127.0.0.1:0\n")
+def test_a_listener_of_an_unknown_protocol_refuses_to_start(tmp_path):
+    write_config(tmp_path, gateway="listen = http://127.0.0.1:0\nlisten = xmpp://127.0.0.1:0\n")
     proc = start(["serve", "--config-dir", str(tmp_path)], tmp_path)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 2, out
-    assert "gateway.conf:2" in out and "not available in this build" in out
+    assert "gateway.conf:2" in out and "unknown listener protocol 'xmpp'" in out

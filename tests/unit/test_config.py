@@ -381,7 +381,7 @@ def test_embedded_default_works_out_of_the_box(
     assert cfg.warnings == []
     gw = cfg.gateway
     assert {lst.host for lst in gw.listen} == {"127.0.0.1"}
-    assert {lst.scheme for lst in gw.listen} == {"mqtt", "amqp", "http"}  # stomp joins with its issue
+    assert {lst.scheme for lst in gw.listen} == {"mqtt", "amqp", "stomp", "http"}
     assert gw.store == str(tmp_path / "data")  # the working directory, not the package
     assert gw.authorization is False and gw.allow_anonymous is True
     for name in ("a", "sensors.kitchen.temp", "x.y.z.w"):

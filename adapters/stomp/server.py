@@ -1,0 +1,180 @@
+"""The STOMP listener: a thin asyncio shell around :mod:`adapters.stomp.connection`.
+
+How this works. :func:`start` is the registry entry for ``listen = stomp://host:port``
+(61613) and ``stomps://`` (61614, TLS with the gateway's certificate). Each TCP connection
+gets a :class:`StompProtocol` that feeds bytes to its :class:`StompConnection` and writes
+what it produces. Output is collected while a read is processed and written once per
+connection when it ends -- the MESSAGE frames a SEND fans out and the RECEIPT for it leave
+in one ``write`` each, with no extra loop wake-up (the same scheme as the MQTT adapter).
+When a socket's write buffer fills, that connection's subscriptions pause; when it drains
+they resume. STOMP over WebSocket is :mod:`adapters.stomp.websocket`, on the HTTP listener.
+
+:class:`StompServer` holds what the connections share: the broker, the limits read from
+``gateway.conf`` (``max_client_msg_size`` bounds a frame), the live connections, and a
+one-entry cache of the last message rendered, so a message fanned out to many subscribers
+is mapped once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from adapters.listener import Listener, listen
+from adapters.stomp.connection import StompConnection
+from gateway.message import TEMP_PREFIX, Message
+from mappings.stomp import message_to_stomp
+
+log = logging.getLogger("adapters.stomp")
+
+WRITE_HIGH_WATER = 1 << 20  # bytes buffered in the socket before subscriptions pause
+DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+MAX_HEADER_BYTES = 64 * 1024
+MAX_HEADERS = 1000
+
+
+class StompServer:
+    """State shared by every STOMP connection of one gateway."""
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+        self.loop: asyncio.AbstractEventLoop = broker.loop
+        limit = int(broker.config.gateway.max_client_msg_size)
+        # A frame is its body plus headers: allow the header block on top of the message limit.
+        self.max_frame_size = (min(limit, DEFAULT_MAX_FRAME) if limit else DEFAULT_MAX_FRAME)
+        self.max_header_bytes = MAX_HEADER_BYTES
+        self.max_headers = MAX_HEADERS
+        self.connections: set[StompConnection] = set()
+        # Connections written to while a read is processed: flushed once when it ends.
+        self.reading = False
+        self.dirty: list[Any] = []
+        self._last: tuple[Message | None, list[tuple[str, str]], bytes] = (None, [], b"")
+
+    def render(self, msg: Message, conn: StompConnection) -> tuple[list[tuple[str, str]], bytes]:
+        """The MESSAGE headers (after subscription / message-id / ack) and body of ``msg``."""
+        last, headers, body = self._last
+        if last is msg:
+            return headers, body
+        dest = msg.destination
+        rt = msg.reply_to
+        temporary = (dest is not None and dest.name.startswith(TEMP_PREFIX)) or (
+            rt is not None and rt.name.startswith(TEMP_PREFIX))
+        headers, body = message_to_stomp(
+            msg, destination=conn.render_destination(dest) if dest is not None else "",
+            reply_to=conn.render_destination(rt) if rt is not None else None,
+        )
+        if not temporary:  # a temporary destination's name depends on the connection
+            self._last = (msg, headers, body)
+        return headers, body
+
+    def close(self) -> None:
+        for conn in list(self.connections):
+            conn.error("server shutting down")
+
+
+class StompProtocol(asyncio.Protocol):
+    """One TCP (or TLS) connection."""
+
+    def __init__(self, server: StompServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.conn: StompConnection | None = None
+        self.out: list[bytes] = []
+        self.flush_scheduled = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        address = f"{peer[0]}:{peer[1]}" if peer else "?"
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
+        self.conn = StompConnection(
+            self.server, self.write, self.close, address,
+            pause_reading=transport.pause_reading,  # type: ignore[attr-defined]
+            resume_reading=self._resume_reading,
+        )
+        self.server.connections.add(self.conn)
+
+    def _resume_reading(self) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        """Process the read, then write every connection it produced output for, once each."""
+        assert self.conn is not None
+        server = self.server
+        if server.reading:
+            self.conn.data_received(data)
+            return
+        server.reading = True
+        try:
+            self.conn.data_received(data)
+        finally:
+            server.reading = False
+            dirty = server.dirty
+            if dirty:
+                server.dirty = []
+                if self.flush_scheduled:
+                    self.flush()
+                for proto in dirty:
+                    if proto.flush_scheduled:
+                        proto.flush()
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.conn is not None:
+            self.server.connections.discard(self.conn)
+            self.conn.connection_lost()
+        self.out.clear()
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            server = self.server
+            if server.reading:
+                server.dirty.append(self)
+            else:
+                server.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        t = self.transport
+        if self.out and t is not None and not t.is_closing():
+            t.write(self.out[0] if len(self.out) == 1 else b"".join(self.out))
+        self.out.clear()
+
+    def close(self) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            self.flush()
+            t.close()
+
+    def pause_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.resume_writing()
+
+
+def shared_server(broker: Any) -> StompServer:
+    """One StompServer per broker, shared by the TCP, TLS and WebSocket listeners."""
+    server = getattr(broker, "_stomp_server", None)
+    if server is None:
+        from adapters.stomp import websocket
+
+        server = StompServer(broker)
+        broker._stomp_server = server
+        websocket.register(broker, server)
+    return server
+
+
+async def start(broker: Any, spec: Any) -> Listener:
+    """Registry entry: listen for STOMP (``stomp://``) or STOMP over TLS (``stomps://``)."""
+    server = shared_server(broker)
+    return await listen(broker, spec, server, lambda: StompProtocol(server), "stomps")

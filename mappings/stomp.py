@@ -1,0 +1,416 @@
+"""The default mapping between STOMP frames (SEND, MESSAGE) and core messages.
+
+How this works. The STOMP adapter parses a SEND frame, resolves its ``destination`` and
+``reply-to`` headers (they depend on the connection: ``/temp-queue/x`` names a temporary
+queue of that connection) and calls :func:`stomp_to_message` with the headers and body; it
+gets back a core :class:`~gateway.message.Message`. For every delivery it calls
+:func:`message_to_stomp` with the rendered destination and reply-to, and gets the MESSAGE
+headers and body; the adapter adds ``subscription``, ``message-id``, ``ack`` and
+``redelivered``, which depend on the delivery, not the message.
+
+The rules are the rows of the tables in ``adapters/stomp/README.md`` (SEND → core,
+core → MESSAGE), in the same order. STOMP headers are text, so JMS properties travel as
+text with the MQTT mapping's text forms and its ``gw-types`` header (one definition of those
+forms, imported from :mod:`mappings.mqtt`, described in ``mappings/README.md``): a typed
+property sent by MQTT 5, AMQP or an in-process JMS client comes back from a STOMP hop with
+its type and width.
+
+Bodies: a frame is text or bytes by ``content-type`` and, when there is none, by whether it
+has a ``content-length`` (ActiveMQ's rule: with one it is a BytesMessage, without one a
+TextMessage). Map and stream bodies travel as the documented JSON of ``mappings/README.md``,
+marked with the ``transformation`` header as ActiveMQ does (``jms-map-json``; the gateway
+adds ``jms-stream-json`` for streams, which ActiveMQ has no JSON form for).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from typing import Any
+
+from gateway.errors import MessageFormatError
+from gateway.message import DEFAULT_PRIORITY, BodyKind, DeliveryMode, Destination, Message
+from gateway.types import Int64, UInt64
+from mappings.mqtt import (
+    _RENDER,
+    CONTENT_TYPE_PROPERTY,
+    _apply_types,
+    _render_other,
+    _wire_safe,
+    is_text_content_type,
+    json_payload,
+    types_escape,
+    wire_escape,
+)
+
+__all__ = [
+    "IN_HEADERS",
+    "OUT_HEADERS",
+    "TEXT_CONTENT_TYPE",
+    "TRACE_HEADER",
+    "TYPES_HEADER",
+    "message_to_stomp",
+    "stomp_to_message",
+]
+
+TYPES_HEADER = "gw-types"  # the types of the non-string properties (mappings/README.md)
+TRACE_HEADER = "gw-trace-id"  # the gateway trace id
+TEXT_CONTENT_TYPE = "text/plain;charset=utf-8"  # a TEXT body with no content type of its own
+JSON_CONTENT_TYPE = "application/json"
+OBJECT_CONTENT_TYPE = "application/x-java-serialized-object"  # AMQP JMS mapping §3.2.4.3
+SCHEDULED_DELAY = "AMQ_SCHEDULED_DELAY"  # ActiveMQ's delivery delay header, in ms
+
+MAP_JSON = "jms-map-json"
+STREAM_JSON = "jms-stream-json"
+ANY_JSON = "jms-json"  # ActiveMQ: an object is a map (an array, here, is a stream)
+BYTES_TRANSFORMATION = "jms-byte"  # ActiveMQ: the body is bytes whatever its content type
+
+# Headers of a SEND frame that are not copied into JMS properties: STOMP's own, the JMS
+# header fields STOMP names, and those a forwarded MESSAGE carries (a client that forwards a
+# message it received should not turn its old message id into a property).
+IN_HEADERS = frozenset((
+    "destination", "content-length", "content-type", "receipt", "transaction", "persistent",
+    "priority", "expires", "correlation-id", "reply-to", "type", "transformation",
+    "message-id", "timestamp", "redelivered", "subscription", "ack", TYPES_HEADER,
+    TRACE_HEADER, SCHEDULED_DELAY, CONTENT_TYPE_PROPERTY,
+))  # fmt: skip
+
+# Headers a MESSAGE frame gets from the message or the delivery. A JMS property of one of
+# these names cannot travel over STOMP (it would be read as the header): it is not sent.
+OUT_HEADERS = frozenset((
+    "destination", "message-id", "subscription", "ack", "content-length", "content-type",
+    "persistent", "priority", "expires", "timestamp", "correlation-id", "reply-to", "type",
+    "redelivered", "transformation", "receipt", "transaction", TYPES_HEADER, TRACE_HEADER,
+    CONTENT_TYPE_PROPERTY,
+))  # fmt: skip
+
+_TEXT = BodyKind.TEXT
+_BYTES = BodyKind.BYTES
+_MAP = BodyKind.MAP
+_STREAM = BodyKind.STREAM
+_OBJECT = BodyKind.OBJECT
+_NONE = BodyKind.NONE
+_PERSISTENT = DeliveryMode.PERSISTENT
+_NON_PERSISTENT = DeliveryMode.NON_PERSISTENT
+
+# gw-types names for the correlation-id header: its bytes as UTF-8 text, or as base64.
+CORRELATION_UTF8 = "utf8bytes"
+CORRELATION_BASE64 = "bytes"
+
+
+# -- SEND → core -------------------------------------------------------------------------------
+
+
+def stomp_to_message(
+    headers: dict[str, str],
+    body: bytes,
+    *,
+    has_length: bool,
+    destination: Destination,
+    reply_to: Destination | None,
+    now_ms: int,
+) -> Message:
+    """Build the core message for one SEND frame (table "SEND → core" in the README).
+
+    ``headers`` holds the first value of each header name, in frame order; ``has_length``
+    says whether the frame had a ``content-length``. ``destination`` and ``reply_to`` are
+    the adapter's reading of the ``destination`` and ``reply-to`` headers.
+
+    Raises:
+        MessageFormatError: a header STOMP defines has a value that does not parse, or the
+        body does not fit its ``transformation``.
+    """
+    get = headers.get
+    # Body kind: transformation first, then content-type, then content-length.
+    content_type = get("content-type")
+    transformation = get("transformation")
+    kind: BodyKind
+    value: Any
+    if transformation is not None and transformation != BYTES_TRANSFORMATION:
+        kind, value = _json_body(transformation, body)
+    elif content_type is not None:
+        if content_type == OBJECT_CONTENT_TYPE:
+            kind, value = _OBJECT, body
+        elif transformation is None and is_text_content_type(content_type):
+            try:
+                kind, value = _TEXT, body.decode()
+            except UnicodeDecodeError:
+                kind, value = _BYTES, body
+        else:
+            kind, value = _BYTES, body
+    elif has_length or transformation is not None:
+        kind, value = _BYTES, body
+    else:
+        try:
+            kind, value = _TEXT, body.decode()
+        except UnicodeDecodeError:
+            kind, value = _BYTES, body
+    # Properties: every other header, as text, then the types of gw-types.
+    props: dict[str, Any] = {}
+    text: str | None
+    for name, text in headers.items():
+        if name not in IN_HEADERS and name:
+            props[name] = text
+    correlation: str | bytes | None = get("correlation-id")
+    msg_type = get("type")
+    trace = get(TRACE_HEADER)
+    types = get(TYPES_HEADER)
+    if types:
+        # The header fields that may be escaped or typed join the properties while gw-types
+        # is applied, then leave them.
+        for name, field in (("correlation-id", correlation), ("type", msg_type),
+                            (TRACE_HEADER, trace)):
+            if field is not None:
+                props[name] = field
+        props = _apply_types(props, types)
+        if correlation is not None:
+            correlation = _correlation_in(props.pop("correlation-id"), types)
+        if msg_type is not None:
+            msg_type = str(props.pop("type"))
+        if trace is not None:
+            trace = str(props.pop(TRACE_HEADER))
+    if content_type is not None and kind is not _OBJECT and not (
+        kind is _TEXT and content_type == TEXT_CONTENT_TYPE
+    ):
+        props[CONTENT_TYPE_PROPERTY] = content_type
+    # JMS header fields.
+    text = get("persistent")
+    mode = _PERSISTENT if text is not None and text.lower() == "true" else _NON_PERSISTENT
+    text = get("priority")
+    priority = DEFAULT_PRIORITY if text is None else _priority(text)
+    text = get("expires")
+    expiration = 0 if text is None else _millis("expires", text)
+    text = get(SCHEDULED_DELAY)
+    delivery_time = 0
+    if text is not None:
+        delay = _millis(SCHEDULED_DELAY, text)
+        if delay:
+            delivery_time = now_ms + delay
+    msg = Message(
+        value,
+        body_kind=kind,
+        properties=props,
+        destination=destination,
+        delivery_mode=mode,
+        priority=priority,
+        correlation_id=correlation,
+        reply_to=reply_to,
+        type=msg_type,
+        expiration=expiration,
+        delivery_time=delivery_time,
+        timestamp=now_ms,
+    )
+    msg.size = len(body) + 64 + 48 * len(props)
+    if trace is not None:
+        msg.trace_id = trace
+    return msg
+
+
+def _json_body(transformation: str, body: bytes) -> tuple[BodyKind, Any]:
+    if transformation not in (MAP_JSON, STREAM_JSON, ANY_JSON):
+        raise MessageFormatError(
+            f"unsupported transformation {transformation!r} (the gateway reads "
+            f"{MAP_JSON}, {STREAM_JSON}, {ANY_JSON} and {BYTES_TRANSFORMATION})"
+        )
+    try:
+        value = json.loads(body, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MessageFormatError(f"{transformation} body is not JSON: {exc}") from None
+    if type(value) is dict and transformation != STREAM_JSON:
+        _check_json(value)
+        return _MAP, value
+    if type(value) is list and transformation != MAP_JSON:
+        _check_json(value)
+        return _STREAM, value
+    want = {MAP_JSON: "an object", STREAM_JSON: "an array"}.get(transformation, "an object or array")
+    raise MessageFormatError(f"{transformation} body must be {want}")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_json(value: Any) -> None:
+    """Integers in a JSON body must fit a JMS long, or a uint64 (the EMS extension) above it:
+    those become :class:`~gateway.types.UInt64`, so a uint64 written as JSON reads back."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is dict:
+            for k, x in v.items():
+                if type(x) is int and not Int64.MIN <= x <= Int64.MAX:
+                    v[k] = _wide(x)
+                elif type(x) is dict or type(x) is list:
+                    stack.append(x)
+        elif type(v) is list:
+            for i, x in enumerate(v):
+                if type(x) is int and not Int64.MIN <= x <= Int64.MAX:
+                    v[i] = _wide(x)
+                elif type(x) is dict or type(x) is list:
+                    stack.append(x)
+
+
+def _wide(v: int) -> UInt64:
+    if 0 <= v <= UInt64.MAX:
+        return UInt64(v)
+    raise MessageFormatError(f"number {v} in a JSON body fits neither a long nor a uint64")
+
+
+def _priority(text: str) -> int:
+    if len(text) == 1 and "0" <= text <= "9":
+        return ord(text) - 48
+    raise MessageFormatError(f"priority must be a digit 0-9, not {text!r}")
+
+
+def _millis(name: str, text: str) -> int:
+    if text.isdigit() and text.isascii():
+        v = int(text)
+        if v <= Int64.MAX:
+            return v
+    raise MessageFormatError(f"{name} must be a number of milliseconds, not {text!r}")
+
+
+def _correlation_in(value: Any, types: str) -> str | bytes:
+    """The correlation id: text, or bytes when gw-types marks it (MQTT correlation data)."""
+    if type(value) is bytes:  # gw-types "bytes": it came as base64
+        return value
+    text = str(value)
+    for entry in types.split(","):
+        if entry.startswith("correlation-id:"):
+            if entry.split(":")[1] == CORRELATION_UTF8:
+                return text.encode("utf-8", "surrogatepass")
+            break
+    return text
+
+
+# -- core → MESSAGE ----------------------------------------------------------------------------
+
+
+def message_to_stomp(
+    msg: Message, *, destination: str, reply_to: str | None
+) -> tuple[list[tuple[str, str]], bytes]:
+    """The MESSAGE headers and body for a core message (table "core → MESSAGE" in the README).
+
+    ``destination`` and ``reply_to`` are the adapter's STOMP names of the message's
+    destination and reply-to. Header values are raw text: the codec escapes them.
+    """
+    kind = msg.body_kind
+    body = msg.body
+    props = msg.properties
+    headers: list[tuple[str, str]] = [("destination", destination)]
+    append = headers.append
+    ct = props.get(CONTENT_TYPE_PROPERTY) if props else None
+    if type(ct) is not str:
+        ct = None
+    if kind is _TEXT:
+        try:
+            payload = body.encode()
+        except UnicodeEncodeError:
+            payload = body.encode("utf-8", "surrogatepass")
+        append(("content-type", ct or TEXT_CONTENT_TYPE))
+    elif kind is _BYTES:
+        payload = body
+        if ct is not None:
+            append(("content-type", ct))
+    elif kind is _MAP or kind is _STREAM:
+        payload = json_payload(body)
+        append(("content-type", JSON_CONTENT_TYPE))
+        append(("transformation", MAP_JSON if kind is _MAP else STREAM_JSON))
+    elif kind is _OBJECT:
+        payload = body
+        append(("content-type", OBJECT_CONTENT_TYPE))
+    else:
+        payload = b""
+        if ct is not None:
+            append(("content-type", ct))
+    if msg.delivery_mode is _PERSISTENT:
+        append(("persistent", "true"))
+    append(("priority", str(msg.priority)))
+    if msg.timestamp:
+        append(("timestamp", str(msg.timestamp)))
+    expires = msg.expires_at or msg.expiration
+    if expires:
+        append(("expires", str(expires)))
+    types: list[str] | None = None
+    corr = msg.correlation_id
+    if corr is not None:
+        if isinstance(corr, str):
+            types = _text_header(headers, types, "correlation-id", corr, None)
+        else:
+            try:
+                text = corr.decode()
+                tname = CORRELATION_UTF8
+            except UnicodeDecodeError:
+                text = base64.b64encode(corr).decode("ascii")
+                tname = CORRELATION_BASE64
+            types = _text_header(headers, types, "correlation-id", text, tname)
+    if reply_to is not None:
+        append(("reply-to", reply_to))
+    if msg.type is not None:
+        types = _text_header(headers, types, "type", msg.type, None)
+    if props:
+        types = _properties(headers, types, props)
+    held: list[tuple[str, str]] = []  # the trace id goes last, after gw-types
+    trace = msg.trace_id
+    if trace is not None:
+        types = _text_header(held, types, TRACE_HEADER, trace, None)
+    if types is not None:
+        append((TYPES_HEADER, ",".join(types)))
+    if held:
+        headers.extend(held)
+    return headers, payload
+
+
+def _text_header(headers: list[tuple[str, str]], types: list[str] | None, name: str,
+                 text: str, tname: str | None) -> list[str] | None:
+    """Append one text header; escape it (and list it in gw-types) if STOMP cannot carry it."""
+    if _wire_safe(text):
+        headers.append((name, text))
+        entry = None if tname is None else types_escape(name) + ":" + tname
+    else:
+        headers.append((name, wire_escape(text)))
+        entry = types_escape(name) + ":" + (tname or "string") + ":esc"
+    if entry is None:
+        return types
+    if types is None:
+        return [entry]
+    types.append(entry)
+    return types
+
+
+def _properties(headers: list[tuple[str, str]], types: list[str] | None,
+                props: dict[str, Any]) -> list[str] | None:
+    """JMS properties as headers, in order, with their gw-types entries."""
+    append = headers.append
+    for name, value in props.items():
+        if name in OUT_HEADERS:
+            continue
+        t = type(value)
+        tname: str | None
+        if t is str:
+            if name.isascii() and value.isascii() and "\x00" not in name and "\x00" not in value:
+                append((name, value))
+                continue
+            text = value
+            tname = None
+        else:
+            render: tuple[str, Callable[[Any], str]] | None = _RENDER.get(t)
+            if render is None:
+                render = _render_other(value)
+            tname, to_text = render
+            text = to_text(value)
+        if _wire_safe(name) and _wire_safe(text):
+            append((name, text))
+            if tname is None:
+                continue
+            entry = types_escape(name) + ":" + tname
+        else:
+            wire_name = wire_escape(name)
+            append((wire_name, wire_escape(text)))
+            entry = types_escape(wire_name) + ":" + (tname or "string") + ":esc"
+        if types is None:
+            types = [entry]
+        else:
+            types.append(entry)
+    return types
