@@ -539,7 +539,7 @@ class Broker:
         """An expired or over-delivered message: to ``$sys.undelivered`` or dropped (seed L1004-1032)."""
         if reason == "expired":
             self.stats["expired"] += 1
-        if msg.properties.get(PROP_PRESERVE_UNDELIVERED) and ep.key != "queue:" + UNDELIVERED:
+        if _preserve(msg) and ep.key != "queue:" + UNDELIVERED:
             q = self.queues[UNDELIVERED]
             copy = msg.copy()
             copy.expires_at = 0
@@ -732,6 +732,15 @@ class Broker:
             "published": self.published,
             **self.stats,
         }
+
+
+def _preserve(msg: Message) -> bool:
+    """``JMS_GW_PRESERVE_UNDELIVERED`` read as a JMS boolean: ``true``, or the string "true" in
+    any case (a protocol without typed properties sends a string); anything else is false."""
+    value = msg.properties.get(PROP_PRESERVE_UNDELIVERED)
+    if value is True:
+        return True
+    return type(value) is str and value.lower() == "true"
 
 
 def is_simple(props: Any) -> bool:

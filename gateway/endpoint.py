@@ -189,7 +189,11 @@ class Endpoint:
             self._hold(msg, msg.delivery_time)
             return
         if not self.npending and self.consumers and not self.dispatching and not self.selective:
-            # Fast path: nothing waiting, so a ready consumer takes the message at once.
+            # Fast path: nothing waiting, so a ready consumer takes the message at once --
+            # unless it expired already (as dispatch would find).
+            if msg.expires_at and msg.expires_at <= now:
+                self._expire(msg)
+                return
             consumers = self.consumers
             if len(consumers) == 1 or self.exclusive:
                 consumer: Consumer | None = consumers[0] if consumers[0].ready else None

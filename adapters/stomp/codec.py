@@ -1,41 +1,38 @@
 """The STOMP frame codec: bytes in, frames out, frames to bytes. Sans-I/O, both sides.
 
-Theory of operation. A STOMP frame is ``COMMAND EOL *(header EOL) EOL body NUL`` where EOL
-is an optional CR and a LF (STOMP 1.2 "Augmented BNF"; we accept CR LF in every version).
-:class:`Parser` keeps the bytes of an unfinished frame in a ``bytearray``. :meth:`Parser.feed`
-parses *every* complete frame of the data with a moving offset and keeps the rest. The
-header block of a frame is located with one ``bytes.find(b"\\n\\n")`` bounded by the header
-limit; if that block holds a CR (CR LF line ends) it is walked line by line instead. The block
-is decoded as UTF-8 once and split into lines; a header line is split at its first colon.
-The body ends after ``content-length`` octets, which must be followed by a NUL, or, without
-that header, at the first NUL ("Body"). Bare EOLs between frames are heart-beats
-("Heart-beating"): skipped and counted in :attr:`Parser.heartbeats`.
+Theory of operation. A frame is ``COMMAND EOL *(header EOL) EOL body NUL``, EOL being an
+optional CR and a LF (STOMP 1.2 "Augmented BNF"; CR LF is accepted in every version).
+:meth:`Parser.feed` parses *every* complete frame of the data with a moving offset and keeps
+the rest in a ``bytearray``. A header block is found with one ``bytes.find(b"\\n\\n")``
+bounded by the header limit, decoded as UTF-8 once and split into lines, each line at its
+first colon; if the decoded block holds a CR (CR LF line ends, which may end the block
+earlier) or does not decode, its lines are walked one by one instead. The body is
+``content-length`` octets followed by a NUL or, without that header, ends at the first NUL
+("Body"). Bare EOLs between frames are heart-beats: skipped, counted in ``heartbeats``.
 
-Incomplete frames cost O(size), not O(size^2): the parser remembers how many bytes it needs
-(a ``content-length`` body) or which byte must arrive before the frame can be complete (a LF
-for a header block, a NUL for a body without ``content-length``), and does not look at the
-buffer again until then. Limits are checked as soon as the buffer proves them: a header block
-longer than ``max_header_bytes`` without waiting for its end, a declared body over
-``max_frame_size`` from the header alone.
+Incomplete frames cost O(size), not O(size^2): the parser remembers how long the buffer must
+be (a ``content-length`` body) or which octet must arrive (a LF to end a header block, a NUL to
+end a body without ``content-length``) and does not look at the buffer again until then.
+Limits are checked as soon as the buffer proves them: a header block over ``max_header_bytes``
+without waiting for its end, a declared body over ``max_frame_size`` from the header alone.
 
-Header escaping ("Value Encoding") depends on the version, which the server decides at
-CONNECT: 1.2 has ``\\r \\n \\c \\\\``, 1.1 all but ``\\r``, 1.0 none; an undefined escape
-is a fatal error. CONNECT, STOMP and CONNECTED frames are never escaped (1.2 says so for
-CONNECT and CONNECTED; STOMP is CONNECT by another name and arrives before the version is
-known). A parser starts at "1.0" and, after a CONNECT/STOMP frame, moves itself to the version
-:func:`negotiate_version` picks from ``accept-version`` (after CONNECTED: to its ``version``),
-so frames a client pipelines behind its CONNECT in the same read are unescaped right; the
-server may still set :attr:`Parser.version` itself. Repeated headers are all kept, in order;
-the first one wins (:meth:`Frame.get`, 1.2 "Repeated Header Entries").
+Header escaping ("Value Encoding") depends on the version the server picks at CONNECT: 1.2
+has ``\\r \\n \\c \\\\``, 1.1 all but ``\\r``, 1.0 none; an undefined escape is fatal.
+CONNECT, STOMP and CONNECTED frames are never escaped (1.2 says so for CONNECT and CONNECTED;
+STOMP is CONNECT renamed and is also sent before a version is agreed). A parser starts at
+"1.0" and, after a CONNECT/STOMP frame, moves itself to the version :func:`negotiate_version`
+picks from its ``accept-version`` (after CONNECTED: to its ``version``), so that frames a
+client pipelines behind its CONNECT are unescaped right; the server may still set
+:attr:`Parser.version`. Repeated headers are all kept in order; the first one wins
+(:meth:`Frame.get`, 1.2 "Repeated Header Entries").
 
-Why hand-written: no maintained Python STOMP *server* codec exists. stomp.py is a client whose
-frame parsing is tied to its threaded transport; the rest are unmaintained. A STOMP frame is
-simple enough that a tight parser on ``bytes.find`` is short and fast.
+Why hand-written: no maintained Python STOMP *server* codec exists; stomp.py is a client whose
+frame parsing is tied to its threaded transport. A parser on ``bytes.find`` is short and fast.
 
 Errors. A malformed frame raises :class:`StompError` (:class:`FrameTooLarge` for a limit),
-whose text the server puts in its ERROR frame; ``exc.frames`` holds the good frames that came
-before it in the same feed. After that the parser is dead. Encoding a header that the version
-cannot carry raises :class:`~gateway.errors.LocalProtocolError`.
+whose text the server puts in its ERROR frame; ``exc.frames`` holds the good frames before it
+in the same feed. After that the parser is dead. Encoding a header that the version cannot
+carry raises :class:`~gateway.errors.LocalProtocolError`.
 """
 
 from __future__ import annotations
@@ -45,13 +42,19 @@ from collections.abc import Iterable
 from gateway.errors import LocalProtocolError, RemoteProtocolError
 
 __all__ = [
-    "HEARTBEAT", "MAX_COMMAND_LENGTH", "SUPPORTED_VERSIONS", "Frame", "FrameTooLarge", "Parser",
-    "StompError", "encode", "encode_frame", "escape", "negotiate_version",
+    "DEFAULT_MAX_FRAME_SIZE", "DEFAULT_MAX_HEADERS", "DEFAULT_MAX_HEADER_BYTES", "HEARTBEAT",
+    "MAX_COMMAND_LENGTH", "SUPPORTED_VERSIONS", "Frame", "FrameTooLarge", "Parser", "StompError",
+    "encode", "encode_frame", "escape", "negotiate_version",
 ]
 
 HEARTBEAT = b"\n"
 SUPPORTED_VERSIONS = ("1.0", "1.1", "1.2")
 MAX_COMMAND_LENGTH = 64  # the longest command is UNSUBSCRIBE (11); anything long is garbage
+# Default limits (the gateway's own choice; a listener may set others). The spec sets none:
+# servers "MAY place maximum limits" on headers and body size (1.2 "Size Limits").
+DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024  # body octets
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024  # command line through the blank line
+DEFAULT_MAX_HEADERS = 1000
 # Frames whose headers are never escaped (1.2 "Value Encoding"); STOMP is CONNECT renamed.
 _RAW_COMMANDS = frozenset({"CONNECT", "STOMP", "CONNECTED"})
 _COMMANDS = frozenset({
@@ -199,10 +202,16 @@ def _unescape(text: str, table: dict[str, str], version: str) -> str:
 
 
 class Parser:
-    """Bytes in, :class:`Frame` objects out. See the module docstring."""
+    """Bytes in, :class:`Frame` objects out (see the module docstring).
 
-    def __init__(self, *, max_frame_size: int = 16 * 1024 * 1024,
-                 max_header_bytes: int = 64 * 1024, max_headers: int = 1000) -> None:
+    ``heartbeats`` counts the bare EOLs seen between frames (1.2 "Heart-beating": any octet
+    proves the peer alive). ``version`` decides the unescaping of the frames parsed after it
+    is set.
+    """
+
+    def __init__(self, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                 max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+                 max_headers: int = DEFAULT_MAX_HEADERS) -> None:
         self.max_frame_size = max_frame_size
         self.max_header_bytes = max_header_bytes
         self.max_headers = max_headers

@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from adapters.stomp.codec import Frame, Parser, StompError, encode
+from adapters.stomp.codec import Frame, Parser, StompError, encode, escape
 from gateway.client import AckMode
 from gateway.errors import GatewayError, IllegalStateError, SecurityError
 from gateway.message import QUEUE, TEMP_PREFIX, TOPIC, Destination
@@ -84,7 +84,7 @@ class StompSubscription:
     """One SUBSCRIBE: a core consumer whose deliveries become MESSAGE frames."""
 
     __slots__ = ("conn", "id", "dest", "ack", "consumer", "session", "durable_name",
-                 "by_message_id", "prefix")
+                 "by_message_id", "head")
 
     def __init__(self, conn: StompConnection, sid: str, dest: Destination, ack: str) -> None:
         self.conn = conn
@@ -96,29 +96,31 @@ class StompSubscription:
         self.durable_name: str | None = None
         # STOMP 1.0 and 1.1 acknowledge by message-id: message id → delivery tag.
         self.by_message_id: dict[str, int] = {}
-        self.prefix = [("subscription", sid)]
+        self.head = "MESSAGE\nsubscription:" + escape(sid, conn.version) + "\nmessage-id:"
 
     def deliver(self, d: Delivery) -> None:
-        """The core consumer's listener: one MESSAGE frame."""
+        """The core consumer's listener: one MESSAGE frame.
+
+        The delivery's own headers come first (``subscription``, ``message-id``, ``ack``,
+        ``redelivered``), then the message's, which the server renders and encodes once per
+        message and version however many subscribers get it.
+        """
         conn = self.conn
         msg = d.msg
-        headers, body = conn.server.render(msg, conn)
+        version = conn.version
+        block, body = conn.server.render(msg, conn)
         mid = msg.message_id or str(d.tag)
-        head = [("subscription", self.id), ("message-id", mid)]
+        parts = [self.head, mid if version == "1.0" else escape(mid, version)]
         if self.ack != "auto":
-            if conn.version == "1.2":
-                head.append(("ack", str(d.tag)))
+            if version == "1.2":
+                parts.append("\nack:")
+                parts.append(str(d.tag))
             else:
                 self.by_message_id[mid] = d.tag
         if d.count > 1:
-            head.append(("redelivered", "true"))
-        if conn.version == "1.0":
-            # No escaping in 1.0: a line break would end the header early; leave such out.
-            head.extend((n, v) for n, v in headers if _plain_10(n, v))
-        else:
-            head.extend(headers)
-        head.append(("content-length", str(len(body))))
-        conn.write(encode("MESSAGE", head, body, version=conn.version))
+            parts.append("\nredelivered:true")
+        parts.append("\n")
+        conn.write(b"".join(("".join(parts).encode(), block, body, b"\0")))
 
 
 class StompConnection:
@@ -157,6 +159,7 @@ class StompConnection:
         self.closed = False
         self.heard = True  # bytes arrived since the last heart-beat check
         self.wrote = True  # bytes were written since the last heart-beat tick
+        self.beat_due = 1  # heart-beat ticks (half intervals) until one must be sent
         self.timers: list[asyncio.TimerHandle] = []
 
     # -- transport side ---------------------------------------------------------------------------
@@ -169,11 +172,12 @@ class StompConnection:
         if self.closed:
             return
         self.heard = True
+        bad: StompError | None = None
         try:
             frames = self.parser.feed(data)
         except StompError as exc:
-            self.error(_malformed_title(exc), str(exc))
-            return
+            # The good frames before the bad one in this read still count, in order.
+            frames, bad = exc.frames, exc
         for frame in frames:
             if self.closed:
                 return
@@ -183,6 +187,8 @@ class StompConnection:
                 self.error(exc.message, exc.detail, frame.get("receipt"))
             except GatewayError as exc:
                 self.error(_refusal_title(frame.command, exc), str(exc), frame.get("receipt"))
+        if bad is not None:
+            self.error(_malformed_title(bad), str(bad))
 
     def shutdown(self) -> None:
         """End the connection now (DISCONNECT, ERROR): its consumers stop at once, so nothing
@@ -226,7 +232,8 @@ class StompConnection:
         log.info("stomp %s: %s%s", self.address, message, f": {detail}" if detail else "")
         body = (detail or message).encode("utf-8", "replace")
         headers = [("message", message.replace("\n", " ")), ("content-type", "text/plain")]
-        if receipt is not None:
+        if receipt is not None and (self.version == "1.2" or "\r" not in receipt):
+            # (1.0 and 1.1 cannot send back a receipt holding a CR)
             headers.append(("receipt-id", receipt))
         headers.append(("content-length", str(len(body))))
         self.write(encode("ERROR", headers, body, version=self.version))
@@ -276,20 +283,35 @@ class StompConnection:
         self.write(encode("CONNECTED", headers, version=version))
         loop = self.broker.loop
         if out_ms:
-            self.timers.append(loop.call_later(out_ms / 1000, self._beat, out_ms / 1000))
+            # Ticks every half interval: a write seen at one tick happened less than half an
+            # interval before it, so a heart-beat at the next is within the interval.
+            self.timers.append(loop.call_later(out_ms / 2000, self._beat, out_ms / 2000))
         if in_ms:
             wait = in_ms * HEARTBEAT_GRACE / 1000
             self.heard = False
             self.timers.append(loop.call_later(wait, self._check_alive, wait))
 
-    def _beat(self, interval: float) -> None:
+    def _beat(self, tick: float) -> None:
+        """Send an EOL if nothing else was: at most one interval (two ticks) apart (STOMP
+        1.2 "Heart-beating": the sender MUST send new data at least every interval)."""
         if self.closed:
             return
-        if not self.wrote:
+        if self.wrote:
+            self.wrote = False
+            self.beat_due = 1
+        elif self.beat_due <= 1:
             self._write(b"\n")
-        self.wrote = False
-        self.timers = [t for t in self.timers if not t.cancelled()]
-        self.timers.append(self.broker.loop.call_later(interval, self._beat, interval))
+            self.beat_due = 2
+        else:
+            self.beat_due -= 1
+        self._rearm(tick, self._beat)
+
+    def _rearm(self, delay: float, callback: Callable[[float], None]) -> None:
+        """Schedule a heart-beat timer again, forgetting the handles that have run."""
+        loop = self.broker.loop
+        now = loop.time()
+        self.timers = [t for t in self.timers if t.when() > now]
+        self.timers.append(loop.call_later(delay, callback, delay))
 
     def _check_alive(self, wait: float) -> None:
         if self.closed:
@@ -299,7 +321,7 @@ class StompConnection:
             self.shutdown()
             return
         self.heard = False
-        self.timers.append(self.broker.loop.call_later(wait, self._check_alive, wait))
+        self._rearm(wait, self._check_alive)
 
     def _require_connected(self, frame: Frame) -> Connection:
         core = self.core
@@ -658,10 +680,6 @@ _HANDLERS: dict[str, Callable[[StompConnection, Frame], None]] = {
     "ABORT": StompConnection._abort,
     "DISCONNECT": StompConnection._disconnect,
 }
-
-
-def _plain_10(name: str, value: str) -> bool:
-    return not ("\n" in value or "\r" in value or "\n" in name or "\r" in name or ":" in name)
 
 
 def _first(frame: Frame) -> dict[str, str]:

@@ -22,6 +22,7 @@ import logging
 from typing import Any
 
 from adapters.listener import Listener, listen
+from adapters.stomp.codec import escape
 from adapters.stomp.connection import StompConnection
 from gateway.message import TEMP_PREFIX, Message
 from mappings.stomp import message_to_stomp
@@ -49,13 +50,16 @@ class StompServer:
         # Connections written to while a read is processed: flushed once when it ends.
         self.reading = False
         self.dirty: list[Any] = []
-        self._last: tuple[Message | None, list[tuple[str, str]], bytes] = (None, [], b"")
+        self._last: tuple[Message | None, str, bytes, bytes] = (None, "", b"", b"")
 
-    def render(self, msg: Message, conn: StompConnection) -> tuple[list[tuple[str, str]], bytes]:
-        """The MESSAGE headers (after subscription / message-id / ack) and body of ``msg``."""
-        last, headers, body = self._last
-        if last is msg:
-            return headers, body
+    def render(self, msg: Message, conn: StompConnection) -> tuple[bytes, bytes]:
+        """The encoded header lines of ``msg`` for ``conn``'s version -- everything after the
+        delivery's own headers, through ``content-length`` and the blank line -- and its
+        body. Kept for the last message, so a fan-out maps and encodes it once."""
+        version = conn.version
+        last, last_version, block, body = self._last
+        if last is msg and last_version == version:
+            return block, body
         dest = msg.destination
         rt = msg.reply_to
         temporary = (dest is not None and dest.name.startswith(TEMP_PREFIX)) or (
@@ -64,9 +68,11 @@ class StompServer:
             msg, destination=conn.render_destination(dest) if dest is not None else "",
             reply_to=conn.render_destination(rt) if rt is not None else None,
         )
+        headers.append(("content-length", str(len(body))))
+        block = header_block(headers, version)
         if not temporary:  # a temporary destination's name depends on the connection
-            self._last = (msg, headers, body)
-        return headers, body
+            self._last = (msg, version, block, body)
+        return block, body
 
     def close(self) -> None:
         for conn in list(self.connections):
@@ -160,6 +166,28 @@ class StompProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.conn is not None:
             self.conn.resume_writing()
+
+
+def header_block(headers: list[tuple[str, str]], version: str) -> bytes:
+    """Header lines escaped for ``version`` and the blank line that ends them.
+
+    STOMP 1.0 has no escaping: a header whose value holds a line break (or whose name holds
+    a colon) cannot be written, and is left out.
+    """
+    lines = [n + ":" + v for n, v in headers]
+    text = "\n".join(lines)
+    count = len(lines) - 1
+    if "\\" in text or "\r" in text or text.count(":") != len(lines) or text.count("\n") != count:
+        if version == "1.0":
+            lines = [n + ":" + v for n, v in headers if _plain_10(n, v)]
+        else:
+            lines = [escape(n, version) + ":" + escape(v, version) for n, v in headers]
+        text = "\n".join(lines)
+    return (text + "\n\n").encode("utf-8", "surrogatepass")
+
+
+def _plain_10(name: str, value: str) -> bool:
+    return not ("\n" in value or "\r" in value or "\n" in name or "\r" in name or ":" in name)
 
 
 def shared_server(broker: Any) -> StompServer:

@@ -257,6 +257,30 @@ async def test_expired_messages_are_not_delivered_and_preserved_ones_go_to_undel
         assert [m.body for m in undelivered.iter_pending()] == ["kept"]
 
 
+async def test_preserve_undelivered_is_read_as_a_jms_boolean(tmp_path):
+    async with running_broker(tmp_path) as b:
+        s = b.connect().session()
+        p = s.producer(Q("exp2"), delivery_mode=NP)
+        for value in (True, "TRUE", "true", "false", "yes", 1, False):
+            p.send(Message.text(repr(value), properties={PROP_PRESERVE_UNDELIVERED: value}),
+                   ttl=20)
+        await asyncio.sleep(0.05)
+        assert await s.consumer(Q("exp2")).receive(0.05) is None
+        undelivered = b.queues["$sys.undelivered"]
+        assert [m.body for m in undelivered.iter_pending()] == ["True", "'TRUE'", "'true'"]
+
+
+async def test_an_expired_message_is_not_handed_to_a_waiting_consumer(tmp_path):
+    async with running_broker(tmp_path) as b:
+        s = b.connect().session()
+        c = s.consumer(Q("exp3"))
+        b.publish(Message.text("late", destination=Q("exp3"), expiration=b.now() - 1,
+                               properties={PROP_PRESERVE_UNDELIVERED: True},
+                               delivery_mode=NP))
+        assert await c.receive(0.05) is None
+        assert [m.body for m in b.queues["$sys.undelivered"].iter_pending()] == ["late"]
+
+
 async def test_destination_expiration_overrides_producer_and_consumer_sees_zero_E1(tmp_path):
     async with running_broker(tmp_path, queues="short expiration=50msec\n>\n") as b:
         s = b.connect().session()
