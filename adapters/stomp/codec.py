@@ -6,7 +6,8 @@ optional CR and a LF (STOMP 1.2 "Augmented BNF"; CR LF is accepted in every vers
 the rest in a ``bytearray``. A header block is found with one ``bytes.find(b"\\n\\n")``
 bounded by the header limit, decoded as UTF-8 once and split into lines, each line at its
 first colon; if the decoded block holds a CR (CR LF line ends, which may end the block
-earlier) or does not decode, its lines are walked one by one instead. The body is
+earlier) or does not decode, its lines are walked one by one instead; a CR anywhere else
+in a line is an error, so a parsed header never holds a raw CR. The body is
 ``content-length`` octets followed by a NUL or, without that header, ends at the first NUL
 ("Body"). Bare EOLs between frames are heart-beats: skipped, counted in ``heartbeats``.
 
@@ -372,6 +373,8 @@ class Parser:
                 line = line[:-1]
             if not line:
                 break
+            if b"\r" in line:  # 1.2 "Augmented BNF": no CR in a command or header
+                raise StompError("CR not followed by LF in a header line")
             lines.append(line)
             if len(lines) > self.max_headers + 1:
                 raise FrameTooLarge(f"more than {self.max_headers} headers")

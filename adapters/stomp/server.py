@@ -171,18 +171,32 @@ class StompProtocol(asyncio.Protocol):
 def header_block(headers: list[tuple[str, str]], version: str) -> bytes:
     """Header lines escaped for ``version`` and the blank line that ends them.
 
-    STOMP 1.0 has no escaping: a header whose value holds a line break (or whose name holds
-    a colon) cannot be written, and is left out.
+    1.1 and 1.2 escape the whole block at once: names and values are joined with two
+    control characters as stand-ins for ``:`` and the line feed, the block is escaped with a
+    few ``str.replace`` passes, and the stand-ins are put back (a header holding one of them
+    is escaped one by one instead). STOMP 1.0 has no escaping: a header whose value holds a
+    line break (or whose name holds a colon) cannot be written, and is left out; 1.1 has no
+    escape for a carriage return, and a header holding one is left out too.
     """
-    lines = [n + ":" + v for n, v in headers]
-    text = "\n".join(lines)
-    count = len(lines) - 1
-    if "\\" in text or "\r" in text or text.count(":") != len(lines) or text.count("\n") != count:
-        if version == "1.0":
-            lines = [n + ":" + v for n, v in headers if _plain_10(n, v)]
-        else:
-            lines = [escape(n, version) + ":" + escape(v, version) for n, v in headers]
-        text = "\n".join(lines)
+    if version == "1.0":
+        lines = [n + ":" + v for n, v in headers if _plain_10(n, v)]
+        return ("\n".join(lines) + "\n\n").encode("utf-8", "surrogatepass")
+    text = "\x01".join([n + "\x02" + v for n, v in headers])
+    if "\r" in text and version == "1.1":
+        headers = [(n, v) for n, v in headers if "\r" not in n and "\r" not in v]
+        text = "\x01".join([n + "\x02" + v for n, v in headers])
+    if text.count("\x01") != len(headers) - 1 or text.count("\x02") != len(headers):
+        text = "\n".join([escape(n, version) + ":" + escape(v, version) for n, v in headers])
+    else:
+        if "\\" in text:
+            text = text.replace("\\", "\\\\")
+        if ":" in text:
+            text = text.replace(":", "\\c")
+        if "\n" in text:
+            text = text.replace("\n", "\\n")
+        if "\r" in text:
+            text = text.replace("\r", "\\r")
+        text = text.replace("\x02", ":").replace("\x01", "\n")
     return (text + "\n\n").encode("utf-8", "surrogatepass")
 
 
