@@ -226,6 +226,7 @@ class Parser:
         self._wait: bytes | None = None
         self._limit = 0
         self._failed: tuple[type[StompError], str] | None = None
+        self._crlf = False  # the last header block ended with CR LF: walk the next one
 
     @property
     def version(self) -> str:
@@ -279,6 +280,7 @@ class Parser:
         max_lines = self.max_headers + 1
         table = self._table
         lengths = _LENGTHS
+        crlf = self._crlf
         beats = 0
         p = 0
         while p < n:
@@ -288,21 +290,26 @@ class Parser:
                 p += 1 if c == 10 else 2
                 continue
             # The header block: command line through the blank line, at most max_header.
-            i = find(b"\n\n", p, p + max_header)
-            if i >= 0:
-                end = i + 2
-                try:
-                    text = data[p:i].decode()
-                    crlf = "\r" in text
-                except UnicodeDecodeError:
-                    crlf = True  # bad UTF-8, or a CR LF block ended before ``i``
-                if crlf:  # walk the lines: the block may end before ``i``
-                    end, text = self._crlf_headers(data, p)
-            else:
+            text = None
+            if not crlf:
+                i = find(b"\n\n", p, p + max_header)
+                if i >= 0:
+                    try:
+                        text = data[p:i].decode()
+                    except UnicodeDecodeError:
+                        pass  # bad UTF-8, or a CR LF block that ended before ``i``
+                    else:
+                        end = i + 2
+                        if "\r" in text:  # CR LF: the block may end before ``i``
+                            text = None
+            if text is None:
                 end, text = self._crlf_headers(data, p)
                 if end < 0:
                     self._need, self._wait, self._limit = n - p + 1, b"\n", max_header
                     break
+                # A peer that ends lines with CR LF does so in every frame: walk its next
+                # frames at once rather than search its bodies for a LF LF first.
+                crlf = data[end - 2] == 13
             lines = text.split("\n")
             command = lines[0]
             if command not in _COMMANDS:
@@ -353,6 +360,7 @@ class Parser:
         else:
             self._need, self._wait = 0, None
         self.heartbeats += beats
+        self._crlf = crlf
         return p
 
     def _crlf_headers(self, data: bytes, p: int) -> tuple[int, str]:

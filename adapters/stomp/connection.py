@@ -108,8 +108,16 @@ class StompSubscription:
         conn = self.conn
         msg = d.msg
         version = conn.version
-        block, body = conn.server.render(msg, conn)
+        try:
+            block, body = conn.server.render(msg, conn)
+        except Exception as exc:  # a value no STOMP frame can carry: never retried forever
+            log.warning("stomp %s: cannot send message %s: %s", conn.address,
+                        msg.message_id, exc)
+            d.consumer.session.reject(d, "unsendable")
+            return
         mid = msg.message_id or str(d.tag)
+        if version != "1.2" and ("\r" in mid or "\n" in mid):
+            mid = mid.replace("\r", "%0D").replace("\n", "%0A")  # 1.0 / 1.1 cannot carry them
         parts = [self.head, mid if version == "1.0" else escape(mid, version)]
         if self.ack != "auto":
             if version == "1.2":
@@ -231,7 +239,8 @@ class StompConnection:
             return
         log.info("stomp %s: %s%s", self.address, message, f": {detail}" if detail else "")
         body = (detail or message).encode("utf-8", "replace")
-        headers = [("message", message.replace("\n", " ")), ("content-type", "text/plain")]
+        headers = [("message", message.replace("\n", " ").replace("\r", " ")),
+                   ("content-type", "text/plain")]
         if receipt is not None and (self.version == "1.2" or "\r" not in receipt):
             # (1.0 and 1.1 cannot send back a receipt holding a CR)
             headers.append(("receipt-id", receipt))
