@@ -172,6 +172,8 @@ def stomp_to_message(
             trace = str(props.pop(TRACE_HEADER))
     if content_type is not None and kind is not _OBJECT and not (
         kind is _TEXT and content_type == TEXT_CONTENT_TYPE
+    ) and not (  # the type message_to_stomp gives every JSON body: implied, not kept
+        content_type == JSON_CONTENT_TYPE and (kind is _MAP or kind is _STREAM)
     ):
         props[CONTENT_TYPE_PROPERTY] = content_type
     # JMS header fields.

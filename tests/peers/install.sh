@@ -36,6 +36,8 @@ PEERS=(
   "rabbitmq-server     rabbitmq-server,rabbitmqctl      rabbitmq-server,epmd"
   "nodejs              node                             -"
   "npm                 npm                              -"
+  "default-jre-headless java                            -"
+  "activemq            activemq                         activemq"
 )
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
