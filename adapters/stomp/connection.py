@@ -241,8 +241,7 @@ class StompConnection:
         body = (detail or message).encode("utf-8", "replace")
         headers = [("message", message.replace("\n", " ").replace("\r", " ")),
                    ("content-type", "text/plain")]
-        if receipt is not None and (self.version == "1.2" or "\r" not in receipt):
-            # (1.0 and 1.1 cannot send back a receipt holding a CR)
+        if receipt is not None:
             headers.append(("receipt-id", receipt))
         headers.append(("content-length", str(len(body))))
         self.write(encode("ERROR", headers, body, version=self.version))
