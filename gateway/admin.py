@@ -52,6 +52,11 @@ def make_app(broker: Any) -> web.Application:
     async def server(_: web.Request) -> web.Response:
         return web.json_response(broker.info())
 
+    @routes.get("/api/v1/transports")
+    async def transports(_: web.Request) -> web.Response:
+        manager = broker.transports
+        return web.json_response(manager.info() if manager is not None else [])
+
     @routes.get("/api/v1/queues")
     async def queues(_: web.Request) -> web.Response:
         rows = []

@@ -104,6 +104,11 @@ class Broker:
         self.queues: dict[str, QueueEndpoint] = {}
         self.subs = SubIndex()
         self.durables: dict[str, Subscription] = {}
+        self.spools = 0  # subscriptions with a bound of their own (transport export spools)
+        # Called with (subscription, True) when one is made and (subscription, False) when it
+        # ends: transports start and stop topic imports by them (ems.md §5.7).
+        self.subscription_listeners: list[Callable[[Subscription, bool], None]] = []
+        self.transports: Any = None  # the TransportManager, when transports run (admin API)
         self.shared: dict[str, Subscription] = {}
         self.connections: dict[str, Any] = {}
         self._conn_ids = itertools.count(1)
@@ -434,6 +439,13 @@ class Broker:
                     raise LimitExceededError(
                         f"topic {topic.name!r}: a subscriber is at its limit (rejectIncoming)"
                     )
+        if self.spools:
+            for s in subs:
+                bounded: Subscription = s  # type: ignore[assignment]
+                spool = bounded.spool
+                if spool is not None and not spool[2] and _over(bounded, msg, spool[0], spool[1]):
+                    raise LimitExceededError(
+                        f"topic {topic.name!r}: the export spool {bounded.key!r} is full")
         persistent = msg.delivery_mode == PERSISTENT
         stored = False
         store = self.store
@@ -464,6 +476,13 @@ class Broker:
             if flow_limit and sub.bytes >= flow_limit and sub.consumers:
                 # Flow control on a topic holds the producer while a subscriber lags (seed L3400-3406).
                 sub.flow_limit = flow_limit
+                blocked = sub
+            spool = sub.spool
+            if spool is not None and spool[2] and (
+                    (spool[0] and sub.count >= spool[0]) or (spool[1] and sub.bytes >= spool[1])):
+                # A full export spool with the block policy holds the producer the same way.
+                sub.flow_limit = spool[1] or 1 << 62
+                sub.flow_msgs = spool[0] or 1 << 62
                 blocked = sub
         fut = self._commit_future() if stored else None
         if blocked is not None:
@@ -641,6 +660,7 @@ class Broker:
                 self.subs.insert(pattern, sub, parent_match=parent_match)
                 self.store.put_endpoint(key, sub.definition())
                 self.store.commit(None)
+                self._subscription_event(sub, True)
             elif no_local:
                 sub.owner = conn
             return sub
@@ -654,6 +674,7 @@ class Broker:
                                owner=conn if no_local else None, parent_match=parent_match)
             self.shared[key] = sub
             self.subs.insert(pattern, sub, parent_match=parent_match)
+            self._subscription_event(sub, True)
             return sub
         key = f"nd:{conn.id}:{next(self._temp_seq)}"
         sub = Subscription(self, key, pattern, durable=False, shared=False, name=None,
@@ -661,7 +682,22 @@ class Broker:
                            owner=conn, parent_match=parent_match)
         self.subs.insert(pattern, sub, parent_match=parent_match)
         conn.subscriptions.append(sub)
+        self._subscription_event(sub, True)
         return sub
+
+    def _subscription_event(self, sub: Subscription, added: bool) -> None:
+        for listener in self.subscription_listeners:
+            try:
+                listener(sub, added)
+            except Exception:
+                log.exception("subscription listener failed")
+
+    def all_subscriptions(self) -> list[Subscription]:
+        """Every live subscription: durable, shared and each connection's own."""
+        out = list(self.durables.values()) + list(self.shared.values())
+        for conn in self.connections.values():
+            out.extend(conn.subscriptions)
+        return out
 
     def _subscribe_props(self, pattern: str) -> Any:
         """Properties that govern a wildcard subscription: those of the entries it falls under."""
@@ -684,6 +720,10 @@ class Broker:
     def _drop_subscription(self, sub: Subscription) -> None:
         self.subs.remove(sub.pattern, sub, parent_match=sub.parent_match)
         sub.closed = True
+        if sub.spool is not None:
+            self.spools -= 1
+        if self.subscription_listeners:
+            self._subscription_event(sub, False)
         if sub.held_timer is not None:
             sub.held_timer.cancel()
         sub.purge()

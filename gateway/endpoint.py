@@ -170,6 +170,7 @@ class Endpoint:
         self.dispatching = False
         self.expiring = 0  # messages with an expiry currently counted here
         self.flow_limit = 0
+        self.flow_msgs = 1 << 62  # a message-count flow limit (export spools), else none
         self.flow_waiters: list[Any] = []
         self.stats_in = 0
         self.stats_out = 0
@@ -431,7 +432,7 @@ class Endpoint:
         broker.memory -= msg.size
         if msg.store_id and self.durable:
             broker.unstore(self, msg)
-        if self.flow_waiters and self.bytes < self.flow_limit:
+        if self.flow_waiters and self.bytes < self.flow_limit and self.count < self.flow_msgs:
             broker.release_flow(self)
 
     def _expire(self, msg: Message) -> None:
@@ -618,6 +619,9 @@ class Subscription(Endpoint):
         self.no_local = no_local
         self.owner = owner  # connection owning a non-durable, unshared subscription
         self.parent_match = parent_match
+        # A bound of its own (a transport's export spool): (maxmsgs, maxbytes, block); when
+        # full, block the producer (as flow control does) or reject the message.
+        self.spool: tuple[int, int, bool] | None = None
 
     def accepts(self, msg: Message) -> bool:
         """Selector and no-local test for one routed message."""

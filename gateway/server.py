@@ -38,6 +38,7 @@ class Gateway:
         self.dlog: Any = None
         self.listeners: list[tuple[Any, Any]] = []
         self.addresses: dict[str, tuple[str, int]] = {}
+        self.transports: Any = None
 
     async def start(self) -> None:
         gw = self.config.gateway
@@ -69,12 +70,24 @@ class Gateway:
                 host, port = getattr(handle, "address", (spec.host, spec.port))
                 self.addresses[spec.scheme] = (host, port)
                 log.info("listening for %s on %s:%d", spec.scheme, host, port)
+            if any(gw.transports_enabled(t.type) for t in self.config.transports.values()):
+                # Loaded by name: the core never imports a transport (DESIGN.md layering).
+                manager = registry.import_string("transports.base:TransportManager")
+                self.transports = manager(self.broker, self.config)
+                self.broker.transports = self.transports
+                await self.transports.start()
         except Exception:
             await self.stop()
             raise
         log.info("gateway %s started (store %s, %s)", gid, gw.store_type, store_dir)
 
     async def stop(self) -> None:
+        if self.transports is not None:
+            try:
+                await self.transports.stop()
+            except Exception:  # pragma: no cover - shutdown must go on
+                log.exception("error stopping the transports")
+            self.transports = None
         for _, handle in reversed(self.listeners):
             try:
                 await handle.close()

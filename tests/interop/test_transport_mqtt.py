@@ -1,0 +1,228 @@
+"""The mqtt transport against a real mosquitto: export, import, spool, loops (ems.md §5.7)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import paho.mqtt.client as paho
+import pytest
+from gw import GatewayThread
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from peers.mosquitto import start_mosquitto
+
+from gateway.message import PROP_IMPORTED, DeliveryMode, Destination, Message
+from gateway.types import Int16
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    end = time.time() + timeout
+    while time.time() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Remote:
+    """A paho client on the far side (mosquitto), collecting what it receives."""
+
+    def __init__(self, port: int, v5: bool = True) -> None:
+        self.got: list[paho.MQTTMessage] = []
+        self.c = paho.Client(CallbackAPIVersion.VERSION2,
+                             protocol=MQTTProtocolVersion.MQTTv5 if v5 else
+                             MQTTProtocolVersion.MQTTv311)
+        self.c.on_message = lambda c, u, m: self.got.append(m)
+        self.c.connect("127.0.0.1", port)
+        self.c.loop_start()
+
+    def subscribe(self, topic: str, qos: int = 1) -> None:
+        done: list[int] = []
+        self.c.on_subscribe = lambda *a: done.append(1)
+        self.c.subscribe(topic, qos)
+        wait_for(lambda: done, what="SUBACK")
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1, **props: Any) -> None:
+        pp = None
+        if props:
+            pp = Properties(PacketTypes.PUBLISH)
+            for k, v in props.items():
+                setattr(pp, k, v)
+        self.c.publish(topic, payload, qos, properties=pp).wait_for_publish(5)
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
+
+
+def transports_conf(port: int, **extra: str) -> str:
+    lines = ["[far]", "type = mqtt", f"url = mqtt://127.0.0.1:{port}", "reconnect_min = 100msec",
+             "reconnect_max = 500msec"]
+    lines += [f"{k} = {v}" for k, v in extra.items()]
+    return "\n".join(lines) + "\n"
+
+
+def gateway(tmp, port: int, topics: str, queues: str = ">\n", **extra: str) -> GatewayThread:
+    return GatewayThread(
+        tmp, gateway="listen = http://127.0.0.1:0\nmqtt_transports = enabled\n",
+        transports=transports_conf(port, **extra), topics=topics, queues=queues,
+    ).start()
+
+
+def info(g: GatewayThread) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{g.port('http')}/api/v1/transports"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return {t["name"]: t for t in json.load(r)}
+
+
+@pytest.fixture
+def mosq(tmp_path):
+    with start_mosquitto(tmp_path / "mosq") as m:
+        yield m
+
+
+def test_export_keeps_payload_properties_and_types(tmp_path, mosq):
+    g = gateway(tmp_path / "gw", mosq.port, 'out.> export="far"\n>\n')
+    remote = Remote(mosq.port)
+    try:
+        remote.subscribe("out/#")
+        wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+
+        def send() -> None:
+            s = g.broker.connect().session()
+            s.producer(Destination.topic("out.a")).send(
+                Message.text("hello", properties={"n": Int16(7), "s": "x"}, type="t1"))
+
+        g.call(send)
+        wait_for(lambda: remote.got, what="the export")
+        m = remote.got[0]
+        assert m.topic == "out/a" and m.payload == b"hello" and m.qos == 1
+        user = dict(m.properties.UserProperty)
+        assert user["n"] == "7" and user["s"] == "x" and user["JMSType"] == "t1"
+        assert "n:int16" in user["gw-types"]
+        assert user["gw-origin"] == g.broker.id and user["gw-hops"] == "0"
+        wait_for(lambda: info(g)["far"]["exported"] == 1, what="export counted")
+    finally:
+        remote.close()
+        g.stop()
+
+
+def test_topic_import_only_while_subscribed_and_marked_imported(tmp_path, mosq):
+    g = gateway(tmp_path / "gw", mosq.port, 'in.> import="far"\n>\n')
+    remote = Remote(mosq.port)
+    try:
+        wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+        assert info(g)["far"]["imports"] == {"in.>": []}
+        got: list[Any] = []
+
+        def subscribe() -> Any:
+            s = g.broker.connect().session()
+            return s.consumer(Destination.topic("in.x"), listener=got.append)
+
+        consumer = g.call(subscribe)
+        assert info(g)["far"]["imports"] == {"in.>": ["in.x"]}
+        time.sleep(0.2)  # the far-side SUBSCRIBE is asynchronous
+        remote.publish("in/x", b"42", qos=1, UserProperty=[("k", "v")])
+        wait_for(lambda: got, what="the import")
+        msg = got[0].msg
+        assert msg.body == b"42" and msg.properties["k"] == "v"
+        assert msg.properties[PROP_IMPORTED] == "far"
+        assert msg.delivery_mode == DeliveryMode.NON_PERSISTENT  # topic_import_dm default
+        g.call(lambda: consumer.close())
+        assert info(g)["far"]["imports"] == {"in.>": []}
+    finally:
+        remote.close()
+        g.stop()
+
+
+def test_wildcard_queue_import_creates_child_queues_without_receivers(tmp_path, mosq):
+    g = gateway(tmp_path / "gw", mosq.port, ">\n", queues='jobs.* import="far"\n>\n',
+                queue_import_dm="PERSISTENT")
+    remote = Remote(mosq.port)
+    try:
+        wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+        time.sleep(0.2)
+        remote.publish("jobs/a", b"1")
+        remote.publish("jobs/b", b"2")
+        wait_for(lambda: g.call(lambda: "jobs.a" in g.broker.queues and
+                                "jobs.b" in g.broker.queues), what="child queues")
+        bodies = g.call(lambda: [m.body for n in ("jobs.a", "jobs.b")
+                                 for m in g.broker.queues[n].iter_pending()])
+        assert bodies == [b"1", b"2"]
+        modes = g.call(lambda: {m.delivery_mode for m in g.broker.queues["jobs.a"].iter_pending()})
+        assert modes == {DeliveryMode.PERSISTENT}
+    finally:
+        remote.close()
+        g.stop()
+
+
+def test_exports_wait_in_the_spool_while_the_far_side_is_down(tmp_path):
+    port_holder: dict[str, int] = {}
+    with start_mosquitto(tmp_path / "m1") as m1:
+        port_holder["p"] = m1.port
+        g = gateway(tmp_path / "gw", m1.port, 'sp.> export="far"\n>\n')
+        wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+    # mosquitto is gone: exports are spooled
+    wait_for(lambda: info(g)["far"]["state"] != "up", what="transport down")
+
+    def send(n: int) -> None:
+        s = g.broker.connect().session()
+        p = s.producer(Destination.topic("sp.t"))
+        for i in range(n):
+            p.send(Message.text(f"m{i}"))
+
+    try:
+        g.call(lambda: send(20))
+        assert info(g)["far"]["spooled"] == 20
+        with start_mosquitto(tmp_path / "m2", port=port_holder["p"]) as m2:
+            remote = Remote(m2.port)
+            remote.subscribe("sp/#")
+            wait_for(lambda: len(remote.got) == 20, timeout=15, what="the spooled exports")
+            assert [m.payload for m in remote.got] == [f"m{i}".encode() for i in range(20)]
+            wait_for(lambda: info(g)["far"]["spooled"] == 0, what="spool drained")
+            remote.close()
+    finally:
+        g.stop()
+
+
+def test_two_gateways_bridged_through_mosquitto_neither_loop_nor_duplicate(tmp_path, mosq):
+    topics = 'b.> import="far",export="far"\n>\n'
+    g1 = gateway(tmp_path / "g1", mosq.port, topics)
+    g2 = gateway(tmp_path / "g2", mosq.port, topics)
+    try:
+        for g in (g1, g2):
+            wait_for(lambda g=g: info(g)["far"]["state"] == "up", what="transport up")
+        got1: list[Any] = []
+        got2: list[Any] = []
+        g1.call(lambda: g1.broker.connect().session().consumer(
+            Destination.topic("b.x"), listener=got1.append))
+        g2.call(lambda: g2.broker.connect().session().consumer(
+            Destination.topic("b.x"), listener=got2.append))
+        time.sleep(0.3)
+
+        def send(g: GatewayThread, text: str) -> None:
+            g.broker.connect().session().producer(Destination.topic("b.x")).send(
+                Message.text(text))
+
+        for i in range(10):
+            g1.call(lambda i=i: send(g1, f"from1-{i}"))
+            g2.call(lambda i=i: send(g2, f"from2-{i}"))
+        wait_for(lambda: len(got1) == 20 and len(got2) == 20, what="both sides")
+        time.sleep(0.5)  # anything looping would arrive now
+        for got in (got1, got2):
+            bodies = sorted(d.msg.body for d in got)
+            assert bodies == sorted([f"from1-{i}" for i in range(10)] +
+                                    [f"from2-{i}" for i in range(10)])
+        assert info(g1)["far"]["exported"] == 10 and info(g2)["far"]["exported"] == 10
+        assert info(g1)["far"]["imported"] == 10 and info(g2)["far"]["imported"] == 10
+    finally:
+        g1.stop()
+        g2.stop()

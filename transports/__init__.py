@@ -1,0 +1,1 @@
+"""Transports: the gateway as a client of other messaging systems (see transports/README.md)."""

@@ -1,0 +1,550 @@
+"""What every transport shares: bindings to destinations, reconnecting, the export spool,
+the inbound queue, loop prevention and the counters.
+
+How this works. The :class:`TransportManager` (one per gateway) reads ``transports.conf``
+and the ``import`` / ``export`` properties of ``topics.conf`` / ``queues.conf`` entries, and
+starts one :class:`Transport` per section whose type is enabled in ``gateway.conf``
+(``mqtt_transports = enabled``; off by default, as in EMS, seed L15920-15923). A transport
+is a core client of kind ``BRIDGE`` (client id ``$transport:<name>``) plus a connection to
+the far side made by its subclass (paho-mqtt, proton, stomp.py). EMS's rules (ems.md §5.7):
+
+* **Export** (topics only): for each topic entry that names the transport in ``export``, a
+  durable core subscription ``export:<pattern>`` holds what is to go out; its consumer sends
+  while the far side is up, and acknowledges each message only when the far side confirmed
+  it (or, for QoS 0 / at-most-once, once written). While the far side is down the consumer
+  is paused and the subscription *is* the spool: persistent messages are in the store,
+  bounded by ``spool_max_msgs`` / ``spool_max_bytes`` with ``spool_policy`` ``block`` (the
+  producer waits, as with flow control) or ``reject`` (the producer gets an error). An
+  imported message is never exported again (the subscription's selector skips
+  ``JMS_GW_IMPORTED``), so a topic that imports and exports does not echo.
+* **Import**: a queue entry imports at once, and keeps importing with no receivers; a
+  wildcard queue entry (``foo.*``) puts each message into the child queue of its subject,
+  created on arrival. A topic entry imports only while some (non-transport) subscription on
+  the gateway overlaps it: the far-side subscription is made with the first such local
+  subscription and removed with the last (narrowed to the local pattern when that lies
+  inside the entry's). Each imported message gets the delivery mode of
+  ``topic_import_dm`` / ``queue_import_dm``, the property ``JMS_GW_IMPORTED`` (the
+  transport's name), and is published; the far side gets its acknowledgement only once the
+  core has taken the message (for a persistent one, after the group commit).
+* **Loop prevention** (beyond EMS): every exported message carries the gateway id as its
+  origin, a hop count and its trace id in the target protocol's place; an import whose origin
+  is this gateway, or whose hop count reached ``max_hops``, is dropped and counted.
+* **Inbound queue** (``inbound_queue_policy``, EMS's ``rv_queue_policy``): imports wait here
+  while more than :data:`IMPORT_WINDOW` publishes are unconfirmed; ``DISCARD_FIRST`` /
+  ``DISCARD_LAST`` drop from it when it reaches ``max_msgs`` (counted); with
+  ``DISCARD_NONE`` the transport stops reading from the far side instead of growing.
+* **Reconnect**: a transport that cannot connect, or loses its connection, retries with
+  jittered exponential back-off between ``reconnect_min`` and ``reconnect_max``; the
+  gateway keeps running (unless the section says ``required = true`` and it cannot connect
+  at start-up). State ``connecting`` / ``up`` / ``down`` with the last error, and the
+  counters, are in :meth:`Transport.info` (admin API ``/api/v1/transports``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gateway import registry, subject
+from gateway.client import AckMode
+from gateway.config.transports import DiscardPolicy
+from gateway.errors import GatewayError
+from gateway.message import PROP_IMPORTED, QUEUE, TOPIC, Destination, Message
+
+if TYPE_CHECKING:
+    from gateway.client import Connection, Session
+    from gateway.config.transports import TransportDef
+    from gateway.endpoint import Delivery, Subscription
+
+log = logging.getLogger("transports")
+
+IMPORT_WINDOW = 1000  # publishes of one transport waiting for the core before imports queue
+EXPORT_WINDOW = 1000  # exports of one binding waiting for the far side's confirmation
+READ_PAUSE = 10_000  # inbound-queue length at which a DISCARD_NONE transport stops reading
+CLIENT_PREFIX = "$transport:"
+EXPORT_SELECTOR = "JMS_GW_IMPORTED IS NULL"
+
+
+class TransportRequiredError(GatewayError):
+    reason = "transport-required"
+
+
+class RetryLater(GatewayError):
+    """The far side cannot take a message right now: it goes back to the spool."""
+
+    reason = "retry"
+
+
+class Backoff:
+    """Jittered exponential back-off: the n-th wait is uniform in [min, min * 2**n], capped."""
+
+    def __init__(self, low: float, high: float) -> None:
+        self.low = low
+        self.high = high
+        self.failures = 0
+
+    def next(self) -> float:
+        ceiling = min(self.high, self.low * (2 ** min(self.failures, 30)))
+        self.failures += 1
+        return random.uniform(self.low, max(self.low, ceiling))
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class ImportBinding:
+    """One destination entry a transport imports for."""
+
+    __slots__ = ("pattern", "kind", "remote", "refs")
+
+    def __init__(self, pattern: str, kind: Any) -> None:
+        self.pattern = pattern
+        self.kind = kind  # QUEUE or TOPIC
+        self.remote: dict[str, int] = {}  # far-side subscriptions (core patterns) → users
+
+
+class ExportBinding:
+    """One topic entry a transport exports: its durable spool subscription and consumer."""
+
+    __slots__ = ("transport", "pattern", "consumer", "inflight")
+
+    def __init__(self, transport: Transport, pattern: str) -> None:
+        self.transport = transport
+        self.pattern = pattern
+        self.consumer: Any = None
+        self.inflight = 0
+
+
+class Transport:
+    """The shared part of a client transport; subclasses talk to the far side.
+
+    Subclasses implement :meth:`connect` (until the far side accepted the session),
+    :meth:`disconnect`, :meth:`remote_subscribe` / :meth:`remote_unsubscribe` (core
+    patterns) and :meth:`export` (send one delivery; call :meth:`confirmed` or
+    :meth:`failed` for it later, or return True when it needs no confirmation). When the
+    connection drops they call :meth:`lost`.
+    """
+
+    type = ""
+
+    def __init__(self, manager: TransportManager, tdef: TransportDef) -> None:
+        self.manager = manager
+        self.broker = manager.broker
+        self.tdef = tdef
+        self.name = tdef.name
+        self.params = tdef.params
+        self.state = "down"
+        self.last_error: str | None = None
+        self.since = time.time()
+        self.backoff = Backoff(float(self.params.get("reconnect_min", 1.0)),
+                               float(self.params.get("reconnect_max", 60.0)))
+        self.stats = {"imported": 0, "exported": 0, "dropped_loop": 0, "discarded": 0,
+                      "failed": 0, "connects": 0}
+        self.core: Connection = self.broker.connect(
+            client_id=CLIENT_PREFIX + self.name, kind="BRIDGE", authenticated=True,
+            protocol=f"transport:{self.type}", address=self.name)
+        self.session: Session = self.core.session(AckMode.EXPLICIT)
+        self.imports: dict[str, ImportBinding] = {}
+        self.exports: dict[str, ExportBinding] = {}
+        self.inbound: deque[tuple[Message, Callable[[], None] | None]] = deque()
+        self.unconfirmed = 0
+        self.reading_paused = False
+        self.task: asyncio.Task[None] | None = None
+        self.stopping = False
+        self.up_event = asyncio.Event()
+
+    # -- far side (subclasses) ----------------------------------------------------------------
+
+    async def connect(self) -> None:
+        raise NotImplementedError
+
+    def disconnect(self) -> None:
+        raise NotImplementedError
+
+    def remote_subscribe(self, pattern: str, kind: Any) -> None:
+        raise NotImplementedError
+
+    def remote_unsubscribe(self, pattern: str, kind: Any) -> None:
+        raise NotImplementedError
+
+    def export(self, d: Delivery, binding: ExportBinding) -> bool:
+        """Send one message; True when it is done already (nothing to confirm)."""
+        raise NotImplementedError
+
+    def pause_reading(self) -> None:
+        """Stop taking messages from the far side (the inbound queue is full)."""
+
+    def resume_reading(self) -> None:
+        pass
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while not self.stopping:
+            self._set_state("connecting", None)
+            try:
+                await self.connect()
+            except Exception as exc:  # noqa: BLE001 - every failure is a reason to retry
+                self._set_state("down", f"{type(exc).__name__}: {exc}")
+                wait = self.backoff.next()
+                log.warning("transport %s: cannot connect (%s); retrying in %.1f s",
+                            self.name, exc, wait)
+                await asyncio.sleep(wait)
+                continue
+            self.backoff.reset()
+            self.stats["connects"] += 1
+            self._set_state("up", None)
+            log.info("transport %s (%s) is up", self.name, self.type)
+            self._on_up()
+            await self._down.wait()
+            self._down.clear()
+            if self.stopping:
+                break
+            wait = self.backoff.next()
+            log.warning("transport %s is down (%s); reconnecting in %.1f s", self.name,
+                        self.last_error, wait)
+            await asyncio.sleep(wait)
+
+    @property
+    def _down(self) -> asyncio.Event:
+        ev = getattr(self, "_down_event", None)
+        if ev is None:
+            ev = self._down_event = asyncio.Event()
+        return ev
+
+    def _set_state(self, state: str, error: str | None) -> None:
+        self.state = state
+        if error is not None:
+            self.last_error = error
+        self.since = time.time()
+        if state == "up":
+            self.up_event.set()
+        else:
+            self.up_event.clear()
+
+    def lost(self, reason: str) -> None:
+        """The far side went away: pause exports (what was in flight goes back to the
+        spool, to be sent again) and reconnect."""
+        if self.state != "up":
+            return
+        self._set_state("down", reason)
+        for b in self.exports.values():
+            if b.consumer is not None:
+                b.consumer.core.pause()
+        self.release_inflight()
+        self._down.set()
+
+    def release_inflight(self) -> None:
+        """Give back every unconfirmed export (sent again after reconnecting)."""
+        session = self.session
+        for tag, d in list(session.unacked.items()):
+            binding = self.exports.get(getattr(d.consumer, "name", ""))
+            if binding is not None:
+                binding.inflight -= 1
+            session.release(tag, count_delivery=False)
+
+    def _on_up(self) -> None:
+        for b in self.imports.values():
+            for pattern in b.remote:
+                self.remote_subscribe(pattern, b.kind)
+        for e in self.exports.values():
+            if e.consumer is not None:
+                e.consumer.core.resume()
+
+    async def stop(self) -> None:
+        self.stopping = True
+        self._down.set()
+        if self.task is not None:
+            self.task.cancel()
+            try:
+                await self.task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+        if self.state == "up":
+            try:
+                self.disconnect()
+            except Exception:  # noqa: BLE001
+                log.exception("transport %s: disconnect failed", self.name)
+        self.release_inflight()
+        self._set_state("stopped", None)
+        self.core.close()
+
+    # -- bindings -----------------------------------------------------------------------------
+
+    def bind_export(self, pattern: str) -> None:
+        if pattern in self.exports:
+            return
+        b = ExportBinding(self, pattern)
+        p = self.params
+        consumer = self.session.consumer(
+            Destination.topic(pattern), selector=EXPORT_SELECTOR, durable_name=f"export:{pattern}",
+            listener=lambda d: self._export(d, b), window=EXPORT_WINDOW, name=pattern)
+        sub: Subscription = consumer.endpoint  # type: ignore[assignment]
+        if sub.spool is None:
+            self.broker.spools += 1
+        sub.spool = (int(p.get("spool_max_msgs", 0)), int(p.get("spool_max_bytes", 0)),
+                     p.get("spool_policy", "block") == "block")
+        b.consumer = consumer
+        if self.state != "up":
+            consumer.core.pause()
+        self.exports[pattern] = b
+
+    def _export(self, d: Delivery, binding: ExportBinding) -> None:
+        if self.state != "up":  # raced with a disconnect: back to the spool
+            self.session.release(d, count_delivery=False)
+            binding.consumer.core.pause()
+            return
+        try:
+            done = self.export(d, binding)
+        except RetryLater:
+            self.session.release(d, count_delivery=False)
+            binding.consumer.core.pause()
+            return
+        except Exception as exc:  # noqa: BLE001 - a message the far side cannot take
+            self.stats["failed"] += 1
+            log.warning("transport %s: cannot export %s: %s", self.name, d.msg.message_id, exc)
+            self.session.reject(d, "export failed")
+            return
+        if done:
+            self.stats["exported"] += 1
+            self._record("export", d.msg)
+            self.session.ack(d)
+        else:
+            binding.inflight += 1
+
+    def confirmed(self, d: Delivery, binding: ExportBinding) -> None:
+        """The far side confirmed an export: it leaves the spool."""
+        binding.inflight -= 1
+        self.stats["exported"] += 1
+        self._record("export", d.msg)
+        self.session.ack(d)
+
+    def failed(self, d: Delivery, binding: ExportBinding, reason: str) -> None:
+        """The far side refused an export: it is undeliverable (EMS: never silently)."""
+        binding.inflight -= 1
+        self.stats["failed"] += 1
+        log.warning("transport %s: %s refused by the far side: %s", self.name,
+                    d.msg.message_id, reason)
+        self.session.reject(d, reason)
+
+    def bind_import(self, pattern: str, kind: Any) -> None:
+        if pattern in self.imports:
+            return
+        b = ImportBinding(pattern, kind)
+        self.imports[pattern] = b
+        if kind == QUEUE:
+            self._add_remote(b, pattern)
+
+    def _add_remote(self, b: ImportBinding, pattern: str) -> None:
+        n = b.remote.get(pattern, 0)
+        b.remote[pattern] = n + 1
+        if n == 0 and self.state == "up":
+            self.remote_subscribe(pattern, b.kind)
+
+    def _remove_remote(self, b: ImportBinding, pattern: str) -> None:
+        n = b.remote.get(pattern, 0)
+        if n <= 1:
+            b.remote.pop(pattern, None)
+            if n == 1 and self.state == "up":
+                self.remote_unsubscribe(pattern, b.kind)
+        else:
+            b.remote[pattern] = n - 1
+
+    def local_subscription(self, pattern: str, added: bool) -> None:
+        """A subscription on the gateway appeared or went: start or stop topic imports."""
+        for b in self.imports.values():
+            if b.kind != TOPIC or not subject.intersects(b.pattern, pattern):
+                continue
+            remote = pattern if subject.contains(b.pattern, pattern) else b.pattern
+            if added:
+                self._add_remote(b, remote)
+            else:
+                self._remove_remote(b, remote)
+
+    # -- importing ----------------------------------------------------------------------------
+
+    def destination_for(self, b: ImportBinding, name: str) -> Destination:
+        """The core destination of a message imported for ``b`` under subject ``name``."""
+        return Destination(b.kind, name)
+
+    def imported(self, msg: Message, origin: str | None, hops: int,
+                 ack: Callable[[], None] | None) -> None:
+        """Take one message from the far side; ``ack`` tells the far side it is safe."""
+        if origin is not None and origin == self.broker.id:
+            self.stats["dropped_loop"] += 1
+            self._record("drop", msg, "loop")
+            if ack is not None:
+                ack()
+            return
+        if hops >= int(self.params.get("max_hops", 8)):
+            self.stats["dropped_loop"] += 1
+            self._record("drop", msg, "max_hops")
+            if ack is not None:
+                ack()
+            return
+        if origin is not None:
+            msg.origin = origin
+        msg.hops = hops + 1
+        dest = msg.destination
+        kind = dest.kind if dest is not None else TOPIC
+        msg.delivery_mode = self.params[
+            "queue_import_dm" if kind == QUEUE else "topic_import_dm"]
+        msg.properties[PROP_IMPORTED] = self.name
+        if self.unconfirmed >= IMPORT_WINDOW or self.inbound:
+            self._enqueue(msg, ack)
+            return
+        self._publish(msg, ack)
+
+    def _enqueue(self, msg: Message, ack: Callable[[], None] | None) -> None:
+        """Hold an import while the core is busy; apply the inbound queue policy when full
+        (seed L16136-16169: FIRST drops the oldest, LAST the most recently received)."""
+        policy = self.params.get("inbound_queue_policy")
+        inbound = self.inbound
+        if (policy is not None and policy.policy is not DiscardPolicy.NONE
+                and len(inbound) >= policy.max_msgs):
+            if policy.policy is DiscardPolicy.FIRST:
+                for _ in range(min(policy.qty_discard, len(inbound))):
+                    self._discard(*inbound.popleft())
+            else:
+                self._discard(msg, ack)  # the newest is the one arriving now
+                for _ in range(min(policy.qty_discard - 1, len(inbound))):
+                    self._discard(*inbound.pop())
+                return
+        inbound.append((msg, ack))
+        if len(inbound) >= READ_PAUSE and not self.reading_paused:
+            self.reading_paused = True
+            self.pause_reading()
+
+    def _discard(self, msg: Message, ack: Callable[[], None] | None) -> None:
+        self.stats["discarded"] += 1
+        self._record("drop", msg, "inbound_queue_policy")
+        if ack is not None:
+            ack()
+
+    def _publish(self, msg: Message, ack: Callable[[], None] | None) -> None:
+        try:
+            fut = self.broker.publish(msg, self.core)
+        except GatewayError as exc:
+            self.stats["failed"] += 1
+            log.warning("transport %s: import to %s refused: %s", self.name, msg.destination, exc)
+            if ack is not None:
+                ack()  # refused for good (no such destination, limits): EMS drops it too
+            return
+        self.stats["imported"] += 1
+        self._record("import", msg)
+        if fut is None or (fut.done() and fut.exception() is None):
+            if ack is not None:
+                ack()
+            return
+        self.unconfirmed += 1
+        fut.add_done_callback(lambda f: self._published(f, msg, ack))
+
+    def _published(self, fut: asyncio.Future[None], msg: Message,
+                   ack: Callable[[], None] | None) -> None:
+        self.unconfirmed -= 1
+        if fut.cancelled() or fut.exception() is not None:
+            # Not stored: the far side keeps it (no acknowledgement) and sends it again.
+            self.stats["failed"] += 1
+            log.warning("transport %s: import of %s not stored: %s", self.name,
+                        msg.message_id, fut.exception() if not fut.cancelled() else "cancelled")
+        elif ack is not None:
+            ack()
+        inbound = self.inbound
+        while inbound and self.unconfirmed < IMPORT_WINDOW:
+            m, a = inbound.popleft()
+            self._publish(m, a)
+        if self.reading_paused and len(inbound) < READ_PAUSE // 2:
+            self.reading_paused = False
+            self.resume_reading()
+
+    # -- observability ------------------------------------------------------------------------
+
+    def _record(self, event: str, msg: Message, reason: str | None = None) -> None:
+        broker = self.broker
+        if broker.log_enabled:
+            dest = msg.destination
+            broker.dlog.record(event, msg, str(dest) if dest is not None else "", self.core.id,
+                               0, reason or f"transport:{self.name}")
+
+    def info(self) -> dict[str, Any]:
+        spooled = 0
+        for b in self.exports.values():
+            if b.consumer is not None:
+                spooled += b.consumer.endpoint.count
+        return {
+            "name": self.name, "type": self.type, "state": self.state,
+            "last_error": self.last_error, "since": self.since,
+            "imports": {p: sorted(b.remote) for p, b in self.imports.items()},
+            "exports": sorted(self.exports), "spooled": spooled,
+            "inbound_queue": len(self.inbound), **self.stats,
+        }
+
+
+class TransportManager:
+    """Every transport of one gateway, bound to the destinations that name them."""
+
+    def __init__(self, broker: Any, config: Any) -> None:
+        self.broker = broker
+        self.config = config
+        self.transports: dict[str, Transport] = {}
+
+    async def start(self) -> None:
+        config = self.config
+        gw = config.gateway
+        for tdef in config.transports.values():
+            if not gw.transports_enabled(tdef.type):
+                continue
+            factory = registry.transport(tdef.type)
+            t: Transport = factory(self, tdef)
+            self.transports[tdef.name] = t
+        if not self.transports:
+            return
+        for table, kind in ((config.topics, TOPIC), (config.queues, QUEUE)):
+            for entry in table.entries():
+                for name in entry.own.get("imports", ()):
+                    if name in self.transports:
+                        self.transports[name].bind_import(entry.name, kind)
+                if kind == TOPIC:
+                    for name in entry.own.get("exports", ()):
+                        if name in self.transports:
+                            self.transports[name].bind_export(entry.name)
+        self.broker.subscription_listeners.append(self._subscription_changed)
+        for sub in self.broker.all_subscriptions():
+            self._subscription_changed(sub, True)
+        for t in self.transports.values():
+            t.start()
+        required = [t for t in self.transports.values()
+                    if t.params.get("required") or gw.aborts_on("TRANSPORTS")]
+        for t in required:
+            limit = float(t.params.get("reconnect_max", 60.0))
+            try:
+                await asyncio.wait_for(t.up_event.wait(), timeout=limit)
+            except TimeoutError:
+                raise TransportRequiredError(
+                    f"{t.tdef.where()}: transport {t.name!r} is required and could not "
+                    f"connect in {limit:g} s: {t.last_error}") from None
+
+    def _subscription_changed(self, sub: Any, added: bool) -> None:
+        client_id = getattr(sub, "client_id", None) or ""
+        if client_id.startswith(CLIENT_PREFIX):
+            return
+        for t in self.transports.values():
+            if t.imports:
+                t.local_subscription(sub.pattern, added)
+
+    async def stop(self) -> None:
+        if self._subscription_changed in self.broker.subscription_listeners:
+            self.broker.subscription_listeners.remove(self._subscription_changed)
+        for t in list(self.transports.values()):
+            await t.stop()
+
+    def info(self) -> list[dict[str, Any]]:
+        return [t.info() for t in self.transports.values()]

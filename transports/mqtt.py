@@ -1,0 +1,396 @@
+"""The ``mqtt`` transport: the gateway as an MQTT 3.1.1 / 5.0 client of another broker.
+
+How this works. paho-mqtt does the protocol; the gateway's event loop does the I/O. paho is
+used the way its ``loop_asyncio`` example shows: its socket is watched with
+``add_reader`` / ``add_writer`` and ``loop_read`` / ``loop_write`` / ``loop_misc`` are called
+from the loop, so every callback runs on the gateway's loop and touches core state directly.
+Only the blocking TCP (and TLS) connect runs in an executor thread.
+
+* Names: core subject ``a.b`` ↔ topic ``<remote_prefix>a/b`` (``adapters/mqtt/topics.py``,
+  the same reversible escapes as the MQTT adapter); a wildcard entry ``a.*`` / ``a.>``
+  subscribes ``a/+`` / ``a/#``.
+* Messages: the MQTT adapter's default mapping (:mod:`mappings.mqtt`) both ways, so an
+  exported message keeps its properties and their types in MQTT 5 user properties (and only
+  its payload over 3.1.1). Loop markers ride in user properties: ``gw-origin`` (the gateway
+  id) and ``gw-hops``; the trace id is the mapping's ``gw-trace-id``.
+* Export: QoS ``qos`` (1 by default); a QoS 1 / 2 export is acknowledged to the core on
+  PUBACK / PUBCOMP (``on_publish``), a QoS 0 one once written. paho's in-flight window is the
+  export window, so paho never queues more than the core lets out.
+* Import: subscriptions at QoS ``qos`` (MQTT 5: with no-local, so the transport does not get
+  its own exports back); paho's ``manual_ack`` holds the PUBACK / PUBCOMP of each imported
+  message until the core has taken it.
+* MQTT 3.1.1 has no user properties, so no origin can travel: the transport remembers the
+  (topic, payload) of its recent exports and drops one matching import for each, which is
+  what comes back when it imports a topic it exports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from adapters.mqtt.topics import _element_to_level, mqtt_topic_to_subject, subject_to_mqtt_topic
+from gateway import subject
+from gateway.errors import GatewayError
+from gateway.message import QUEUE, Destination, Message
+from mappings.mqtt import message_to_mqtt, mqtt_to_message
+from transports.base import EXPORT_WINDOW, ExportBinding, ImportBinding, RetryLater, Transport
+
+if TYPE_CHECKING:
+    from gateway.endpoint import Delivery
+
+log = logging.getLogger("transports.mqtt")
+
+ORIGIN = "gw-origin"
+HOPS = "gw-hops"
+CONNECT_TIMEOUT = 10.0
+MISC_INTERVAL = 1.0  # seconds between paho's loop_misc calls (keepalive, retries)
+RECENT_EXPORTS = 10_000  # exports remembered for 3.1.1 loop detection
+
+# MQTT 5 PUBLISH properties: the codec's names (mappings.mqtt) ↔ paho's.
+_PAHO_NAMES = {
+    "payload_format_indicator": "PayloadFormatIndicator",
+    "message_expiry_interval": "MessageExpiryInterval",
+    "content_type": "ContentType",
+    "response_topic": "ResponseTopic",
+    "correlation_data": "CorrelationData",
+    "user_property": "UserProperty",
+}
+
+
+def pattern_to_filter(pattern: str) -> str:
+    """A core pattern as an MQTT topic filter (``*`` → ``+``, ``>`` → ``#``)."""
+    return "/".join("+" if el == subject.STAR else "#" if el == subject.GT
+                    else _element_to_level(el) for el in pattern.split("."))
+
+
+class MqttTransport(Transport):
+    type = "mqtt"
+
+    def __init__(self, manager: Any, tdef: Any) -> None:
+        super().__init__(manager, tdef)
+        p = self.params
+        self.v5 = p["protocol_version"] == "5"
+        self.qos = int(p["qos"])
+        self.prefix = str(p.get("remote_prefix") or "")
+        self.client: paho.Client | None = None
+        self.sock: int | None = None  # the socket's file descriptor while connected
+        self.pending: dict[int, tuple[Delivery, ExportBinding]] = {}
+        self.recent: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+        self.connack: asyncio.Future[None] | None = None
+        self.misc: asyncio.TimerHandle | None = None
+        self.loop = self.broker.loop
+
+    # -- connecting ---------------------------------------------------------------------------
+
+    def _make_client(self) -> paho.Client:
+        p = self.params
+        client_id = p.get("client_id") or f"gw-{self.broker.id}-{self.name}"[:64]
+        clean = bool(p.get("clean_start"))
+        c = paho.Client(
+            CallbackAPIVersion.VERSION2, client_id=client_id,
+            protocol=MQTTProtocolVersion.MQTTv5 if self.v5 else MQTTProtocolVersion.MQTTv311,
+            clean_session=None if self.v5 else clean, manual_ack=True,
+            reconnect_on_failure=False,
+        )
+        if p.get("username") is not None:
+            c.username_pw_set(p["username"], p.get("password"))
+        url = p["url"]
+        if url.tls:
+            ctx = ssl.create_default_context(cafile=p.get("tls_ca"))
+            if p.get("tls_cert"):
+                ctx.load_cert_chain(p["tls_cert"], p.get("tls_key"))
+            c.tls_set_context(ctx)
+        c.max_inflight_messages_set(EXPORT_WINDOW)
+        c.max_queued_messages_set(0)
+        c.on_connect = self._on_connect
+        c.on_disconnect = self._on_disconnect
+        c.on_message = self._on_message
+        c.on_publish = self._on_publish
+        return c
+
+    async def connect(self) -> None:
+        p = self.params
+        url = p["url"]
+        c = self._make_client()
+        self.client = c
+        self.connack = self.loop.create_future()
+        props = None
+        if self.v5:
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            props.SessionExpiryInterval = 0 if p.get("clean_start") else 0xFFFFFFFF
+        keepalive = max(1, int(float(p.get("keepalive", 60.0))))
+
+        def blocking_connect() -> None:
+            c.connect(url.host, url.port, keepalive,
+                      clean_start=bool(p.get("clean_start")) if self.v5 else 3,
+                      properties=props)
+
+        try:
+            await self.loop.run_in_executor(None, blocking_connect)
+            paho_sock = c.socket()
+            if paho_sock is None:
+                raise ConnectionError("no socket after connect")
+            sock = self.sock = paho_sock.fileno()  # by number: paho closes the socket itself
+            c.on_socket_register_write = self._register_write
+            c.on_socket_unregister_write = self._unregister_write
+            c.on_socket_close = self._socket_closed
+            self.loop.add_reader(sock, self._readable)
+            if c.want_write():
+                self.loop.add_writer(sock, self._writable)
+            self.misc = self.loop.call_later(MISC_INTERVAL, self._tick)
+            await asyncio.wait_for(self.connack, CONNECT_TIMEOUT)
+        except BaseException:
+            self._teardown()
+            raise
+
+    def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any,
+                    properties: Any) -> None:
+        fut = self.connack
+        if fut is None or fut.done():
+            return
+        if reason.is_failure:
+            fut.set_exception(ConnectionRefusedError(f"CONNACK: {reason}"))
+        else:
+            fut.set_result(None)
+
+    def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any,
+                       properties: Any) -> None:
+        self._teardown()
+        self.pending.clear()
+        self.lost(f"disconnected: {reason}")
+
+    def _teardown(self) -> None:
+        sock = self.sock
+        if sock is not None:
+            self.loop.remove_reader(sock)
+            self.loop.remove_writer(sock)
+            self.sock = None
+        if self.misc is not None:
+            self.misc.cancel()
+            self.misc = None
+
+    def _register_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
+        if self.sock is not None:
+            self.loop.add_writer(self.sock, self._writable)
+
+    def _unregister_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
+        if self.sock is not None:
+            self.loop.remove_writer(self.sock)
+
+    def _socket_closed(self, client: paho.Client, userdata: Any, sock: Any) -> None:
+        self._teardown()
+
+    def _readable(self) -> None:
+        c = self.client
+        if c is not None:
+            c.loop_read(100)
+
+    def _writable(self) -> None:
+        c = self.client
+        if c is not None:
+            c.loop_write()
+
+    def _tick(self) -> None:
+        c = self.client
+        if c is None or self.sock is None:
+            return
+        c.loop_misc()
+        if self.sock is not None:
+            self.misc = self.loop.call_later(MISC_INTERVAL, self._tick)
+
+    def disconnect(self) -> None:
+        c = self.client
+        if c is not None:
+            c.on_disconnect = None
+            c.disconnect()
+            c.loop_write()
+        self._teardown()
+
+    def pause_reading(self) -> None:
+        if self.sock is not None:
+            self.loop.remove_reader(self.sock)
+
+    def resume_reading(self) -> None:
+        if self.sock is not None:
+            self.loop.add_reader(self.sock, self._readable)
+
+    # -- subscriptions ------------------------------------------------------------------------
+
+    def remote_subscribe(self, pattern: str, kind: Any) -> None:
+        c = self.client
+        if c is None:
+            return
+        topic_filter = self.prefix + pattern_to_filter(pattern)
+        if self.v5:
+            c.subscribe(topic_filter, options=SubscribeOptions(qos=self.qos, noLocal=True))
+        else:
+            c.subscribe(topic_filter, qos=self.qos)
+
+    def remote_unsubscribe(self, pattern: str, kind: Any) -> None:
+        c = self.client
+        if c is not None:
+            c.unsubscribe(self.prefix + pattern_to_filter(pattern))
+
+    # -- export -------------------------------------------------------------------------------
+
+    def export(self, d: Delivery, binding: ExportBinding) -> bool:
+        c = self.client
+        if c is None:
+            raise RetryLater("not connected")
+        msg = self.outgoing(d.msg)
+        dest = msg.destination
+        assert dest is not None
+        rt = msg.reply_to
+        reply_topic = self.prefix + subject_to_mqtt_topic(rt.name) if rt is not None else None
+        out = message_to_mqtt(msg, level=5 if self.v5 else 4, now_ms=self.broker.now(),
+                              reply_topic=reply_topic)
+        topic = self.prefix + subject_to_mqtt_topic(dest.name)
+        props = None
+        if self.v5:
+            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+            for name, value in out.properties.items():
+                setattr(props, _PAHO_NAMES[name], value)
+            marks = [(ORIGIN, msg.origin or self.broker.id), (HOPS, str(msg.hops))]
+            user = out.properties.get("user_property")
+            props.UserProperty = (list(user) if user else []) + marks
+        else:
+            key = (topic, out.payload)
+            self.recent[key] = self.recent.get(key, 0) + 1
+            if len(self.recent) > RECENT_EXPORTS:
+                self.recent.popitem(last=False)
+        info = c.publish(topic, out.payload, qos=self.qos, properties=props)
+        if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
+            raise RetryLater("not connected")
+        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            raise GatewayError(f"publish failed: {paho.error_string(info.rc)}")
+        if self.qos == 0:
+            return True
+        self.pending[info.mid] = (d, binding)
+        return False
+
+    def outgoing(self, msg: Message) -> Message:
+        """The message as exported: without headers or properties when the section says so
+        (``export_headers`` / ``export_properties``, seed L10639-10678)."""
+        p = self.params
+        if p.get("export_headers", True) and p.get("export_properties", True):
+            return msg
+        copy = msg.copy()
+        if not p.get("export_properties", True):
+            copy.properties = {}
+        if not p.get("export_headers", True):
+            copy.type = None
+            copy.correlation_id = None
+            copy.reply_to = None
+            copy.priority = 4
+            copy.expiration = copy.expires_at = 0
+        return copy
+
+    def _on_publish(self, client: paho.Client, userdata: Any, mid: int, reason: Any,
+                    properties: Any) -> None:
+        entry = self.pending.pop(mid, None)
+        if entry is None:
+            return
+        d, binding = entry
+        if reason is not None and getattr(reason, "is_failure", False):
+            self.failed(d, binding, str(reason))
+        else:
+            self.confirmed(d, binding)
+
+    # -- import -------------------------------------------------------------------------------
+
+    def _on_message(self, client: paho.Client, userdata: Any, message: Any) -> None:
+        topic: str = message.topic
+        qos = message.qos
+        mid = message.mid
+
+        def ack() -> None:
+            if qos and self.client is client and self.sock is not None:
+                client.ack(mid, qos)
+
+        if not topic.startswith(self.prefix):
+            ack()
+            return
+        payload = bytes(message.payload)
+        if not self.v5:
+            key = (topic, payload)
+            n = self.recent.get(key)
+            if n:
+                if n == 1:
+                    del self.recent[key]
+                else:
+                    self.recent[key] = n - 1
+                self.stats["dropped_loop"] += 1
+                ack()
+                return
+        try:
+            name = mqtt_topic_to_subject(topic[len(self.prefix):])
+            dest = self._import_destination(name)
+            if dest is None:
+                ack()
+                return
+            props, origin, hops, reply = self._properties(message.properties)
+            msg = mqtt_to_message(
+                payload=payload, qos=qos, retain=bool(message.retain), properties=props,
+                level=5 if self.v5 else 4, destination=dest, reply_to=reply,
+                now_ms=self.broker.now())
+        except Exception as exc:  # noqa: BLE001 - a message the core cannot take
+            self.stats["failed"] += 1
+            log.warning("transport %s: cannot import from %r: %s", self.name, topic, exc)
+            ack()
+            return
+        self.imported(msg, origin, hops, ack if qos else None)
+
+    def _import_destination(self, name: str) -> Destination | None:
+        """The destination an imported subject goes to: a queue entry's (a wildcard entry's
+        child queue of that name) or a topic entry's."""
+        found: ImportBinding | None = None
+        for b in self.imports.values():
+            if subject.matches(b.pattern, name):
+                if b.kind == QUEUE:
+                    return Destination(QUEUE, name)
+                found = b
+        return Destination.topic(name) if found is not None else None
+
+    def _properties(self, pp: Any) -> tuple[dict[str, Any], str | None, int, Destination | None]:
+        props: dict[str, Any] = {}
+        origin = None
+        hops = 0
+        reply = None
+        if pp is None or not self.v5:
+            return props, origin, hops, reply
+        for codec_name, paho_name in _PAHO_NAMES.items():
+            if hasattr(pp, paho_name):
+                props[codec_name] = getattr(pp, paho_name)
+        user = props.get("user_property")
+        if user:
+            kept = []
+            for k, v in user:
+                if k == ORIGIN and origin is None:
+                    origin = v
+                elif k == HOPS:
+                    hops = int(v) if v.isdigit() else 0
+                else:
+                    kept.append((k, v))
+            props["user_property"] = kept
+        rt = props.get("response_topic")
+        if rt and rt.startswith(self.prefix):
+            try:
+                reply = Destination.topic(mqtt_topic_to_subject(rt[len(self.prefix):]))
+            except GatewayError:
+                reply = None
+        return props, origin, hops, reply
+
+
+def start(manager: Any, tdef: Any) -> MqttTransport:
+    """Registry entry for ``type = mqtt`` in transports.conf."""
+    return MqttTransport(manager, tdef)
