@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 from gateway import registry, subject
 from gateway.client import AckMode
 from gateway.config.transports import DiscardPolicy
-from gateway.errors import GatewayError
+from gateway.errors import ConfigError, GatewayError
 from gateway.message import PROP_IMPORTED, QUEUE, TOPIC, Destination, Message
 
 if TYPE_CHECKING:
@@ -502,7 +502,11 @@ class TransportManager:
         for tdef in config.transports.values():
             if not gw.transports_enabled(tdef.type):
                 continue
-            factory = registry.transport(tdef.type)
+            try:
+                factory = registry.transport(tdef.type)
+            except registry.NotAvailableError as exc:
+                raise ConfigError(tdef.file, tdef.line,
+                                  f"transport {tdef.name!r}: {exc}") from None
             t: Transport = factory(self, tdef)
             self.transports[tdef.name] = t
         if not self.transports:

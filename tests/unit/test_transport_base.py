@@ -1,0 +1,208 @@
+"""transports/base.py without a network: a stub far side on a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from corehelp import running_broker, settle
+
+from gateway.errors import ConfigError, LimitExceededError
+from gateway.message import PROP_IMPORTED, DeliveryMode, Destination, Message
+from transports.base import READ_PAUSE, Backoff, Transport, TransportManager
+
+
+class Stub(Transport):
+    """A far side that records what the transport asks of it."""
+
+    type = "mqtt"
+
+    def __init__(self, manager: Any, tdef: Any) -> None:
+        super().__init__(manager, tdef)
+        self.subscribed: list[str] = []
+        self.sent: list[Any] = []
+        self.paused = False
+
+    async def connect(self) -> None:
+        raise ConnectionRefusedError("stub: stays down unless told")
+
+    def disconnect(self) -> None:
+        pass
+
+    def remote_subscribe(self, pattern: str, kind: Any) -> None:
+        self.subscribed.append(pattern)
+
+    def remote_unsubscribe(self, pattern: str, kind: Any) -> None:
+        self.subscribed.remove(pattern)
+
+    def export(self, d: Any, binding: Any) -> bool:
+        self.sent.append(d)
+        return False
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+
+def transports_conf(**extra: str) -> str:
+    lines = ["[far]", "type = mqtt", "url = mqtt://127.0.0.1:1"]
+    return "\n".join(lines + [f"{k} = {v}" for k, v in extra.items()]) + "\n"
+
+
+def manager_with_stub(broker: Any, **extra: str) -> tuple[TransportManager, Stub]:
+    m = TransportManager(broker, broker.config)
+    tdef = broker.config.transports["far"]
+    t = Stub(m, tdef)
+    m.transports["far"] = t
+    return m, t
+
+
+def up(t: Stub) -> None:
+    t._set_state("up", None)
+    t._on_up()
+
+
+def test_backoff_grows_with_jitter_and_is_capped():
+    b = Backoff(1.0, 8.0)
+    waits = [b.next() for _ in range(8)]
+    assert all(1.0 <= w <= 8.0 for w in waits)
+    assert waits[0] == 1.0  # the first wait is the minimum (uniform in [1, 1])
+    b.reset()
+    assert b.next() == 1.0
+
+
+async def test_topic_import_follows_local_subscriptions_narrowing_the_pattern(tmp_path):
+    async with running_broker(tmp_path, gateway="mqtt_transports = enabled\n",
+                              topics='in.> import="far"\n>\n',
+                              transports=transports_conf()) as b:
+        m, t = manager_with_stub(b)
+        t.bind_import("in.>", Destination.topic("x").kind)
+        b.subscription_listeners.append(m._subscription_changed)
+        up(t)
+        assert t.subscribed == []
+        s = b.connect().session()
+        c1 = s.consumer(Destination.topic("in.a.*"), listener=lambda d: None)
+        c2 = s.consumer(Destination.topic(">"), listener=lambda d: None)
+        s.consumer(Destination.topic("other"), listener=lambda d: None)
+        assert t.subscribed == ["in.a.*", "in.>"]
+        c1.close()
+        assert t.subscribed == ["in.>"]
+        c2.close()
+        assert t.subscribed == []
+
+
+async def test_imports_drop_own_origin_and_over_max_hops_and_mark_the_rest(tmp_path):
+    async with running_broker(tmp_path, gateway="mqtt_transports = enabled\n",
+                              transports=transports_conf(max_hops="3",
+                                                         topic_import_dm="PERSISTENT")) as b:
+        m, t = manager_with_stub(b)
+        got: list[Any] = []
+        b.connect().session().consumer(Destination.topic("t"), listener=got.append)
+        acks: list[str] = []
+        for origin, hops, tag in ((b.id, 0, "own"), ("other", 3, "far"), ("other", 2, "ok"),
+                                  (None, 0, "plain")):
+            msg = Message.text(tag, destination=Destination.topic("t"),
+                               delivery_mode=DeliveryMode.NON_PERSISTENT)
+            msg.trace_id = f"trace-{tag}"  # a message from another gateway has its trace id
+            t.imported(msg, origin, hops, lambda tag=tag: acks.append(tag))
+        await settle(5)
+        assert sorted(acks) == ["far", "ok", "own", "plain"]
+        assert [d.msg.body for d in got] == ["ok", "plain"]
+        first = got[0].msg
+        assert first.properties[PROP_IMPORTED] == "far" and first.hops == 3
+        assert first.origin == "other" and first.delivery_mode == DeliveryMode.PERSISTENT
+        assert t.stats["dropped_loop"] == 2 and t.stats["imported"] == 2
+
+
+@pytest.mark.parametrize(("policy", "kept"), [
+    ("DISCARD_FIRST:4:2", ["m2", "m3", "m4", "m5"]),
+    ("DISCARD_LAST:4:2", ["m0", "m1", "m2", "m5"]),
+])
+async def test_inbound_queue_policy_drops_oldest_or_newest(tmp_path, policy, kept):
+    async with running_broker(tmp_path, gateway="mqtt_transports = enabled\n",
+                              transports=transports_conf(inbound_queue_policy=policy)) as b:
+        m, t = manager_with_stub(b)
+        t.unconfirmed = 10**6  # the core is "busy": everything queues
+        acks: list[str] = []
+        for i in range(6):
+            msg = Message.text(f"m{i}", destination=Destination.queue("q"))
+            t.imported(msg, None, 0, lambda i=i: acks.append(f"m{i}"))
+        assert [msg.body for msg, _ in t.inbound] == kept[: len(t.inbound)]
+        assert t.stats["discarded"] == 6 - len(t.inbound)
+        assert sorted(acks) == sorted(f"m{i}" for i in range(6) if f"m{i}" not in kept[:len(t.inbound)])
+
+
+async def test_discard_none_stops_reading_instead_of_growing(tmp_path):
+    async with running_broker(tmp_path, gateway="mqtt_transports = enabled\n",
+                              transports=transports_conf()) as b:
+        m, t = manager_with_stub(b)
+        t.unconfirmed = 10**6
+        for _ in range(READ_PAUSE):
+            t.imported(Message.text("x", destination=Destination.queue("q")), None, 0, None)
+        assert t.paused and t.stats["discarded"] == 0 and len(t.inbound) == READ_PAUSE
+
+
+async def test_export_spool_rejects_when_full_with_the_reject_policy(tmp_path):
+    async with running_broker(tmp_path, gateway="mqtt_transports = enabled\n",
+                              topics='out.> export="far"\n>\n',
+                              transports=transports_conf(spool_max_msgs="3",
+                                                         spool_policy="reject")) as b:
+        m, t = manager_with_stub(b)
+        t.bind_export("out.>")
+        p = b.connect().session().producer(Destination.topic("out.x"),
+                                           delivery_mode=DeliveryMode.NON_PERSISTENT)
+        for i in range(3):
+            p.send(Message.text(f"m{i}"))
+        with pytest.raises(LimitExceededError, match="export spool"):
+            p.send(Message.text("m3"))
+        assert t.info()["spooled"] == 3 and t.sent == []
+        up(t)
+        await settle()
+        assert [d.msg.body for d in t.sent] == ["m0", "m1", "m2"]
+        for d in list(t.sent):
+            t.confirmed(d, t.exports["out.>"])
+        assert t.info()["spooled"] == 0 and t.stats["exported"] == 3
+
+
+async def test_export_spool_blocks_the_producer_with_the_block_policy(tmp_path):
+    async with running_broker(tmp_path, gateway="mqtt_transports = enabled\n",
+                              topics='out.> export="far"\n>\n',
+                              transports=transports_conf(spool_max_msgs="2")) as b:
+        m, t = manager_with_stub(b)
+        t.bind_export("out.>")
+        s = b.connect().session()
+        futs = [b.publish(Message.text(f"m{i}", destination=Destination.topic("out.x"),
+                                       delivery_mode=DeliveryMode.NON_PERSISTENT),
+                          s.connection) for i in range(3)]
+        blocked = [f for f in futs if f is not None and not f.done()]
+        assert blocked, "the send that filled the spool waits"
+        up(t)
+        await settle()
+        for d in list(t.sent):
+            t.confirmed(d, t.exports["out.>"])
+        await asyncio.wait_for(asyncio.gather(*blocked), 2)
+
+
+async def test_imported_messages_are_not_exported_again(tmp_path):
+    async with running_broker(tmp_path, gateway="mqtt_transports = enabled\n",
+                              topics='io.> export="far",import="far"\n>\n',
+                              transports=transports_conf()) as b:
+        m, t = manager_with_stub(b)
+        t.bind_export("io.>")
+        up(t)
+        t.imported(Message.text("in", destination=Destination.topic("io.a")), None, 0, None)
+        b.connect().session().producer(Destination.topic("io.a")).send(Message.text("local"))
+        await settle()
+        assert [d.msg.body for d in t.sent] == ["local"]
+
+
+async def test_a_transport_type_not_built_is_a_config_error(tmp_path):
+    async with running_broker(tmp_path, gateway="stomp_transports = enabled\n",
+                              topics='a export="s"\n>\n',
+                              transports="[s]\ntype = stomp\nurl = stomp://127.0.0.1:1\n") as b:
+        m = TransportManager(b, b.config)
+        with pytest.raises(ConfigError, match=r"transports.conf:1: transport 's': .*not available"):
+            await m.start()
