@@ -41,7 +41,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from adapters.mqtt.topics import _element_to_level, mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway import subject
 from gateway.errors import GatewayError
-from gateway.message import QUEUE, Destination, Message
+from gateway.message import QUEUE, TEMP_PREFIX, Destination, Message
 from mappings.mqtt import message_to_mqtt, mqtt_to_message
 from transports.base import EXPORT_WINDOW, ExportBinding, ImportBinding, RetryLater, Transport
 
@@ -55,6 +55,7 @@ HOPS = "gw-hops"
 CONNECT_TIMEOUT = 10.0
 MISC_INTERVAL = 1.0  # seconds between paho's loop_misc calls (keepalive, retries)
 RECENT_EXPORTS = 10_000  # exports remembered for 3.1.1 loop detection
+MAX_REPLY_ROUTES = 10_000  # temporary reply destinations with a far-side topic
 
 # MQTT 5 PUBLISH properties: the codec's names (mappings.mqtt) ↔ paho's.
 _PAHO_NAMES = {
@@ -89,6 +90,9 @@ class MqttTransport(Transport):
         self.connack: asyncio.Future[None] | None = None
         self.misc: asyncio.TimerHandle | None = None
         self.loop = self.broker.loop
+        # Temporary reply destinations exported as a response topic, both ways.
+        self.reply_routes: dict[str, Destination] = {}
+        self.reply_topics: dict[Destination, str] = {}
 
     # -- connecting ---------------------------------------------------------------------------
 
@@ -208,6 +212,13 @@ class MqttTransport(Transport):
         if self.sock is not None:
             self.misc = self.loop.call_later(MISC_INTERVAL, self._tick)
 
+    def _on_up(self) -> None:
+        super()._on_up()
+        c = self.client
+        if c is not None:
+            for topic in self.reply_routes:
+                c.subscribe(topic, qos=self.qos)
+
     def disconnect(self) -> None:
         c = self.client
         if c is not None:
@@ -251,7 +262,10 @@ class MqttTransport(Transport):
         dest = msg.destination
         assert dest is not None
         rt = msg.reply_to
-        reply_topic = self.prefix + subject_to_mqtt_topic(rt.name) if rt is not None else None
+        reply_topic = None
+        if rt is not None:
+            reply_topic = (self._reply_route(rt) if rt.name.startswith(TEMP_PREFIX)
+                           else self.prefix + subject_to_mqtt_topic(rt.name))
         out = message_to_mqtt(msg, level=5 if self.v5 else 4, now_ms=self.broker.now(),
                               reply_topic=reply_topic)
         topic = self.prefix + subject_to_mqtt_topic(dest.name)
@@ -277,6 +291,32 @@ class MqttTransport(Transport):
             return True
         self.pending[info.mid] = (d, binding)
         return False
+
+    def _reply_route(self, rt: Destination) -> str:
+        """The far-side topic standing for a temporary reply destination: replies sent to
+        it are imported into the temporary destination while it exists (EMS arranges the
+        same for a temporary JMSReplyTo, seed L16440-16447)."""
+        topic = self.reply_topics.get(rt)
+        if topic is None:
+            kind = "q" if rt.kind == QUEUE else "t"
+            seq = rt.name.rsplit(".", 1)[-1]
+            topic = f"{self.prefix}gw-reply/{self.broker.id}/{kind}{seq}"
+            self.reply_topics[rt] = topic
+            self.reply_routes[topic] = rt
+            if len(self.reply_routes) > MAX_REPLY_ROUTES:
+                old_topic, old_dest = next(iter(self.reply_routes.items()))
+                self._drop_reply_route(old_topic, old_dest)
+            c = self.client
+            if c is not None:
+                c.subscribe(topic, qos=self.qos)
+        return topic
+
+    def _drop_reply_route(self, topic: str, dest: Destination) -> None:
+        self.reply_routes.pop(topic, None)
+        self.reply_topics.pop(dest, None)
+        c = self.client
+        if c is not None and self.sock is not None:
+            c.unsubscribe(topic)
 
     def outgoing(self, msg: Message) -> Message:
         """The message as exported: without headers or properties when the section says so
@@ -333,8 +373,15 @@ class MqttTransport(Transport):
                 ack()
                 return
         try:
-            name = mqtt_topic_to_subject(topic[len(self.prefix):])
-            dest = self._import_destination(name)
+            dest = self.reply_routes.get(topic)
+            if dest is not None:
+                table = self.broker.queues if dest.kind == QUEUE else self.broker.topics
+                if dest.name not in table:  # the temporary destination is gone
+                    self._drop_reply_route(topic, dest)
+                    ack()
+                    return
+            else:
+                dest = self._import_destination(mqtt_topic_to_subject(topic[len(self.prefix):]))
             if dest is None:
                 ack()
                 return

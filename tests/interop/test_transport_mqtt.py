@@ -257,3 +257,35 @@ def test_two_gateways_bridged_through_mosquitto_neither_loop_nor_duplicate(tmp_p
     finally:
         g1.stop()
         g2.stop()
+
+
+def test_a_temporary_reply_to_is_answered_across_the_bridge(tmp_path, mosq):
+    g = gateway(tmp_path / "gw", mosq.port, 'svc.> export="far"\n>\n')
+    responder = Remote(mosq.port)
+    try:
+        responder.subscribe("svc/#")
+        wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+        replies: list[Any] = []
+
+        def request() -> str:
+            conn = g.broker.connect()
+            s = conn.session()
+            temp = conn.temporary_queue()
+            s.consumer(temp, listener=replies.append)
+            s.producer(Destination.topic("svc.echo")).send(
+                Message.text("ping", reply_to=temp, correlation_id="c-1"))
+            return temp.name
+
+        temp_name = g.call(request)
+        wait_for(lambda: responder.got, what="the request")
+        req = responder.got[0]
+        rt = req.properties.ResponseTopic
+        assert rt == f"gw-reply/{g.broker.id}/q{temp_name.rsplit('.', 1)[-1]}"
+        responder.publish(rt, b"pong", qos=1, CorrelationData=req.properties.CorrelationData)
+        wait_for(lambda: replies, what="the reply")
+        reply = replies[0].msg
+        assert reply.body == b"pong" and reply.correlation_id == b"c-1"
+        assert reply.destination.name == temp_name
+    finally:
+        responder.close()
+        g.stop()
