@@ -14,8 +14,9 @@ Only the blocking TCP (and TLS) connect runs in an executor thread.
   its payload over 3.1.1). Loop markers ride in user properties: ``gw-origin`` (the gateway
   id) and ``gw-hops``; the trace id is the mapping's ``gw-trace-id``.
 * Export: QoS ``qos`` (1 by default); a QoS 1 / 2 export is acknowledged to the core on
-  PUBACK / PUBCOMP (``on_publish``), a QoS 0 one once written. paho's in-flight window is the
-  export window, so paho never queues more than the core lets out.
+  PUBACK / PUBCOMP (``on_publish``), a QoS 0 one once written. at most the far side's
+  Receive Maximum (MQTT 5) are unconfirmed at once: beyond it the export consumers pause. One paho client serves the transport's whole life: reconnecting it
+  keeps its session, so unconfirmed exports are resent with their packet ids.
 * Import: subscriptions at QoS ``qos`` (MQTT 5: with no-local, so the transport does not get
   its own exports back); paho's ``manual_ack`` holds the PUBACK / PUBCOMP of each imported
   message until the core has taken it.
@@ -76,6 +77,7 @@ def pattern_to_filter(pattern: str) -> str:
 
 class MqttTransport(Transport):
     type = "mqtt"
+    keeps_inflight = True
 
     def __init__(self, manager: Any, tdef: Any) -> None:
         super().__init__(manager, tdef)
@@ -90,6 +92,8 @@ class MqttTransport(Transport):
         self.connack: asyncio.Future[None] | None = None
         self.misc: asyncio.TimerHandle | None = None
         self.loop = self.broker.loop
+        self.receive_max = EXPORT_WINDOW  # the far side's Receive Maximum (MQTT 5)
+        self.throttled = False  # export consumers paused: receive_max exports unconfirmed
         # Temporary reply destinations exported as a response topic, both ways.
         self.reply_routes: dict[str, Destination] = {}
         self.reply_topics: dict[Destination, str] = {}
@@ -120,13 +124,17 @@ class MqttTransport(Transport):
         c.on_disconnect = self._on_disconnect
         c.on_message = self._on_message
         c.on_publish = self._on_publish
+        if log.isEnabledFor(logging.DEBUG):
+            c.enable_logger(log)
         return c
 
     async def connect(self) -> None:
         p = self.params
         url = p["url"]
-        c = self._make_client()
-        self.client = c
+        c = self.client
+        first = c is None
+        if c is None:
+            c = self.client = self._make_client()
         self.connack = self.loop.create_future()
         props = None
         if self.v5:
@@ -135,9 +143,15 @@ class MqttTransport(Transport):
         keepalive = max(1, int(float(p.get("keepalive", 60.0))))
 
         def blocking_connect() -> None:
-            c.connect(url.host, url.port, keepalive,
-                      clean_start=bool(p.get("clean_start")) if self.v5 else 3,
-                      properties=props)
+            # One paho client for the transport's life: reconnecting it keeps its session
+            # state, so unconfirmed QoS 1/2 exports are resent with their packet ids (and a
+            # QoS 2 one is not duplicated) and a re-sent PUBREL finds its import done.
+            if first:
+                c.connect(url.host, url.port, keepalive,
+                          clean_start=bool(p.get("clean_start")) if self.v5 else 3,
+                          properties=props)
+            else:
+                c.reconnect()
 
         try:
             await self.loop.run_in_executor(None, blocking_connect)
@@ -164,13 +178,21 @@ class MqttTransport(Transport):
             return
         if reason.is_failure:
             fut.set_exception(ConnectionRefusedError(f"CONNACK: {reason}"))
-        else:
-            fut.set_result(None)
+            return
+        # MQTT 5 3.2.2.3.3: never more QoS 1/2 PUBLISHes in flight than the server's Receive
+        # Maximum (mosquitto says 20 and silently drops QoS 2 messages beyond it). paho cannot
+        # change its window once connected, so the transport holds the core back instead.
+        receive_max = getattr(properties, "ReceiveMaximum", None) if self.v5 else None
+        self.receive_max = min(EXPORT_WINDOW, receive_max or EXPORT_WINDOW)
+        fut.set_result(None)
 
     def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any,
                        properties: Any) -> None:
         self._teardown()
-        self.pending.clear()
+        if self.params.get("clean_start"):
+            # The far side forgets the session: paho's resends would be new messages.
+            self.pending.clear()
+            self.release_inflight()
         self.lost(f"disconnected: {reason}")
 
     def _teardown(self) -> None:
@@ -213,7 +235,11 @@ class MqttTransport(Transport):
             self.misc = self.loop.call_later(MISC_INTERVAL, self._tick)
 
     def _on_up(self) -> None:
+        self.throttled = len(self.pending) >= self.receive_max
         super()._on_up()
+        if self.throttled:
+            for b in self.exports.values():
+                b.consumer.core.pause()
         c = self.client
         if c is not None:
             for topic in self.reply_routes:
@@ -226,6 +252,7 @@ class MqttTransport(Transport):
             c.disconnect()
             c.loop_write()
         self._teardown()
+        self.pending.clear()
 
     def pause_reading(self) -> None:
         if self.sock is not None:
@@ -273,7 +300,8 @@ class MqttTransport(Transport):
         if self.v5:
             props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
             for name, value in out.properties.items():
-                setattr(props, _PAHO_NAMES[name], value)
+                if name != "user_property":  # paho appends to UserProperty on each set
+                    setattr(props, _PAHO_NAMES[name], value)
             marks = [(ORIGIN, msg.origin or self.broker.id), (HOPS, str(msg.hops))]
             user = out.properties.get("user_property")
             props.UserProperty = (list(user) if user else []) + marks
@@ -290,6 +318,10 @@ class MqttTransport(Transport):
         if self.qos == 0:
             return True
         self.pending[info.mid] = (d, binding)
+        if len(self.pending) >= self.receive_max and not self.throttled:
+            self.throttled = True
+            for b in self.exports.values():
+                b.consumer.core.pause()
         return False
 
     def _reply_route(self, rt: Destination) -> str:
@@ -345,6 +377,10 @@ class MqttTransport(Transport):
             self.failed(d, binding, str(reason))
         else:
             self.confirmed(d, binding)
+        if self.throttled and len(self.pending) < self.receive_max and self.state == "up":
+            self.throttled = False
+            for b in self.exports.values():
+                b.consumer.core.resume()
 
     # -- import -------------------------------------------------------------------------------
 

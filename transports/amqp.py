@@ -1,0 +1,838 @@
+"""The ``amqp`` transport: the gateway as an AMQP 1.0 client of another broker or gateway.
+
+How this works. python-qpid-proton's *engine* does the protocol; the gateway's event loop does
+the I/O, exactly as the AMQP adapter does on the server side (``adapters/amqp/connection.py``)
+and never through proton's ``Container`` or reactor. :meth:`AmqpTransport.connect` opens the
+TCP (or TLS, ``amqps://``: asyncio's ssl, so proton sees plain bytes) connection with
+``loop.create_connection``; a thin :class:`_Shell` protocol hands every read to
+:meth:`AmqpTransport.data_received`, which pushes it into a client-mode proton
+:class:`~proton.Transport` (SASL PLAIN with ``username``, else ANONYMOUS), dispatches what its
+:class:`~proton.Collector` gathered and writes the output once. Work that makes output between
+reads (an export, an import's acknowledgement) schedules one flush with ``call_soon``;
+heartbeats and the idle timeout (``idle_timeout``) are ``Transport.tick`` on a ``call_later``.
+
+* Export: one sender link per far address (``address_prefix_topic`` + name), attached on
+  the first export to it; the AMQP adapter's mapping plus the message annotations
+  ``x-opt-gw-origin`` / ``x-opt-gw-hops``. The core acknowledges on the peer's ``accepted``
+  (``settle = at-least-once``) or at once (presettled, ``at-most-once``); ``rejected`` →
+  :meth:`Transport.failed`; ``released`` / ``modified`` → back to the spool, the binding
+  paused :data:`RELEASED_RETRY` s. Without link credit nothing is sent: the export returns to
+  the spool (``RetryLater``) and its binding waits for the link's next flow.
+* Import: one receiver link per far-side subscription, :data:`CREDIT` credit replenished as
+  the core takes the messages; each transfer is accepted only once the core has it. A
+  wildcard link names each message from ``to``, else ``subject`` (RabbitMQ's routing key).
+
+The names, the RabbitMQ wildcard rule (``>`` → ``#``) and the message rules are in
+``transports/README.md`` ("amqp").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from cproton import PN_ACCEPTED, PN_REJECTED, ffi, lib
+from proton import Collector, Condition, Connection, Delivery, Event, Link, Terminus
+from proton import Message as ProtonMessage
+from proton import Transport as ProtonTransport
+
+from gateway import subject
+from gateway.endpoint import requeue_all
+from gateway.errors import GatewayError
+from gateway.message import QUEUE, TOPIC, Destination, Message
+from mappings.amqp import MA_PREFIX, amqp_to_message, message_to_amqp
+from mappings.amqp_fast import decode as fast_decode
+from mappings.amqp_fast import encode as fast_encode
+from transports.base import ExportBinding, RetryLater, Transport
+
+if TYPE_CHECKING:
+    from gateway.endpoint import Delivery as CoreDelivery
+
+log = logging.getLogger("transports.amqp")
+
+ORIGIN = "x-opt-gw-origin"  # message annotation: the id of the gateway that exported it
+HOPS = "x-opt-gw-hops"  # message annotation: bridges crossed before this export
+PROP_ORIGIN = MA_PREFIX + ORIGIN  # how the mapping carries them as properties
+PROP_HOPS = MA_PREFIX + HOPS
+GW_PREFIXES = ("topic://", "queue://")  # the gateway's own addresses (JMS mapping)
+BINDING_KEY_PREFIXES = ("/topic/", "/exchange/")  # RabbitMQ: the rest is a 0-9-1 binding key
+
+CONNECT_TIMEOUT = 10.0  # seconds for TCP, TLS, SASL and the open/begin exchange together
+CREDIT = 1000  # transfers a receiver link may have granted or unconfirmed (adapter's CREDIT)
+RELEASED_RETRY = 1.0  # seconds a binding pauses after the far side released an export
+MAX_SENDERS = 1000  # sender links kept; past this the oldest idle one is closed
+WRITE_HIGH_WATER = 1 << 20  # bytes buffered in the socket before exports pause (adapter's)
+
+_PN_DELIVERY = Event.DELIVERY.number
+_RELEASED, _MODIFIED = Delivery.RELEASED, Delivery.MODIFIED
+_wrap: Any = Delivery.wrap
+
+
+def far_address(prefix: str, pattern: str) -> str:
+    """The far-side address of a core name or pattern (see the module docstring)."""
+    if subject.GT in pattern and prefix.startswith(BINDING_KEY_PREFIXES):
+        pattern = ".".join("#" if el == subject.GT else el for el in pattern.split("."))
+    return prefix + pattern
+
+
+def name_candidates(address: str | None, subj: str | None, prefix: str) -> list[tuple[str, bool]]:
+    """The core names a message on a wildcard link may have, best first: from ``to`` (the far
+    prefix or a gateway prefix stripped), then from ``subject`` (flagged True)."""
+    out: list[tuple[str, bool]] = []
+    if address:
+        if prefix and address.startswith(prefix):
+            out.append((address[len(prefix):], False))
+        elif address.startswith(GW_PREFIXES):
+            out.append((address[8:], False))
+    if subj:
+        out.append((subj, True))
+    return out
+
+
+def _why(endpoint: Any) -> str:
+    """The error a peer gave when it closed a connection, session or link."""
+    cond = endpoint.remote_condition
+    return f"{cond.name}: {cond.description}" if cond else "no error given"
+
+
+def _valid(name: str) -> bool:
+    try:
+        subject.validate(name)
+    except GatewayError:
+        return False
+    return True
+
+
+def outgoing(msg: Message, params: Any) -> Message:
+    """A copy of the message as exported: without headers or properties when the section says
+    so (``export_headers`` / ``export_properties``, seed L10639-10678)."""
+    copy = msg.copy()
+    if not params.get("export_properties", True):
+        copy.properties = {}
+    if not params.get("export_headers", True):
+        copy.type = None
+        copy.correlation_id = None
+        copy.reply_to = None
+        copy.priority = 4
+        copy.expiration = copy.expires_at = 0
+    return copy
+
+
+class _Shell(asyncio.Protocol):
+    """The socket: bytes to the transport, its output to the socket; nothing else."""
+
+    def __init__(self, owner: AmqpTransport) -> None:
+        self.owner = owner
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        if self.owner.shell is self:
+            self.owner.data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.owner.shell is self:
+            self.owner.gone(f"connection lost: {exc}" if exc else "connection closed by peer")
+
+    def pause_writing(self) -> None:
+        if self.owner.shell is self:
+            self.owner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.owner.shell is self:
+            self.owner.resume_writing()
+
+    def write(self, data: bytes) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.write(data)
+
+    def close(self) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.close()
+
+
+class SenderLink:
+    """One sender link: the exports to one far address."""
+
+    __slots__ = ("link", "raw", "name", "pending", "blocked", "closed", "refused",
+                 "refused_until")
+
+    def __init__(self, link: Any, name: str) -> None:
+        self.link = link
+        self.raw = link._impl  # proton's pn_link_t: the hot path calls proton's C API on it
+        self.name = name  # the core name
+        self.pending: dict[Any, tuple[CoreDelivery, ExportBinding]] = {}  # pn_delivery_t → ...
+        self.blocked: set[ExportBinding] = set()  # bindings paused for this link's credit
+        self.closed = False
+        self.refused: str | None = None  # why the peer refused the link, if it did
+        self.refused_until = 0.0
+
+
+class ReceiverLink:
+    """One receiver link: a far-side subscription, refcounted by (kind, pattern)."""
+
+    __slots__ = ("link", "raw", "pattern", "kind", "dest", "prefix", "outstanding", "closed",
+                 "users")
+
+    def __init__(self, link: Any, pattern: str, kind: Any, prefix: str) -> None:
+        self.link = link
+        self.raw = link._impl
+        self.pattern = pattern
+        self.kind = kind
+        # A concrete name is every message's destination; a wildcard's come from each message.
+        self.dest = None if subject.is_wildcard(pattern) else Destination(kind, pattern)
+        self.prefix = prefix
+        self.outstanding = 0  # transfers received, not yet settled
+        self.closed = False
+        self.users = 1
+
+
+class AmqpTransport(Transport):
+    type = "amqp"
+
+    def __init__(self, manager: Any, tdef: Any) -> None:
+        super().__init__(manager, tdef)
+        p = self.params
+        self.loop: asyncio.AbstractEventLoop = self.broker.loop
+        self.presettle = p["settle"] == "at-most-once"
+        self.topic_prefix = str(p.get("address_prefix_topic") or "")
+        self.queue_prefix = str(p.get("address_prefix_queue") or "")
+        self.shell: _Shell | None = None
+        self.pn: ProtonTransport | None = None
+        self.engine: Connection | None = None
+        self.pn_session: Any = None
+        self.collector: Collector | None = None
+        self._col: Any = None  # the collector's pn_collector_t
+        self.opened: asyncio.Future[None] | None = None
+        self.closed = True
+        self.failure: str | None = None
+        self.write_paused = False
+        self.flush_scheduled = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0
+        self.senders: dict[str, SenderLink] = {}  # core name → its link
+        self.receivers: dict[tuple[Any, str], ReceiverLink] = {}
+        self.by_link: dict[Any, SenderLink | ReceiverLink] = {}  # pn_link_t → its handler
+        self.retry_timers: dict[str, asyncio.TimerHandle] = {}
+        self.link_seq = 0
+        self._handlers: dict[int, Callable[[Any], None]] = {
+            Event.SESSION_REMOTE_OPEN.number: self._on_begin,
+            Event.LINK_FLOW.number: self._on_flow,
+            Event.LINK_REMOTE_OPEN.number: self._on_attach,
+            Event.LINK_REMOTE_DETACH.number: self._on_detach,
+            Event.LINK_REMOTE_CLOSE.number: self._on_detach,
+            Event.SESSION_REMOTE_CLOSE.number: self._on_end,
+            Event.CONNECTION_REMOTE_CLOSE.number: self._on_close,
+        }
+
+    # -- connecting ---------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        self._teardown()
+        p = self.params
+        url = p["url"]
+        self.opened = self.loop.create_future()
+        self.failure = None
+        ctx = None
+        if url.tls:
+            ctx = ssl.create_default_context(cafile=p.get("tls_ca"))
+            if p.get("tls_cert"):
+                ctx.load_cert_chain(p["tls_cert"], p.get("tls_key"))
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                shell = _Shell(self)
+                self.shell = shell
+                await self.loop.create_connection(
+                    lambda: shell, url.host, url.port, ssl=ctx,
+                    server_hostname=url.host if ctx is not None else None)
+                if shell.transport is None or shell.transport.is_closing():
+                    raise ConnectionError("connection closed by peer")
+                self._start_engine()
+                await self.opened
+            if self.closed:  # refused in the same read as the open
+                raise ConnectionError(self.failure or "connection closed")
+        except BaseException:
+            self._teardown()
+            raise
+
+    def _start_engine(self) -> None:
+        """Client-mode engine: SASL, open, begin (AMQP 1.0 §2.4.1, §5.3)."""
+        p = self.params
+        c = self.engine = Connection()
+        c.container = p.get("container_id") or f"gw-{self.broker.id}-{self.name}"
+        c.hostname = p["url"].host
+        t = self.pn = ProtonTransport()
+        t.idle_timeout = float(p.get("idle_timeout") or 0.0)
+        sasl = t.sasl()
+        if p.get("username") is not None:
+            c.user = p["username"]
+            c.password = p.get("password") or ""
+            sasl.allowed_mechs("PLAIN")
+            sasl.allow_insecure_mechs = True  # TLS is asyncio's: proton cannot see it
+        else:
+            sasl.allowed_mechs("ANONYMOUS")
+        collector = self.collector = Collector()
+        c.collect(collector)
+        self._col = collector._impl
+        t.bind(c)
+        c.open()
+        self.pn_session = c.session()
+        self.pn_session.open()
+        self.closed = False
+        self.flush()
+
+    def _on_begin(self, ev: Any) -> None:
+        fut = self.opened
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def gone(self, reason: str) -> None:
+        """The connection is over (socket, peer's close, protocol error): forget it, give the
+        in-flight exports back (base) and reconnect."""
+        if self.closed:
+            return
+        self.closed = True
+        cond = self.pn.condition if self.pn is not None else None
+        if cond is not None and self.failure is None:  # SASL outcome, framing, idle timeout
+            self.failure = f"{cond.name}: {cond.description}"
+        self.failure = self.failure or reason
+        fut = self.opened
+        if fut is not None and not fut.done():
+            fut.set_exception(ConnectionError(self.failure))
+        self._drop_links()
+        shell, self.shell = self.shell, None
+        if shell is not None:
+            shell.close()
+        if not self.stopping:
+            self.lost(self.failure)
+
+    def _drop_links(self) -> None:
+        for h in self.by_link.values():
+            h.closed = True
+            if isinstance(h, SenderLink):
+                h.pending.clear()  # base.release_inflight gives them back
+        self.by_link.clear()
+        self.senders.clear()
+        self.receivers.clear()
+        for timer in self.retry_timers.values():
+            timer.cancel()
+        self.retry_timers.clear()
+
+    def _teardown(self) -> None:
+        self.closed = True
+        fut = self.opened
+        if fut is not None and fut.done() and not fut.cancelled():
+            fut.exception()  # retrieved: connect() raised its own error, or none was waiting
+        self._drop_links()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        shell, self.shell = self.shell, None
+        if shell is not None:
+            shell.close()
+        self.pn = self.engine = self.pn_session = self.collector = self._col = None
+        self.write_paused = False
+
+    def disconnect(self) -> None:
+        c = self.engine
+        if c is not None and not self.closed:
+            c.close()
+            self.flush()
+        self._teardown()
+
+    # -- I/O ----------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        t = self.pn
+        if t is None or self.closed:
+            return
+        view = memoryview(data)
+        while view:
+            cap = t.capacity()
+            if cap <= 0:
+                break  # its input side is closed: the rest can only be ignored
+            n = min(cap, len(view))
+            try:
+                t.push(bytes(view[:n]))
+            except Exception as exc:  # noqa: BLE001 - proton's TransportException
+                self.failure = self.failure or str(exc)
+            view = view[n:]
+            self._dispatch()
+        self.flush()
+
+    def _changed(self) -> None:
+        """Output is waiting (an export, a settlement): write it once, after this batch."""
+        if not self.flush_scheduled and not self.closed:
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Dispatch, tick, and write what the engine has to send (once per batch)."""
+        self.flush_scheduled = False
+        t = self.pn
+        if t is None or self.closed:
+            return
+        self._dispatch()
+        now = time.monotonic()
+        deadline = t.tick(now)  # heartbeats out, the peer's silence checked
+        self._dispatch()
+        shell = self.shell
+        while not self.closed:
+            n = t.pending()
+            if n < 0:  # our close has been written (or the transport failed): over
+                self.gone(self.failure or "connection closed")
+                return
+            if n == 0:
+                break
+            out = t.peek(n)
+            t.pop(n)
+            if out and shell is not None:
+                shell.write(out)
+        if deadline and not self.closed:
+            if self.timer is not None:
+                if self.deadline <= deadline:
+                    return
+                self.timer.cancel()
+            self.deadline = deadline
+            self.timer = self.loop.call_later(max(0.0, deadline - now), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        self.flush()
+
+    def _dispatch(self) -> None:
+        """Handle every collected event; transfers and dispositions on proton's C objects
+        (as the adapter does: wrapping each in Python objects costs more than the rest)."""
+        col = self._col
+        if col is None:
+            return
+        peek, pop, etype = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        null = ffi.NULL
+        by_link = self.by_link
+        handlers = self._handlers
+        while not self.closed:
+            ev = peek(col)
+            if ev == null:
+                return
+            t = etype(ev)
+            try:
+                if t == _PN_DELIVERY:
+                    dlv = lib.pn_event_delivery(ev)
+                    h = by_link.get(lib.pn_delivery_link(dlv))
+                    if isinstance(h, ReceiverLink):
+                        self._on_transfer(h, dlv)
+                    elif h is not None:
+                        self._on_disposition(h, dlv)
+                    else:  # a link we closed: nothing of it is wanted any more
+                        self._settle_orphan(dlv)
+                else:
+                    handler = handlers.get(t)
+                    if handler is not None:
+                        handler(Event.wrap(ev))  # type: ignore[no-untyped-call]
+            except Exception:  # a bug here must not leave the connection half-handled
+                log.exception("transport %s: error handling event %s", self.name, t)
+                self._fail_connection(Condition("amqp:internal-error", "internal error"))
+            finally:
+                if self._col is col:
+                    pop(col)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        for b in self.exports.values():
+            if b.consumer is not None:
+                b.consumer.core.pause()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.state == "up":
+            for b in self.exports.values():
+                if b.consumer is not None and b.pattern not in self.retry_timers:
+                    b.consumer.core.resume()
+
+    # -- the peer ending things ---------------------------------------------------------------
+
+    def _fail_connection(self, cond: Condition) -> None:
+        c = self.engine
+        if c is not None and not self.closed:
+            self.failure = self.failure or f"{cond.name}: {cond.description}"
+            c.condition = cond
+            c.close()
+            self._changed()
+
+    def _on_close(self, ev: Any) -> None:
+        self.failure = self.failure or f"closed by the peer: {_why(ev.connection)}"
+        ev.connection.close()
+
+    def _on_end(self, ev: Any) -> None:
+        """The peer ended our session (RabbitMQ 3.10 does on a missing exchange): every link
+        is gone with it, so start again on a new connection."""
+        self._fail_connection(Condition(
+            "amqp:internal-error", f"session ended by the peer: {_why(ev.session)}"))
+
+    def _settle_orphan(self, dlv: Any) -> None:
+        """A transfer on a receiver we detached (RabbitMQ answers no detach of a ``/topic``
+        link): a topic subscription nobody wants any more; take it and drop it."""
+        link = lib.pn_delivery_link(dlv)
+        if lib.pn_link_is_receiver(link):
+            if lib.pn_delivery_partial(dlv):
+                return
+            if lib.pn_link_current(link) == dlv:
+                lib.pn_link_advance(link)
+            if not lib.pn_delivery_settled(dlv):
+                lib.pn_delivery_update(dlv, PN_ACCEPTED)
+        lib.pn_delivery_settle(dlv)
+
+    # -- subscriptions (import) ---------------------------------------------------------------
+
+    def _next_link_name(self, role: str, address: str) -> str:
+        self.link_seq += 1
+        return f"{self.name}:{role}:{address}:{self.link_seq}"
+
+    def remote_subscribe(self, pattern: str, kind: Any) -> None:
+        key = (kind, pattern)
+        h = self.receivers.get(key)
+        if h is not None:
+            h.users += 1
+            return
+        ssn = self.pn_session
+        if ssn is None or self.closed:
+            return
+        prefix = self.queue_prefix if kind == QUEUE else self.topic_prefix
+        address = far_address(prefix, pattern)
+        link = ssn.receiver(self._next_link_name("in", address))
+        link.source.address = address
+        link.source.durability = Terminus.NONDURABLE
+        link.target.address = str(Destination(kind, pattern))
+        link.snd_settle_mode = Link.SND_SETTLED if self.presettle else Link.SND_UNSETTLED
+        link.rcv_settle_mode = Link.RCV_FIRST
+        h = ReceiverLink(link, pattern, kind, prefix)
+        self.receivers[key] = h
+        self.by_link[h.raw] = h
+        link.open()
+        link.flow(CREDIT)
+        self._changed()
+
+    def remote_unsubscribe(self, pattern: str, kind: Any) -> None:
+        key = (kind, pattern)
+        h = self.receivers.get(key)
+        if h is None:
+            return
+        h.users -= 1
+        if h.users > 0:
+            return
+        del self.receivers[key]
+        h.closed = True
+        self.by_link.pop(h.raw, None)  # later transfers are orphans (see _settle_orphan)
+        if not self.closed:
+            h.link.close()
+            self._changed()
+
+
+    def _replenish(self, h: ReceiverLink) -> None:
+        """Keep credit + unconfirmed near :data:`CREDIT` (issued in halves, AMQP 1.0 §2.6.7);
+        none while the inbound queue holds the transport's reading back."""
+        if h.closed or self.reading_paused:
+            return
+        want = CREDIT - lib.pn_link_credit(h.raw) - h.outstanding
+        if want >= CREDIT // 2:
+            lib.pn_link_flow(h.raw, want)
+
+    def pause_reading(self) -> None:
+        """Nothing to do now: no credit is issued while ``reading_paused`` (base) is set."""
+
+    def resume_reading(self) -> None:
+        for h in self.receivers.values():
+            self._replenish(h)
+        self._changed()
+
+    def _on_attach(self, ev: Any) -> None:
+        link = ev.link
+        h = self.by_link.get(link._impl)
+        if isinstance(h, SenderLink) and link.remote_target.address is None:
+            h.refused = "the peer refused the link"  # §2.6.3: a detach with the reason follows
+
+    def _on_detach(self, ev: Any) -> None:
+        """The peer detached or closed one of our links (refused it, or ended it)."""
+        link = ev.link
+        h = self.by_link.pop(link._impl, None)
+        if not link.state & link.LOCAL_CLOSED:
+            link.close()
+        if h is None:
+            return
+        reason = _why(link)
+        h.closed = True
+        if isinstance(h, ReceiverLink):
+            if self.receivers.get((h.kind, h.pattern)) is h:
+                del self.receivers[(h.kind, h.pattern)]
+                self.last_error = f"import of {h.pattern}: {reason}"
+                log.warning("transport %s: far side ended the import of %s: %s", self.name,
+                            h.pattern, reason)
+                # Still wanted: ask again later (the peer may have been restarting).
+                self.loop.call_later(float(self.params.get("reconnect_max", 60.0)),
+                                     self._resubscribe, h.pattern, h.kind)
+            return
+        if self.senders.get(h.name) is h:
+            if h.refused is not None:  # the attach was refused: exports to it fail a while
+                h.refused = reason
+                h.refused_until = time.monotonic() + float(self.params.get("reconnect_min", 1.0))
+            else:
+                del self.senders[h.name]
+        pending = list(h.pending.values())
+        h.pending.clear()
+        unacked = self.session.unacked
+        for d, binding in pending:  # fate unknown: sent again (at least once), in order
+            binding.inflight -= 1
+            unacked.pop(d.tag, None)
+        requeue_all([d for d, _ in pending], count_delivery=False)
+        self._unblock(h)
+
+    def _resubscribe(self, pattern: str, kind: Any) -> None:
+        if self.state != "up" or self.closed or (kind, pattern) in self.receivers:
+            return
+        users = sum(1 for b in self.imports.values() if b.kind == kind and pattern in b.remote)
+        if users:
+            self.remote_subscribe(pattern, kind)
+            h = self.receivers.get((kind, pattern))
+            if h is not None:
+                h.users = users
+
+    # -- import -------------------------------------------------------------------------------
+
+    def _on_transfer(self, h: ReceiverLink, dlv: Any) -> None:
+        """A transfer (or a part of one) on a receiver link (``dlv``: a ``pn_delivery_t``)."""
+        raw = h.raw
+        if lib.pn_delivery_partial(dlv):
+            return
+        if lib.pn_delivery_aborted(dlv):
+            lib.pn_link_advance(raw)
+            lib.pn_delivery_settle(dlv)
+            return
+        n = lib.pn_delivery_pending(dlv)
+        data = bytearray(n)
+        lib.pn_link_recv(raw, ffi.from_buffer(data), n)
+        lib.pn_link_advance(raw)
+        try:
+            found = self._decode(h, data)
+        except Exception as exc:  # noqa: BLE001 - a message the core cannot take
+            self.stats["failed"] += 1
+            log.warning("transport %s: cannot import from %s: %s", self.name, h.pattern, exc)
+            self._reject(dlv, Condition("amqp:decode-error", f"cannot import: {exc}"))
+            self._replenish(h)
+            return
+        h.outstanding += 1
+
+        def ack() -> None:
+            if h.closed:
+                return  # the link (or connection) went: the peer sends it again
+            h.outstanding -= 1
+            if not lib.pn_delivery_settled(dlv):
+                lib.pn_delivery_update(dlv, PN_ACCEPTED)
+            lib.pn_delivery_settle(dlv)
+            self._replenish(h)
+            self._changed()
+
+        if found is None:  # a name outside the subscription (RabbitMQ's `#` matches none)
+            ack()
+            return
+        msg, origin, hops = found
+        self.imported(msg, origin, hops, ack)
+
+    def _reject(self, dlv: Any, cond: Condition) -> None:
+        w = _wrap(dlv)
+        if not lib.pn_delivery_settled(dlv):
+            w.local.condition = cond
+            w.update(PN_REJECTED)
+        w.settle()
+        self._changed()
+
+    def _decode(self, h: ReceiverLink, data: bytearray) -> tuple[Message, str | None, int] | None:
+        """The core message of a transfer, its origin and hops; None when its name is outside
+        the link's pattern. Raises on what cannot be decoded or named."""
+        now = self.broker.now()
+        dest = h.dest
+        msg: Message | None = None
+        if dest is not None:
+            msg = fast_decode(data, destination=dest, default_kind=QUEUE, now_ms=now)
+        if msg is None:
+            pm = ProtonMessage()
+            pm.decode(data)  # type: ignore[arg-type]
+            from_subject = False
+            if dest is None:
+                candidates = name_candidates(pm.address, pm.subject, h.prefix)
+                if not candidates:
+                    raise GatewayError("a message on a wildcard link has neither to nor subject")
+                for name, is_subject in candidates:
+                    if subject.matches(h.pattern, name) and _valid(name):
+                        dest, from_subject = Destination(h.kind, name), is_subject
+                        break
+                else:
+                    return None
+            msg = amqp_to_message(pm, destination=dest, default_kind=QUEUE, now_ms=now)
+            if from_subject:
+                msg.type = None  # it was the routing key, not a JMSType
+        msg.size = len(data)
+        reply = msg.reply_to
+        if reply is not None and not reply.name.startswith(GW_PREFIXES):
+            for prefix, kind in ((self.topic_prefix, TOPIC), (self.queue_prefix, QUEUE)):
+                if prefix and reply.name.startswith(prefix) and len(reply.name) > len(prefix):
+                    msg.reply_to = Destination(kind, reply.name[len(prefix):])
+                    break
+        props = msg.properties
+        origin = props.pop(PROP_ORIGIN, None)
+        hops = props.pop(PROP_HOPS, 0)
+        if type(origin) is not str:
+            origin = None
+        if not isinstance(hops, int) or isinstance(hops, bool):
+            hops = 0
+        return msg, origin, int(hops)
+
+    # -- export -------------------------------------------------------------------------------
+
+    def _sender(self, name: str) -> SenderLink:
+        h = self.senders.get(name)
+        if h is not None:
+            if h.refused is None:
+                return h
+            if time.monotonic() < h.refused_until:
+                raise GatewayError(f"the far side refused {name}: {h.refused}")
+            del self.senders[name]
+        if len(self.senders) >= MAX_SENDERS:
+            for old in list(self.senders.values()):
+                if not old.pending and not old.blocked:
+                    old.closed = True
+                    del self.senders[old.name]
+                    self.by_link.pop(old.raw, None)
+                    old.link.close()
+                    break
+        address = far_address(self.topic_prefix, name)
+        link = self.pn_session.sender(self._next_link_name("out", address))
+        link.target.address = address
+        link.source.address = str(Destination(TOPIC, name))
+        link.snd_settle_mode = Link.SND_SETTLED if self.presettle else Link.SND_UNSETTLED
+        h = SenderLink(link, name)
+        self.senders[name] = h
+        self.by_link[h.raw] = h
+        link.open()
+        self._changed()
+        return h
+
+    def export(self, d: CoreDelivery, binding: ExportBinding) -> bool:
+        if self.closed or self.pn_session is None or self.write_paused:
+            raise RetryLater("not connected")
+        msg = d.msg
+        dest = msg.destination
+        assert dest is not None
+        h = self._sender(dest.name)
+        raw = h.raw
+        if lib.pn_link_credit(raw) <= 0:
+            h.blocked.add(binding)
+            raise RetryLater("no link credit")
+        data = self._encode(msg, d.count)
+        tag = str(d.tag).encode()
+        dlv = lib.pn_delivery(raw, (len(tag), ffi.from_buffer(tag)))
+        lib.pn_link_send(raw, ffi.from_buffer(data), len(data))
+        lib.pn_link_advance(raw)
+        self._changed()
+        if self.presettle:
+            lib.pn_delivery_settle(dlv)
+            return True
+        h.pending[dlv] = (d, binding)
+        return False
+
+    def _encode(self, msg: Message, count: int) -> bytes:
+        """The transfer's bytes: the adapter's mapping plus the loop markers, carried as
+        ``JMS_GW_AMQP_MA_`` properties so that the fast path can write them too."""
+        out = outgoing(msg, self.params)
+        props = out.properties
+        props[PROP_ORIGIN] = msg.origin or self.broker.id
+        props[PROP_HOPS] = msg.hops
+        now = self.broker.now()
+        reply = out.reply_to
+        if reply is None:
+            data = fast_encode(out, delivery_count=count, now_ms=now)
+            if data is not None:
+                return data
+        pm = message_to_amqp(out, delivery_count=count, now_ms=now)
+        if reply is not None:
+            prefix = self.topic_prefix if reply.kind is TOPIC else self.queue_prefix
+            pm.reply_to = prefix + reply.name
+        return pm.encode()  # type: ignore[no-any-return]
+
+    def _on_disposition(self, h: SenderLink, dlv: Any) -> None:
+        """The peer's outcome for an export (AMQP 1.0 §3.4)."""
+        if not lib.pn_delivery_updated(dlv):
+            return
+        entry = h.pending.pop(dlv, None)
+        if entry is None:
+            lib.pn_delivery_settle(dlv)
+            return
+        d, binding = entry
+        state = lib.pn_delivery_remote_state(dlv)
+        if state == PN_ACCEPTED or (state == 0 and lib.pn_delivery_settled(dlv)):
+            lib.pn_delivery_settle(dlv)
+            self.confirmed(d, binding)
+        elif state == PN_REJECTED:
+            cond = _wrap(dlv).remote.condition
+            lib.pn_delivery_settle(dlv)
+            self.failed(d, binding, f"rejected: {cond.name}: {cond.description}" if cond
+                        else "rejected")
+        elif state == _RELEASED or state == _MODIFIED:
+            lib.pn_delivery_settle(dlv)
+            self._retry(d, binding)
+        else:  # received (not an outcome): keep waiting for the outcome's own event
+            h.pending[dlv] = entry
+        self._changed()
+
+    def _retry(self, d: CoreDelivery, binding: ExportBinding) -> None:
+        """Released / modified: back to the spool, and its binding waits a moment so that a
+        peer that keeps releasing does not make a busy loop."""
+        binding.inflight -= 1
+        self.session.release(d, count_delivery=False)
+        if binding.consumer is None:
+            return
+        binding.consumer.core.pause()
+        old = self.retry_timers.pop(binding.pattern, None)
+        if old is not None:
+            old.cancel()
+        self.retry_timers[binding.pattern] = self.loop.call_later(
+            RELEASED_RETRY, self._retry_done, binding)
+
+    def _retry_done(self, binding: ExportBinding) -> None:
+        self.retry_timers.pop(binding.pattern, None)
+        if self.state == "up" and not self.write_paused and binding.consumer is not None:
+            binding.consumer.core.resume()
+
+    def _on_flow(self, ev: Any) -> None:
+        link = ev.link
+        h = self.by_link.get(link._impl)
+        if not isinstance(h, SenderLink):
+            return
+        if link.credit > 0:
+            self._unblock(h)
+        if link.drain_mode and link.credit > 0:
+            link.drained()  # nothing waits in proton: we only send with credit (§2.6.7)
+
+    def _unblock(self, h: SenderLink) -> None:
+        blocked = h.blocked
+        if not blocked:
+            return
+        h.blocked = set()
+        if self.state != "up" or self.write_paused:
+            return
+        for b in blocked:
+            if b.consumer is not None and b.pattern not in self.retry_timers:
+                b.consumer.core.resume()
+
+
+def start(manager: Any, tdef: Any) -> AmqpTransport:
+    """Registry entry for ``type = amqp`` in transports.conf."""
+    return AmqpTransport(manager, tdef)
