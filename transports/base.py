@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from gateway import registry, subject
 from gateway.client import AckMode
 from gateway.config.transports import DiscardPolicy
+from gateway.endpoint import requeue_all
 from gateway.errors import ConfigError, GatewayError
 from gateway.message import PROP_IMPORTED, QUEUE, TOPIC, Destination, Message
 
@@ -131,6 +132,10 @@ class Transport:
     """
 
     type = ""
+    # True when the client library resends unconfirmed messages itself after reconnecting
+    # (paho keeps its in-flight QoS 1/2 messages and resends them with their packet ids):
+    # then a lost connection leaves them in flight instead of giving them back.
+    keeps_inflight = False
 
     def __init__(self, manager: TransportManager, tdef: TransportDef) -> None:
         self.manager = manager
@@ -239,17 +244,21 @@ class Transport:
         for b in self.exports.values():
             if b.consumer is not None:
                 b.consumer.core.pause()
-        self.release_inflight()
+        if not self.keeps_inflight:
+            self.release_inflight()
         self._down.set()
 
     def release_inflight(self) -> None:
-        """Give back every unconfirmed export (sent again after reconnecting)."""
+        """Give back every unconfirmed export (sent again after reconnecting, in their
+        order: one release at a time would put each in front of the one before it)."""
         session = self.session
-        for tag, d in list(session.unacked.items()):
+        deliveries = list(session.unacked.values())
+        session.unacked.clear()
+        for d in deliveries:
             binding = self.exports.get(getattr(d.consumer, "name", ""))
             if binding is not None:
                 binding.inflight -= 1
-            session.release(tag, count_delivery=False)
+        requeue_all(deliveries, count_delivery=False)
 
     def _on_up(self) -> None:
         for b in self.imports.values():

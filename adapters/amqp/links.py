@@ -320,7 +320,9 @@ class OutgoingLink:
         if d is None:
             lib.pn_delivery_settle(dlv)
         elif not self._settle(d, dlv):
-            lib.pn_delivery_clear(dlv)
+            # A non-terminal state (``received``, §3.4.1): wait for the outcome. (proton's
+            # pn_delivery_clear, which would reset the updated flag, is not in every build;
+            # the flag is only read when proton reports the delivery again.)
             self.unsettled[dlv] = d
 
     def _settle(self, d: CoreDelivery, dlv: Any) -> bool:

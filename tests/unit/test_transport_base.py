@@ -200,9 +200,10 @@ async def test_imported_messages_are_not_exported_again(tmp_path):
 
 
 async def test_a_transport_type_not_built_is_a_config_error(tmp_path):
-    async with running_broker(tmp_path, gateway="stomp_transports = enabled\n",
+    # The RV-style bus comes with its own issue; until then its type is not in the build.
+    async with running_broker(tmp_path, gateway="rv_transports = enabled\n",
                               topics='a export="s"\n>\n',
-                              transports="[s]\ntype = stomp\nurl = stomp://127.0.0.1:1\n") as b:
+                              transports="[s]\ntype = rv\n") as b:
         m = TransportManager(b, b.config)
         with pytest.raises(ConfigError, match=r"transports.conf:1: transport 's': .*not available"):
             await m.start()
