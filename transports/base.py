@@ -260,13 +260,18 @@ class Transport:
                 binding.inflight -= 1
         requeue_all(deliveries, count_delivery=False)
 
+    def may_export(self) -> bool:
+        """Whether the far side takes more exports now (subclasses: their window)."""
+        return True
+
     def _on_up(self) -> None:
         for b in self.imports.values():
             for pattern in b.remote:
                 self.remote_subscribe(pattern, b.kind)
-        for e in self.exports.values():
-            if e.consumer is not None:
-                e.consumer.core.resume()
+        if self.may_export():
+            for e in self.exports.values():
+                if e.consumer is not None:
+                    e.consumer.core.resume()
 
     async def stop(self) -> None:
         self.stopping = True

@@ -234,12 +234,13 @@ class MqttTransport(Transport):
         if self.sock is not None:
             self.misc = self.loop.call_later(MISC_INTERVAL, self._tick)
 
-    def _on_up(self) -> None:
+    def may_export(self) -> bool:
+        # paho resends what was unconfirmed when the connection dropped: those count.
         self.throttled = len(self.pending) >= self.receive_max
+        return not self.throttled
+
+    def _on_up(self) -> None:
         super()._on_up()
-        if self.throttled:
-            for b in self.exports.values():
-                b.consumer.core.pause()
         c = self.client
         if c is not None:
             for topic in self.reply_routes:

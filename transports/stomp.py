@@ -1,0 +1,515 @@
+"""The ``stomp`` transport: the gateway as a STOMP 1.2 client of another broker (ActiveMQ,
+RabbitMQ's STOMP plugin, another gateway).
+
+How this works. stomp.py (v8/v9) does the protocol. It is a threaded library: a receiver
+thread reads the socket and calls the listener, a heart-beat thread sends and watches
+heart-beats, and every send is a blocking ``sendall`` in the caller's thread. The gateway's
+loop never runs any of it:
+
+* **One writer thread per connection** does every blocking call, in order: the TCP (and TLS)
+  connect (``Transport.start``), the CONNECT frame, every SEND, SUBSCRIBE, UNSUBSCRIBE and
+  ACK, and the DISCONNECT. The loop only puts frames on its queue. It is the connection's
+  executor (``connect`` awaits the CONNECTED frame, not a thread), and a single thread keeps
+  the frames in the order the loop made them, which a pool would not. Sending straight from
+  the loop was measured too: about 20 µs a SEND on loopback, as long as the socket buffer has
+  room. But a broker that stops reading -- RabbitMQ blocks publishing connections during a
+  memory or disk alarm, ActiveMQ's producer flow control does the same -- makes ``sendall``
+  block until it reads again, and on the loop that would stop the whole gateway. In the
+  writer it stops only this transport; its exports wait unconfirmed in the spool's window.
+* **The listener** (stomp.py's receiver and heart-beat threads) touches no gateway state: it
+  appends each event (CONNECTED, MESSAGE, RECEIPT, ERROR, lost) to a deque and wakes the loop
+  with ``call_soon_threadsafe`` only when the deque was empty, so a burst of frames costs one
+  wake-up (DESIGN.md: blocking libraries hand work to the loop). The loop drains the deque;
+  events of a connection that is no longer the current one are dropped.
+
+Names: core topic ``a.b`` ↔ ``<topic_prefix>a.b`` (``/topic/a.b``), queue ``q`` ↔
+``<queue_prefix>q``. A wildcard entry is subscribed as it is written (``/topic/a.>``):
+EMS's syntax, which ActiveMQ's STOMP destinations share; RabbitMQ reads ``/topic/`` names as
+AMQP 0-9-1 routing keys (``*`` one word, ``#`` many), so there a wildcard import entry only
+matches the literal name (``transports/README.md``).
+
+Messages: the STOMP adapter's mapping (:mod:`mappings.stomp`) both ways, so properties keep
+their types (``gw-types``) and map / stream bodies travel as ``jms-map-json`` /
+``jms-stream-json``. Every SEND has a ``content-length`` (bodies may hold NUL) and the loop
+markers ``gw-origin`` and ``gw-hops`` as headers; the trace id is the mapping's
+``gw-trace-id``. Header names are escaped here (STOMP 1.2 "Value Encoding"), because stomp.py
+escapes only the values.
+
+Export: with ``receipts = true`` (the default) every SEND asks for a RECEIPT and the message
+leaves the spool when it arrives (RabbitMQ sends it after its publisher confirm); an ERROR
+frame naming the receipt refuses the message. With ``receipts = false`` a message leaves the
+spool once the writer has written it. Import: SUBSCRIBE with ``ack:client-individual``, one
+subscription id per far-side pattern, a prefetch of :data:`~transports.base.IMPORT_WINDOW`
+(ActiveMQ's ``activemq.prefetchSize``, RabbitMQ's ``prefetch-count``); the ACK of a message
+is written only after the core took it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import queue
+import threading
+from typing import TYPE_CHECKING, Any
+
+import stomp  # type: ignore[import-untyped]
+from stomp.exception import ConnectFailedException  # type: ignore[import-untyped]
+
+from gateway import subject
+from gateway.errors import GatewayError
+from gateway.message import QUEUE, TOPIC, Destination, Message
+from mappings.stomp import message_to_stomp, stomp_to_message
+from transports.base import IMPORT_WINDOW, ExportBinding, RetryLater, Transport
+
+if TYPE_CHECKING:
+    from gateway.endpoint import Delivery
+
+log = logging.getLogger("transports.stomp")
+
+ORIGIN = "gw-origin"
+HOPS = "gw-hops"
+CONNECT_TIMEOUT = 10.0  # seconds for TCP + TLS, and again for the CONNECTED frame
+DISCONNECT_TIMEOUT = 2.0  # seconds the writer waits for the DISCONNECT receipt
+WRITE_BATCH = 256  # frames the writer takes per wake-up (one loop wake-up per batch written)
+PREFETCH = str(IMPORT_WINDOW)  # unacknowledged MESSAGEs per subscription
+DISCONNECT_RECEIPT = "gw-disconnect"
+# An export that was the oldest unconfirmed one when the connection was lost this many times
+# in a row is refused (``failed``): a broker that closes the connection on a message (Debian's
+# ActiveMQ does on a jms-map-json SEND, its XStream library missing) would otherwise get it
+# again after every reconnect, and nothing behind it would ever leave the spool.
+POISON_LOSSES = 3
+
+# Events the listener hands to the loop (the first item of each deque entry).
+_CONNECTED, _MESSAGE, _RECEIPT, _ERROR, _LOST, _WRITTEN = range(6)
+
+# Writer items that are not frames.
+_START = "start"  # TCP (+ TLS) connect and stomp.py's receiver thread
+_CONNECT = "connect"  # the CONNECT frame
+_CLOSE = "close"  # DISCONNECT with a receipt, then close the socket
+_ABORT = "abort"  # close the socket
+
+_NAME_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", ":": "\\c"})
+_NO_BODY = b""
+
+
+def escape_name(name: str) -> str:
+    """A header name as STOMP 1.2 writes it (section "Value Encoding"); stomp.py escapes
+    header values but writes names as given."""
+    if "\\" in name or ":" in name or "\n" in name or "\r" in name:
+        return name.translate(_NAME_ESCAPES)
+    return name
+
+
+def outgoing(msg: Message, params: Any) -> Message:
+    """The message as exported: without headers or properties when the section says so
+    (``export_headers`` / ``export_properties``, seed L10639-10678)."""
+    if params.get("export_headers", True) and params.get("export_properties", True):
+        return msg
+    copy = msg.copy()
+    if not params.get("export_properties", True):
+        copy.properties = {}
+    if not params.get("export_headers", True):
+        copy.type = None
+        copy.correlation_id = None
+        copy.reply_to = None
+        copy.priority = 4
+        copy.expiration = copy.expires_at = 0
+    return copy
+
+
+class Link:
+    """One STOMP connection: stomp.py's connection, its listener and our writer thread.
+
+    The ``on_*`` methods run in stomp.py's threads; ``put`` and ``drain``'s callers run on the
+    loop. Nothing here touches gateway state.
+    """
+
+    def __init__(self, owner: StompTransport, conn: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.owner = owner
+        self.conn = conn
+        self.loop = loop
+        self.events: collections.deque[tuple[int, Any, Any]] = collections.deque()
+        self.scheduled = False
+        self.frames: queue.SimpleQueue[tuple[str, Any, bytes, Any]] = queue.SimpleQueue()
+        self.readable = threading.Event()  # cleared while the transport stops reading
+        self.readable.set()
+        self.gone = threading.Event()  # set when the socket is closed
+        self.reason: str | None = None
+        self.writer = threading.Thread(target=self._write_loop, daemon=True,
+                                       name=f"stomp-writer-{owner.name}")
+
+    def put(self, cmd: str, headers: Any = None, body: bytes = _NO_BODY,
+            token: Any = None) -> None:
+        """Queue one frame (or a writer command) for the writer; runs on the loop."""
+        self.frames.put((cmd, headers, body, token))
+
+    # -- stomp.py's threads -------------------------------------------------------------------
+
+    def _post(self, kind: int, a: Any = None, b: Any = None) -> None:
+        self.events.append((kind, a, b))
+        if not self.scheduled:
+            self.scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self.owner._drain, self)
+            except RuntimeError:  # the loop is closed: the gateway has stopped
+                pass
+
+    def on_connected(self, frame: Any) -> None:
+        self._post(_CONNECTED, frame.headers)
+
+    def on_message(self, frame: Any) -> None:
+        if not self.readable.is_set():
+            # pause_reading: holding the receiver thread stops reading the socket, so TCP
+            # holds the broker back (heart-beats are not read either; a pause longer than
+            # the broker's heart-beat ends the connection and the broker redelivers).
+            self.readable.wait()
+        self._post(_MESSAGE, frame.headers, frame.body)
+
+    def on_receipt(self, frame: Any) -> None:
+        self._post(_RECEIPT, frame.headers.get("receipt-id"))
+
+    def on_error(self, frame: Any) -> None:
+        self._post(_ERROR, frame.headers, frame.body)
+
+    def on_heartbeat_timeout(self) -> None:
+        self.reason = "heart-beat timeout"
+
+    def on_disconnected(self) -> None:
+        self.gone.set()
+        self.readable.set()
+        self._post(_LOST, self.reason or "connection closed")
+
+    # -- the writer thread --------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        frames = self.frames
+        conn = self.conn
+        while True:
+            batch = [frames.get()]
+            try:
+                while len(batch) < WRITE_BATCH:
+                    batch.append(frames.get_nowait())
+            except queue.Empty:
+                pass
+            written: list[Any] = []
+            for cmd, headers, body, token in batch:
+                try:
+                    if cmd == _START:
+                        conn.transport.start()
+                        continue
+                    if cmd == _CONNECT:
+                        login, passcode = headers
+                        conn.connect(login, passcode, wait=False, with_connect_command=True)
+                        continue
+                    if cmd == _CLOSE or cmd == _ABORT:
+                        self._close(graceful=cmd == _CLOSE)
+                        return
+                    conn.send_frame(cmd, headers, body)
+                except ConnectFailedException:
+                    host, port = self.owner.address
+                    self._post(_LOST, f"cannot connect to {host}:{port}")
+                    self._close(graceful=False)
+                    return
+                except Exception as exc:  # noqa: BLE001 - the socket failed: the connection is lost
+                    self._post(_LOST, f"write failed: {type(exc).__name__}: {exc}")
+                    self._close(graceful=False)  # what is still queued is never written
+                    return
+                if token is not None:
+                    written.append(token)
+            if written:
+                self._post(_WRITTEN, written)
+
+    def _close(self, graceful: bool) -> None:
+        conn = self.conn
+        transport = conn.transport
+        if graceful and conn.is_connected():
+            try:
+                conn.set_receipt(DISCONNECT_RECEIPT, "DISCONNECT")
+                conn.send_frame("DISCONNECT", {"receipt": DISCONNECT_RECEIPT})
+                # stomp.py closes the socket when the receipt arrives; the broker has then
+                # taken every frame before it (the ACKs above all).
+                self.gone.wait(DISCONNECT_TIMEOUT)
+            except Exception:  # noqa: BLE001, S110 - closing anyway
+                pass
+        if transport.socket is not None:
+            try:
+                transport.disconnect_socket()
+            except Exception:  # noqa: BLE001, S110 - already closed
+                pass
+        transport.running = False
+        self.readable.set()
+
+
+class StompTransport(Transport):
+    type = "stomp"
+
+    def __init__(self, manager: Any, tdef: Any) -> None:
+        super().__init__(manager, tdef)
+        p = self.params
+        self.address: tuple[str, int] = (p["host"], int(p["port"]))
+        self.topic_prefix = str(p["topic_prefix"])
+        self.queue_prefix = str(p["queue_prefix"])
+        self.receipts = bool(p["receipts"])
+        self.loop = self.broker.loop
+        self.link: Link | None = None
+        self.connected: asyncio.Future[None] | None = None
+        self.pending: dict[str, tuple[Delivery, ExportBinding]] = {}  # receipt id → export
+        self.subs: dict[tuple[str, Any], str] = {}  # (core pattern, kind) → subscription id
+        self.sub_by_id: dict[str, tuple[str, Any]] = {}
+        self.ids = itertools.count(1)
+        self.error: str | None = None  # the last ERROR frame's message, for the lost reason
+        self.suspect: str | None = None  # message id of the oldest unconfirmed export at losses
+        self.suspect_losses = 0
+
+    # -- connecting ---------------------------------------------------------------------------
+
+    def _make_connection(self) -> Any:
+        p = self.params
+        cx, cy = p["heartbeat"]
+        conn = stomp.Connection12(
+            host_and_ports=[self.address], prefer_localhost=False, try_loopback_connect=False,
+            reconnect_sleep_initial=0.0, reconnect_sleep_increase=0.0,
+            reconnect_sleep_jitter=0.0, reconnect_attempts_max=1,  # base.py reconnects
+            timeout=CONNECT_TIMEOUT, heartbeats=(int(cx), int(cy)), vhost=p.get("vhost"),
+            auto_decode=False, auto_content_length=False,
+        )
+        if p["url"].tls:
+            conn.set_ssl(for_hosts=[self.address], ca_certs=p.get("tls_ca"),
+                         cert_file=p.get("tls_cert"), key_file=p.get("tls_key"))
+        return conn
+
+    async def connect(self) -> None:
+        """Connect (in the writer thread), send CONNECT and wait for CONNECTED."""
+        conn = self._make_connection()
+        link = Link(self, conn, self.loop)
+        conn.set_listener("gateway", link)
+        self.link = link
+        self.error = None
+        self.subs.clear()
+        self.sub_by_id.clear()
+        fut = self.connected = self.loop.create_future()
+        if self.reading_paused:
+            link.readable.clear()
+        link.writer.start()
+        link.put(_START)
+        link.put(_CONNECT, (self.params.get("login"), self.params.get("passcode")))
+        try:
+            await asyncio.wait_for(fut, 2 * CONNECT_TIMEOUT)
+        except BaseException:
+            self._teardown(link, graceful=False)
+            raise
+        finally:
+            self.connected = None
+
+    def disconnect(self) -> None:
+        link = self.link
+        if link is not None:
+            self._teardown(link, graceful=True)
+
+    def _teardown(self, link: Link, graceful: bool) -> None:
+        if self.link is link:
+            self.link = None
+        link.put(_CLOSE if graceful else _ABORT)
+        link.readable.set()
+        self.pending.clear()
+        self.subs.clear()
+        self.sub_by_id.clear()
+
+    def pause_reading(self) -> None:
+        if self.link is not None:
+            self.link.readable.clear()
+
+    def resume_reading(self) -> None:
+        if self.link is not None:
+            self.link.readable.set()
+
+    # -- events from the listener (on the loop) -----------------------------------------------
+
+    def _drain(self, link: Link) -> None:
+        link.scheduled = False
+        events = link.events
+        while events:
+            kind, a, b = events.popleft()
+            if link is not self.link:
+                continue  # a connection given up already
+            if kind == _MESSAGE:
+                self._on_message(link, a, b)
+            elif kind == _RECEIPT:
+                entry = self.pending.pop(a, None)
+                if entry is not None:
+                    if self.suspect is not None and entry[0].msg.message_id == self.suspect:
+                        self.suspect = None
+                    self.confirmed(*entry)
+            elif kind == _WRITTEN:
+                for d, binding in a:
+                    self.confirmed(d, binding)
+            elif kind == _CONNECTED:
+                fut = self.connected
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+            elif kind == _ERROR:
+                self._on_error(link, a, b)
+            elif kind == _LOST:
+                self._lost(link, a)
+
+    def _on_error(self, link: Link, headers: dict[str, str], body: bytes) -> None:
+        """An ERROR frame (STOMP 1.2 "ERROR"): the broker closes the connection after it.
+        When it names the receipt of an export, that message is refused for good."""
+        message = headers.get("message") or "ERROR"
+        detail = body.decode("utf-8", "replace").strip() if body else ""
+        text = f"{message}: {detail}" if detail else message
+        fut = self.connected
+        if fut is not None and not fut.done():
+            fut.set_exception(ConnectionRefusedError(f"ERROR frame: {text}"))
+            return
+        entry = self.pending.pop(headers.get("receipt-id", ""), None)
+        if entry is not None:
+            self.failed(*entry, text)
+            return
+        self.error = text
+        log.warning("transport %s: ERROR frame from the broker: %s", self.name, text)
+
+    def _lost(self, link: Link, reason: str) -> None:
+        if self.error is not None:
+            reason = f"{reason} after ERROR {self.error}"
+        fut = self.connected
+        oldest = next(iter(self.pending.values()), None)
+        self._teardown(link, graceful=False)
+        if fut is not None and not fut.done():
+            fut.set_exception(ConnectionError(reason))
+            return
+        if oldest is not None and self.state == "up":
+            self._poison_check(*oldest, reason)
+        self.lost(reason)
+
+    def _poison_check(self, d: Delivery, binding: ExportBinding, reason: str) -> None:
+        """Count the losses with the same oldest unconfirmed export; refuse it at
+        :data:`POISON_LOSSES` (before ``lost`` gives the rest back to the spool)."""
+        msg_id = d.msg.message_id
+        if msg_id is None:
+            return
+        if msg_id == self.suspect:
+            self.suspect_losses += 1
+        else:
+            self.suspect, self.suspect_losses = msg_id, 1
+        if self.suspect_losses >= POISON_LOSSES:
+            self.suspect = None
+            self.failed(d, binding, f"the broker closed the connection {POISON_LOSSES} times "
+                                    f"while it was unconfirmed ({reason})")
+
+    # -- subscriptions ------------------------------------------------------------------------
+
+    def remote_name(self, name: str, kind: Any) -> str:
+        return (self.queue_prefix if kind == QUEUE else self.topic_prefix) + name
+
+    def remote_subscribe(self, pattern: str, kind: Any) -> None:
+        link = self.link
+        if link is None or (pattern, kind) in self.subs:
+            return
+        sid = f"gw-{next(self.ids)}"
+        self.subs[(pattern, kind)] = sid
+        self.sub_by_id[sid] = (pattern, kind)
+        link.put("SUBSCRIBE", {
+            "destination": self.remote_name(pattern, kind), "id": sid,
+            "ack": "client-individual", "activemq.prefetchSize": PREFETCH,
+            "prefetch-count": PREFETCH,
+        })
+
+    def remote_unsubscribe(self, pattern: str, kind: Any) -> None:
+        sid = self.subs.pop((pattern, kind), None)
+        if sid is None:
+            return
+        del self.sub_by_id[sid]
+        if self.link is not None:
+            self.link.put("UNSUBSCRIBE", {"id": sid})
+
+    # -- export -------------------------------------------------------------------------------
+
+    def export(self, d: Delivery, binding: ExportBinding) -> bool:
+        link = self.link
+        if link is None:
+            raise RetryLater("not connected")
+        msg = outgoing(d.msg, self.params)
+        dest = msg.destination
+        assert dest is not None
+        rt = msg.reply_to
+        reply = (self.remote_name(rt.name, rt.kind)
+                 if rt is not None and not rt.is_temporary else None)
+        pairs, payload = message_to_stomp(msg, destination=self.remote_name(dest.name, TOPIC),
+                                          reply_to=reply)
+        headers: dict[str, str] = {}
+        for name, value in pairs:
+            name = escape_name(name)
+            if name not in headers:
+                headers[name] = value
+        headers["content-length"] = str(len(payload))
+        headers[ORIGIN] = msg.origin or self.broker.id
+        headers[HOPS] = str(msg.hops)
+        if self.receipts:
+            rid = f"e{next(self.ids)}"
+            headers["receipt"] = rid
+            self.pending[rid] = (d, binding)
+            link.put("SEND", headers, payload)
+        else:
+            link.put("SEND", headers, payload, (d, binding))
+        return False
+
+    # -- import -------------------------------------------------------------------------------
+
+    def _on_message(self, link: Link, headers: dict[str, str], body: bytes) -> None:
+        sid = headers.get("subscription", "")
+        ack_id = headers.get("ack") or headers.get("message-id")
+
+        def ack() -> None:
+            # Only on the connection that got it, and while its subscription lasts (an ACK
+            # for a subscription gone is an error to ActiveMQ).
+            if self.link is link and sid in self.sub_by_id and ack_id is not None:
+                link.put("ACK", {"id": ack_id})
+
+        entry = self.sub_by_id.get(sid)
+        if entry is None:
+            return  # unsubscribed meanwhile: the broker drops or redelivers it
+        pattern, kind = entry
+        origin = headers.pop(ORIGIN, None)
+        hops_text = headers.pop(HOPS, None)
+        hops = int(hops_text) if hops_text is not None and hops_text.isdigit() else 0
+        try:
+            dest = self._import_destination(headers.get("destination", ""), pattern, kind)
+            reply = self._reply_to(headers.get("reply-to"))
+            msg = stomp_to_message(headers, body, has_length="content-length" in headers,
+                                   destination=dest, reply_to=reply, now_ms=self.broker.now())
+        except (GatewayError, ValueError) as exc:
+            self.stats["failed"] += 1
+            log.warning("transport %s: cannot import from %r: %s", self.name,
+                        headers.get("destination"), exc)
+            ack()
+            return
+        self.imported(msg, origin, hops, ack)
+
+    def _import_destination(self, remote: str, pattern: str, kind: Any) -> Destination:
+        """The core destination of a MESSAGE of the subscription for ``pattern``: the subject
+        its ``destination`` header names, which must match the pattern (a wildcard queue
+        entry puts it into the child queue of that name)."""
+        prefix = self.queue_prefix if kind == QUEUE else self.topic_prefix
+        name = remote[len(prefix):] if remote.startswith(prefix) else ""
+        if not name or not subject.matches(pattern, name):
+            if subject.is_wildcard(pattern):
+                raise ValueError(f"destination {remote!r} is outside {pattern!r}")
+            name = pattern  # the broker renamed it (RabbitMQ /amq/queue/...): the entry's
+        return Destination(QUEUE if kind == QUEUE else TOPIC, name)
+
+    def _reply_to(self, text: str | None) -> Destination | None:
+        if not text:
+            return None
+        if text.startswith(self.topic_prefix):
+            return Destination.topic(text[len(self.topic_prefix):])
+        if text.startswith(self.queue_prefix):
+            return Destination.queue(text[len(self.queue_prefix):])
+        return None
+
+
+def start(manager: Any, tdef: Any) -> StompTransport:
+    """Registry entry for ``type = stomp`` in transports.conf."""
+    return StompTransport(manager, tdef)
