@@ -109,6 +109,9 @@ class Broker:
         # ends: transports start and stop topic imports by them (ems.md §5.7).
         self.subscription_listeners: list[Callable[[Subscription, bool], None]] = []
         self.transports: Any = None  # the TransportManager, when transports run (admin API)
+        # The declarative mappings (mappings.engine.MappingSet) of the config directory, if
+        # any: adapters and transports apply them at their boundary.
+        self.mappings: Any = None
         self.shared: dict[str, Subscription] = {}
         self.connections: dict[str, Any] = {}
         self._conn_ids = itertools.count(1)

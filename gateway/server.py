@@ -54,6 +54,7 @@ class Gateway:
         )
         self.dlog.start()
         self.broker = Broker(self.config, self.store, self.dlog, gateway_id=gid)
+        self.broker.mappings = self._mappings()
         self.broker.start(recovered)
         for warning in self.config.warnings:
             log.warning("%s", warning)
@@ -80,6 +81,20 @@ class Gateway:
             await self.stop()
             raise
         log.info("gateway %s started (store %s, %s)", gid, gw.store_type, store_dir)
+
+    def _mappings(self) -> Any:
+        """The declarative mappings of ``<config dir>/mappings/*.yaml`` (None without any).
+        Loaded by name: the core never imports the mapping engine (DESIGN.md layering).
+        Raises ConfigErrors naming file, line and field."""
+        if self.config.embedded:
+            return None
+        folder = self.config.dir / "mappings"
+        if not folder.is_dir() or not any(folder.glob("*.yaml")):
+            return None
+        mapping_set = registry.import_string("mappings.engine:MappingSet")
+        loaded = mapping_set.load([folder])
+        log.info("mappings: %d rules from %s", len(loaded.rules()), folder)
+        return loaded
 
     async def stop(self) -> None:
         if self.transports is not None:

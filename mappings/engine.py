@@ -905,6 +905,19 @@ class MappingSet:
             cache[key] = fn
         return fn
 
+    def apply(self, msg: Message, *, protocol: str, direction: str,
+              transport: str | None = None) -> Message:
+        """``msg`` through the rules that match its destination (itself when none match).
+
+        Raises:
+            MappingFailed: a step failed; the message is refused (in) or not sent (out).
+        """
+        dest = msg.destination
+        if dest is None or not self._rules:
+            return msg
+        fn = self.compile_for(dest, protocol=protocol, direction=direction, transport=transport)
+        return msg if fn is None else fn(msg)
+
     def rules(self) -> list[dict[str, Any]]:
         """Each rule's name, file, line, match and step kinds, in order (for the admin API)."""
         return [dict(r.info) for r in self._rules]

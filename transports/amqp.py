@@ -107,21 +107,6 @@ def _valid(name: str) -> bool:
     return True
 
 
-def outgoing(msg: Message, params: Any) -> Message:
-    """A copy of the message as exported: without headers or properties when the section says
-    so (``export_headers`` / ``export_properties``, seed L10639-10678)."""
-    copy = msg.copy()
-    if not params.get("export_properties", True):
-        copy.properties = {}
-    if not params.get("export_headers", True):
-        copy.type = None
-        copy.correlation_id = None
-        copy.reply_to = None
-        copy.priority = 4
-        copy.expiration = copy.expires_at = 0
-    return copy
-
-
 class _Shell(asyncio.Protocol):
     """The socket: bytes to the transport, its output to the socket; nothing else."""
 
@@ -751,7 +736,9 @@ class AmqpTransport(Transport):
     def _encode(self, msg: Message, count: int) -> bytes:
         """The transfer's bytes: the adapter's mapping plus the loop markers, carried as
         ``JMS_GW_AMQP_MA_`` properties so that the fast path can write them too."""
-        out = outgoing(msg, self.params)
+        out = self.outgoing(msg)
+        if out is msg:
+            out = msg.copy()  # the loop markers go into the copy's properties
         props = out.properties
         props[PROP_ORIGIN] = msg.origin or self.broker.id
         props[PROP_HOPS] = msg.hops

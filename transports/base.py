@@ -383,6 +383,32 @@ class Transport:
             else:
                 self._remove_remote(b, remote)
 
+    def outgoing(self, msg: Message) -> Message:
+        """The message as exported: through the declarative mappings for this transport
+        (direction ``out``), then without headers or properties when the section says so
+        (``export_headers`` / ``export_properties``, seed L10639-10678). The delivered
+        message itself is never changed (other subscribers share it).
+
+        Raises:
+            MappingFailed: a mapping rule failed (the export is refused).
+        """
+        mappings = self.broker.mappings
+        if mappings is not None:
+            msg = mappings.apply(msg, protocol=self.type, direction="out", transport=self.name)
+        p = self.params
+        if p.get("export_headers", True) and p.get("export_properties", True):
+            return msg
+        copy = msg.copy()
+        if not p.get("export_properties", True):
+            copy.properties = {}
+        if not p.get("export_headers", True):
+            copy.type = None
+            copy.correlation_id = None
+            copy.reply_to = None
+            copy.priority = 4
+            copy.expiration = copy.expires_at = 0
+        return copy
+
     # -- importing ----------------------------------------------------------------------------
 
     def destination_for(self, b: ImportBinding, name: str) -> Destination:
@@ -392,6 +418,18 @@ class Transport:
     def imported(self, msg: Message, origin: str | None, hops: int,
                  ack: Callable[[], None] | None) -> None:
         """Take one message from the far side; ``ack`` tells the far side it is safe."""
+        mappings = self.broker.mappings
+        if mappings is not None:
+            try:
+                msg = mappings.apply(msg, protocol=self.type, direction="in",
+                                     transport=self.name)
+            except GatewayError as exc:  # MappingFailed: refused, counted, logged
+                self.stats["failed"] += 1
+                log.warning("transport %s: import refused by a mapping: %s", self.name, exc)
+                self._record("drop", msg, "mapping")
+                if ack is not None:
+                    ack()
+                return
         if origin is not None and origin == self.broker.id:
             self.stats["dropped_loop"] += 1
             self._record("drop", msg, "loop")

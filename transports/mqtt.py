@@ -42,7 +42,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from adapters.mqtt.topics import _element_to_level, mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway import subject
 from gateway.errors import GatewayError
-from gateway.message import QUEUE, TEMP_PREFIX, Destination, Message
+from gateway.message import QUEUE, TEMP_PREFIX, Destination
 from mappings.mqtt import message_to_mqtt, mqtt_to_message
 from transports.base import EXPORT_WINDOW, ExportBinding, ImportBinding, RetryLater, Transport
 
@@ -350,23 +350,6 @@ class MqttTransport(Transport):
         c = self.client
         if c is not None and self.sock is not None:
             c.unsubscribe(topic)
-
-    def outgoing(self, msg: Message) -> Message:
-        """The message as exported: without headers or properties when the section says so
-        (``export_headers`` / ``export_properties``, seed L10639-10678)."""
-        p = self.params
-        if p.get("export_headers", True) and p.get("export_properties", True):
-            return msg
-        copy = msg.copy()
-        if not p.get("export_properties", True):
-            copy.properties = {}
-        if not p.get("export_headers", True):
-            copy.type = None
-            copy.correlation_id = None
-            copy.reply_to = None
-            copy.priority = 4
-            copy.expiration = copy.expires_at = 0
-        return copy
 
     def _on_publish(self, client: paho.Client, userdata: Any, mid: int, reason: Any,
                     properties: Any) -> None:

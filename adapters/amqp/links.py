@@ -71,6 +71,7 @@ CONDITIONS = {
     "illegal-state": "amqp:resource-locked",
     "transaction-rolled-back": "amqp:transaction:rollback",
     "transaction-unknown": "amqp:transaction:unknown-id",
+    "mapping-failed": "amqp:precondition-failed",
 }
 
 
@@ -187,7 +188,15 @@ class IncomingLink:
         fut.add_done_callback(lambda f: self._confirmed(dlv, presettled, f))
 
     def _message(self, data: bytearray) -> Any:
-        """The core message for a transfer's bytes (raises on what cannot be taken)."""
+        """The core message for a transfer's bytes (raises on what cannot be taken),
+        through the declarative mappings (direction ``in``) when there are any."""
+        msg = self._decoded(data)
+        mappings = self.conn.broker.mappings
+        if mappings is not None:
+            msg = mappings.apply(msg, protocol="amqp", direction="in")
+        return msg
+
+    def _decoded(self, data: bytearray) -> Any:
         conn = self.conn
         dest = self.dest
         if dest is not None:
@@ -283,6 +292,15 @@ class OutgoingLink:
         conn = self.conn
         now = conn.broker.now()
         msg = d.msg
+        mappings = conn.broker.mappings
+        if mappings is not None:
+            try:
+                msg = mappings.apply(msg, protocol="amqp", direction="out")
+            except GatewayError as exc:  # a declarative mapping refused it: undeliverable
+                log.warning("amqp %s: message %s not sent: %s", conn.address, msg.message_id,
+                            exc)
+                self.session.reject(d, "mapping")
+                return
         data = fast_encode(msg, delivery_count=d.count, now_ms=now)
         if data is None:
             data = message_to_amqp(msg, delivery_count=d.count, now_ms=now).encode()

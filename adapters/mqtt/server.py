@@ -163,6 +163,14 @@ class MqttServer:
         msg = mqtt_to_message(payload=p.payload, qos=p.qos, retain=p.retain,
                               properties=p.properties, level=level,
                               destination=dest, reply_to=reply_to, now_ms=now)
+        mappings = self.broker.mappings
+        if mappings is not None:
+            try:
+                msg = mappings.apply(msg, protocol="mqtt", direction="in")
+            except GatewayError as exc:  # a declarative mapping refused it
+                log.info("mqtt %s: publish to %s refused by a mapping: %s",
+                         session.client_id, topic, exc)
+                return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, None
         try:
             fut = session.core_session.send(msg, None, now)
         except GatewayError as exc:
@@ -215,7 +223,12 @@ class MqttServer:
         key = (id(msg), 5 if level >= 5 else 4, now // 1000 if exp else 0)
         if key == self._map_key and self._map_msg is msg and self._map_out is not None:
             return self._map_out
-        out = message_to_mqtt(msg, level=level, now_ms=now, reply_topic=_reply_topic(msg))
+        mapped = msg
+        mappings = self.broker.mappings
+        if mappings is not None:  # raises MappingFailed: the caller refuses the delivery
+            mapped = mappings.apply(msg, protocol="mqtt", direction="out")
+        out = message_to_mqtt(mapped, level=level, now_ms=now,
+                              reply_topic=_reply_topic(mapped))
         self._map_key, self._map_out, self._map_msg = key, out, msg
         return out
 

@@ -244,7 +244,12 @@ class MqttSession:
         if exp and exp <= now:
             self.core_session.ack(d)
             return
-        out, qos, topic, props = self._prepare(msg, rec, conn, now)
+        try:
+            out, qos, topic, props = self._prepare(msg, rec, conn, now)
+        except GatewayError as exc:  # a declarative mapping refused it: undeliverable
+            log.warning("mqtt %s: message %s not sent: %s", self.client_id, msg.message_id, exc)
+            self.core_session.reject(d, "mapping")
+            return
         retain = bool(rec.options.retain_as_published and msg.properties.get(RETAIN_PROPERTY))
         if qos == 0:
             self.core_session.ack(d)
@@ -300,7 +305,13 @@ class MqttSession:
                 self.forget_inflight(pid)
                 continue
             assert rec is not None  # claim() found it through rec
-            out, qos, topic, props = self._prepare(d.msg, rec, conn, self.server.broker.now())
+            try:
+                out, qos, topic, props = self._prepare(d.msg, rec, conn,
+                                                       self.server.broker.now())
+            except GatewayError:
+                self.core_session.reject(d, "mapping")
+                self.forget_inflight(pid)
+                continue
             data = conn.send_publish(topic, out.payload, max(1, qos), False, pid, props,
                                      dup=True)
             if data is None:
@@ -329,7 +340,12 @@ class MqttSession:
         conn = self.conn
         if conn is None:
             return
-        out, qos, topic, props = self._prepare(msg, rec, conn, self.server.broker.now())
+        try:
+            out, qos, topic, props = self._prepare(msg, rec, conn, self.server.broker.now())
+        except GatewayError as exc:  # a declarative mapping refused it
+            log.warning("mqtt %s: retained %s not sent: %s", self.client_id, msg.message_id,
+                        exc)
+            return
         if qos == 0:
             conn.send_publish(topic, out.payload, 0, True, None, props)
             return

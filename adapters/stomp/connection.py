@@ -443,6 +443,12 @@ class StompConnection:
                                    destination=dest, reply_to=reply_to, now_ms=self.broker.now())
         except GatewayError as exc:
             raise ProtocolError("malformed message", str(exc)) from None
+        mappings = self.broker.mappings
+        if mappings is not None:
+            try:
+                msg = mappings.apply(msg, protocol="stomp", direction="in")
+            except GatewayError as exc:
+                raise ProtocolError("message refused by a mapping", str(exc)) from None
         txn = headers.get("transaction")
         if txn is not None:
             self._transaction(txn, frame).send(msg)

@@ -60,6 +60,10 @@ class StompServer:
         last, last_version, block, body = self._last
         if last is msg and last_version == version:
             return block, body
+        original = msg
+        mappings = self.broker.mappings
+        if mappings is not None:  # raises MappingFailed: the delivery is refused
+            msg = mappings.apply(msg, protocol="stomp", direction="out")
         dest = msg.destination
         rt = msg.reply_to
         temporary = (dest is not None and dest.name.startswith(TEMP_PREFIX)) or (
@@ -71,7 +75,7 @@ class StompServer:
         headers.append(("content-length", str(len(body))))
         block = header_block(headers, version)
         if not temporary:  # a temporary destination's name depends on the connection
-            self._last = (msg, version, block, body)
+            self._last = (original, version, block, body)
         return block, body
 
     def close(self) -> None:

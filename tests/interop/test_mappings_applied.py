@@ -1,0 +1,149 @@
+"""Declarative mappings (<config dir>/mappings/*.yaml) applied by the adapters and transports."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+import pytest
+from gw import GatewayThread
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from peers.mosquitto import start_mosquitto
+from test_transport_mqtt import Remote, info, transports_conf, wait_for
+
+from gateway.errors import ConfigErrors
+from gateway.message import Destination, Message
+from gateway.types import Float32
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+RULES = """\
+mappings:
+  - name: readings in
+    match: {destination: "topic:sensors.>", direction: in, protocol: mqtt}
+    steps:
+      - decode_json: {}
+      - lift: {from: body.temp, to: property.temp, type: float32}
+      - require: [body.site]
+  - name: no secrets out
+    match: {destination: ">", direction: out}
+    steps:
+      - drop: [property.secret]
+  - name: export as text
+    match: {destination: "topic:out.>", direction: out, transport: far}
+    steps:
+      - set: {field: property.via, value: far}
+"""
+
+
+def with_mappings(tmp: Path, text: str, **files: str) -> GatewayThread:
+    folder = tmp / "mappings"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "plant.yaml").write_text(text)
+    return GatewayThread(tmp, **files)
+
+
+def stomp(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"CONNECT\naccept-version:1.2\nhost:/\n\n\x00")
+    s.recv(4096)
+    return s
+
+
+def read_frame(s: socket.socket) -> tuple[dict[str, str], bytes]:
+    buf = b""
+    while b"\x00" not in buf or b"\n\n" not in buf:
+        buf += s.recv(65536)
+    head, _, rest = buf.partition(b"\n\n")
+    lines = head.decode().split("\n")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers.setdefault(k, v.replace("\\c", ":"))  # the one escape these values need
+    n = int(headers.get("content-length", "0"))
+    return headers, rest[:n]
+
+
+def mqtt5(port: int) -> paho.Client:
+    c = paho.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    return c
+
+
+def test_mqtt_json_in_reaches_stomp_as_a_map_with_a_lifted_typed_property(tmp_path):
+    g = with_mappings(tmp_path / "gw", RULES,
+                      gateway="listen = mqtt://127.0.0.1:0\nlisten = stomp://127.0.0.1:0\n").start()
+    try:
+        s = stomp(g.port("stomp"))
+        s.sendall(b"SUBSCRIBE\nid:1\ndestination:/topic/sensors.>\nselector:temp > 20\n"
+                  b"receipt:r\n\n\x00")
+        s.recv(4096)
+        c = mqtt5(g.port("mqtt"))
+        props = Properties(PacketTypes.PUBLISH)
+        props.UserProperty = [("secret", "s3"), ("colour", "red")]
+        c.publish("sensors/room1", json.dumps({"temp": 19.5, "site": "A"}), 1,
+                  properties=props).wait_for_publish(5)
+        c.publish("sensors/room1", json.dumps({"temp": 21.5, "site": "A"}), 1,
+                  properties=props).wait_for_publish(5)
+        headers, body = read_frame(s)
+        assert json.loads(body) == {"temp": 21.5, "site": "A"}
+        assert headers["transformation"] == "jms-map-json"
+        assert headers["temp"] == "21.5" and "temp:float32" in headers["gw-types"]
+        assert headers["colour"] == "red" and "secret" not in headers  # dropped on the way out
+        c.loop_stop()
+        c.disconnect()
+        s.close()
+    finally:
+        g.stop()
+
+
+def test_a_failing_in_rule_refuses_the_publish_in_the_protocols_way(tmp_path):
+    g = with_mappings(tmp_path / "gw", RULES,
+                      gateway="listen = mqtt://127.0.0.1:0\n").start()
+    try:
+        acks: list[Any] = []
+        c = mqtt5(g.port("mqtt"))
+        c.on_publish = lambda cl, u, mid, rc, p: acks.append(rc)
+        c.publish("sensors/x", json.dumps({"temp": 1}), 1)  # no site: require fails
+        wait_for(lambda: acks, what="the PUBACK")
+        assert acks[0].value == 0x83  # implementation specific error
+        assert g.call(lambda: g.broker.stats["rejected"]) == 0  # refused before the core
+        c.loop_stop()
+        c.disconnect()
+    finally:
+        g.stop()
+
+
+def test_a_transport_rule_applies_to_its_exports(tmp_path):
+    with start_mosquitto(tmp_path / "mosq") as mosq:
+        g = with_mappings(
+            tmp_path / "gw", RULES,
+            gateway="listen = http://127.0.0.1:0\nmqtt_transports = enabled\n",
+            transports=transports_conf(mosq.port), topics='out.> export="far"\n>\n').start()
+        remote = Remote(mosq.port)
+        try:
+            remote.subscribe("out/#")
+            wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+            g.call(lambda: g.broker.connect().session().producer(Destination.topic("out.a"))
+                   .send(Message.text("x", properties={"secret": "no", "t": Float32(1.5)})))
+            wait_for(lambda: remote.got, what="the export")
+            user = dict(remote.got[0].properties.UserProperty)
+            assert user["via"] == "far" and "secret" not in user and user["t"] == "1.5"
+        finally:
+            remote.close()
+            g.stop()
+
+
+def test_a_bad_mapping_file_stops_the_gateway_naming_file_and_line(tmp_path):
+    bad = "mappings:\n  - match: {destination: '>', direction: in}\n    steps:\n      - explode: {}\n"
+    g = with_mappings(tmp_path / "gw", bad, gateway="listen = mqtt://127.0.0.1:0\n")
+    with pytest.raises(ConfigErrors, match=r"plant.yaml:4: .*explode"):
+        g.start()
+    time.sleep(0.1)
