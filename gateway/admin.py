@@ -13,6 +13,11 @@ request; nothing here runs on the message path.
 ``GET /api/v1/connections``                 ``show connections``
 ``GET /api/v1/store``                       the store's group-commit statistics
 ``POST /api/v1/queues/{name}/purge``        ``purge queue name``
+``POST /api/v1/topics/{name}``              ``setprop topic name props`` (JSON body
+                                            ``{"properties": "import=\"t1\",export=\"t2\""}``)
+``POST /api/v1/queues/{name}``              ``setprop queue name props``; new ``import`` /
+                                            ``export`` names start at once
+``GET /api/v1/transports``                  ``show transports``: state, counters, bindings
 ==========================================  ===========================================
 """
 
@@ -51,6 +56,34 @@ def make_app(broker: Any) -> web.Application:
     @routes.get("/api/v1/server")
     async def server(_: web.Request) -> web.Response:
         return web.json_response(broker.info())
+
+    async def define(request: web.Request, kind: str) -> web.Response:
+        """Define or redefine a topic or queue at run time (EMS ``setprop``)."""
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response({"error": "the body must be JSON"}, status=400)
+        props = body.get("properties", "") if isinstance(body, dict) else None
+        if not isinstance(props, str):
+            return web.json_response({"error": "'properties' must be a string"}, status=400)
+        name = request.match_info["name"]
+        try:
+            entry = broker.config.table(kind).add(name, props, replace=True)
+        except GatewayError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        manager = broker.transports
+        if manager is not None:
+            manager.bind_entry(kind, entry)
+        return web.json_response({"name": entry.name, "kind": kind,
+                                  "properties": entry.props_text()})
+
+    @routes.post("/api/v1/topics/{name}")
+    async def define_topic(request: web.Request) -> web.Response:
+        return await define(request, "topic")
+
+    @routes.post("/api/v1/queues/{name}")
+    async def define_queue(request: web.Request) -> web.Response:
+        return await define(request, "queue")
 
     @routes.get("/api/v1/transports")
     async def transports(_: web.Request) -> web.Response:

@@ -349,13 +349,15 @@ class Transport:
                     d.msg.message_id, reason)
         self.session.reject(d, reason)
 
-    def bind_import(self, pattern: str, kind: Any) -> None:
+    def bind_import(self, pattern: str, kind: Any) -> bool:
+        """Import for a destination entry; False when it already does."""
         if pattern in self.imports:
-            return
+            return False
         b = ImportBinding(pattern, kind)
         self.imports[pattern] = b
         if kind == QUEUE:
             self._add_remote(b, pattern)
+        return True
 
     def _add_remote(self, b: ImportBinding, pattern: str) -> None:
         n = b.remote.get(pattern, 0)
@@ -372,10 +374,13 @@ class Transport:
         else:
             b.remote[pattern] = n - 1
 
-    def local_subscription(self, pattern: str, added: bool) -> None:
-        """A subscription on the gateway appeared or went: start or stop topic imports."""
+    def local_subscription(self, pattern: str, added: bool, only: str | None = None) -> None:
+        """A subscription on the gateway appeared or went: start or stop topic imports
+        (``only``: for that import entry alone, as when it is bound later)."""
         for b in self.imports.values():
             if b.kind != TOPIC or not subject.intersects(b.pattern, pattern):
+                continue
+            if only is not None and b.pattern != only:
                 continue
             remote = pattern if subject.contains(b.pattern, pattern) else b.pattern
             if added:
@@ -563,18 +568,10 @@ class TransportManager:
             self.transports[tdef.name] = t
         if not self.transports:
             return
-        for table, kind in ((config.topics, TOPIC), (config.queues, QUEUE)):
+        for table, kind_name in ((config.topics, "topic"), (config.queues, "queue")):
             for entry in table.entries():
-                for name in entry.own.get("imports", ()):
-                    if name in self.transports:
-                        self.transports[name].bind_import(entry.name, kind)
-                if kind == TOPIC:
-                    for name in entry.own.get("exports", ()):
-                        if name in self.transports:
-                            self.transports[name].bind_export(entry.name)
+                self.bind_entry(kind_name, entry)
         self.broker.subscription_listeners.append(self._subscription_changed)
-        for sub in self.broker.all_subscriptions():
-            self._subscription_changed(sub, True)
         for t in self.transports.values():
             t.start()
         required = [t for t in self.transports.values()
@@ -587,6 +584,23 @@ class TransportManager:
                 raise TransportRequiredError(
                     f"{t.tdef.where()}: transport {t.name!r} is required and could not "
                     f"connect in {limit:g} s: {t.last_error}") from None
+
+    def bind_entry(self, kind_name: str, entry: Any) -> None:
+        """Bind the transports a topics.conf / queues.conf entry names (at start, or when
+        the admin API defines it; names already bound stay bound)."""
+        kind = TOPIC if kind_name == "topic" else QUEUE
+        for name in entry.own.get("imports", ()):
+            t = self.transports.get(name)
+            if t is not None and t.bind_import(entry.name, kind):
+                if kind == TOPIC:
+                    for sub in self.broker.all_subscriptions():
+                        if not (getattr(sub, "client_id", None) or "").startswith(CLIENT_PREFIX):
+                            t.local_subscription(sub.pattern, True, only=entry.name)
+        if kind == TOPIC:
+            for name in entry.own.get("exports", ()):
+                t = self.transports.get(name)
+                if t is not None:
+                    t.bind_export(entry.name)
 
     def _subscription_changed(self, sub: Any, added: bool) -> None:
         client_id = getattr(sub, "client_id", None) or ""

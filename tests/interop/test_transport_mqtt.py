@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -288,4 +289,42 @@ def test_a_temporary_reply_to_is_answered_across_the_bridge(tmp_path, mosq):
         assert reply.destination.name == temp_name
     finally:
         responder.close()
+        g.stop()
+
+
+def post(g: GatewayThread, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(f"http://127.0.0.1:{g.port('http')}{path}",
+                                 data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+def test_import_and_export_bound_at_run_time_through_the_admin_api(tmp_path, mosq):
+    g = gateway(tmp_path / "gw", mosq.port, ">\n")
+    remote = Remote(mosq.port)
+    try:
+        remote.subscribe("live/#")
+        wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+        assert post(g, "/api/v1/topics/live.>", {"properties": 'export="far"'}) == (
+            200, {"name": "live.>", "kind": "topic", "properties": 'export="far"'})
+        status, err = post(g, "/api/v1/topics/x", {"properties": 'export="nope"'})
+        assert status == 400 and "nope" in err["error"]
+        assert post(g, "/api/v1/queues/inq", {"properties": 'import="far"'})[0] == 200
+        assert info(g)["far"]["exports"] == ["live.>"]
+        assert info(g)["far"]["imports"] == {"inq": ["inq"]}
+        g.call(lambda: g.broker.connect().session().producer(Destination.topic("live.a"))
+               .send(Message.text("now")))
+        wait_for(lambda: remote.got, what="the export")
+        assert remote.got[0].payload == b"now"
+        time.sleep(0.2)
+        remote.publish("inq", b"queued")
+        wait_for(lambda: g.call(lambda: "inq" in g.broker.queues and
+                                [m.body for m in g.broker.queues["inq"].iter_pending()]),
+                 what="the import")
+    finally:
+        remote.close()
         g.stop()
