@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
 import ssl
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from adapters.mqtt.packets import PUBLISH
+from adapters.mqtt.properties import encode_properties
 from adapters.mqtt.topics import _element_to_level, mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway import subject
 from gateway.errors import GatewayError
@@ -56,7 +59,8 @@ HOPS = "gw-hops"
 CONNECT_TIMEOUT = 10.0
 MISC_INTERVAL = 1.0  # seconds between paho's loop_misc calls (keepalive, retries)
 RECENT_EXPORTS = 10_000  # exports remembered for 3.1.1 loop detection
-MAX_REPLY_ROUTES = 10_000  # temporary reply destinations with a far-side topic
+MAX_REPLY_ROUTES = 10_000
+READ_BATCH = 1000  # packets read per readable callback at most (then the loop runs others)  # temporary reply destinations with a far-side topic
 
 # MQTT 5 PUBLISH properties: the codec's names (mappings.mqtt) ↔ paho's.
 _PAHO_NAMES = {
@@ -67,6 +71,21 @@ _PAHO_NAMES = {
     "correlation_data": "CorrelationData",
     "user_property": "UserProperty",
 }
+
+
+class _Packed:
+    """PUBLISH properties already encoded (what paho's ``Properties.pack`` would return)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def pack(self) -> bytes:
+        return self.data
+
+    def __repr__(self) -> str:
+        return f"<{len(self.data)} bytes of properties>"
 
 
 def pattern_to_filter(pattern: str) -> str:
@@ -217,9 +236,21 @@ class MqttTransport(Transport):
         self._teardown()
 
     def _readable(self) -> None:
+        # paho reads one packet per loop_read() when nothing of ours is in flight (it ignores
+        # max_packets): read until the socket has nothing more, so a burst is one callback.
         c = self.client
-        if c is not None:
-            c.loop_read(100)
+        for _ in range(READ_BATCH):
+            fd = self.sock
+            if c is None or c is not self.client or fd is None:
+                return
+            if c.loop_read() != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                return
+            # paho reports "nothing to read" as success too: ask the socket (and the TLS
+            # layer, which may hold decrypted bytes) whether more is there.
+            sock = c.socket()
+            pending = getattr(sock, "pending", None)
+            if not (pending is not None and pending()) and not select.select([fd], [], [], 0)[0]:
+                return
 
     def _writable(self) -> None:
         c = self.client
@@ -297,15 +328,16 @@ class MqttTransport(Transport):
         out = message_to_mqtt(msg, level=5 if self.v5 else 4, now_ms=self.broker.now(),
                               reply_topic=reply_topic)
         topic = self.prefix + subject_to_mqtt_topic(dest.name)
-        props = None
+        props: Any = None
         if self.v5:
-            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-            for name, value in out.properties.items():
-                if name != "user_property":  # paho appends to UserProperty on each set
-                    setattr(props, _PAHO_NAMES[name], value)
+            # Encoded by the MQTT adapter's codec, handed to paho already packed: paho only
+            # calls pack() on PUBLISH properties, and its Properties class costs more than
+            # the rest of an export.
+            fields = dict(out.properties)
             marks = [(ORIGIN, msg.origin or self.broker.id), (HOPS, str(msg.hops))]
-            user = out.properties.get("user_property")
-            props.UserProperty = (list(user) if user else []) + marks
+            user = fields.get("user_property")
+            fields["user_property"] = (list(user) if user else []) + marks
+            props = _Packed(encode_properties(fields, PUBLISH))
         else:
             key = (topic, out.payload)
             self.recent[key] = self.recent.get(key, 0) + 1
