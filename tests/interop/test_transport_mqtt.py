@@ -23,7 +23,7 @@ from gateway.types import Int16
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
     end = time.time() + timeout
     while time.time() < end:
         v = cond()
