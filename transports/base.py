@@ -46,7 +46,7 @@ import asyncio
 import logging
 import random
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +66,8 @@ log = logging.getLogger("transports")
 
 IMPORT_WINDOW = 1000  # publishes of one transport waiting for the core before imports queue
 EXPORT_WINDOW = 1000  # exports of one binding waiting for the far side's confirmation
-READ_PAUSE = 10_000  # inbound-queue length at which a DISCARD_NONE transport stops reading
+READ_PAUSE = 10_000
+DEDUP_WINDOW = 100_000  # recent imports remembered for duplicate detection  # inbound-queue length at which a DISCARD_NONE transport stops reading
 CLIENT_PREFIX = "$transport:"
 EXPORT_SELECTOR = "JMS_GW_IMPORTED IS NULL"
 
@@ -149,7 +150,10 @@ class Transport:
         self.backoff = Backoff(float(self.params.get("reconnect_min", 1.0)),
                                float(self.params.get("reconnect_max", 60.0)))
         self.stats = {"imported": 0, "exported": 0, "dropped_loop": 0, "discarded": 0,
-                      "failed": 0, "connects": 0}
+                      "duplicates": 0, "failed": 0, "connects": 0}
+        # (trace id, destination) of recent imports, shared by every transport of the
+        # gateway: a resend of one, or the same message by another path, is dropped.
+        self.recent_imports: OrderedDict[tuple[str, str], None] = manager.recent_imports
         self.core: Connection = self.broker.connect(
             client_id=CLIENT_PREFIX + self.name, kind="BRIDGE", authenticated=True,
             protocol=f"transport:{self.type}", address=self.name)
@@ -450,6 +454,21 @@ class Transport:
         if origin is not None:
             msg.origin = origin
         msg.hops = hops + 1
+        if msg.trace_id is not None and msg.destination is not None:
+            # A message another gateway sent carries its trace id: one seen already on this
+            # destination is a resend after a lost acknowledgement (at-least-once links,
+            # AMQP and STOMP) or a second path to the same message. Drop it, counted.
+            key = (msg.trace_id, msg.destination.name)
+            recent = self.recent_imports
+            if key in recent:
+                self.stats["duplicates"] += 1
+                self._record("drop", msg, "duplicate")
+                if ack is not None:
+                    ack()
+                return
+            recent[key] = None
+            if len(recent) > DEDUP_WINDOW:
+                recent.popitem(last=False)
         dest = msg.destination
         kind = dest.kind if dest is not None else TOPIC
         msg.delivery_mode = self.params[
@@ -491,6 +510,7 @@ class Transport:
             fut = self.broker.publish(msg, self.core)
         except GatewayError as exc:
             self.stats["failed"] += 1
+            self._forget(msg)
             log.warning("transport %s: import to %s refused: %s", self.name, msg.destination, exc)
             if ack is not None:
                 ack()  # refused for good (no such destination, limits): EMS drops it too
@@ -504,10 +524,16 @@ class Transport:
         self.unconfirmed += 1
         fut.add_done_callback(lambda f: self._published(f, msg, ack))
 
+    def _forget(self, msg: Message) -> None:
+        """A message not taken after all: its resend must not count as a duplicate."""
+        if msg.trace_id is not None and msg.destination is not None:
+            self.recent_imports.pop((msg.trace_id, msg.destination.name), None)
+
     def _published(self, fut: asyncio.Future[None], msg: Message,
                    ack: Callable[[], None] | None) -> None:
         self.unconfirmed -= 1
         if fut.cancelled() or fut.exception() is not None:
+            self._forget(msg)
             # Not stored: the far side keeps it (no acknowledgement) and sends it again.
             self.stats["failed"] += 1
             log.warning("transport %s: import of %s not stored: %s", self.name,
@@ -552,6 +578,7 @@ class TransportManager:
         self.broker = broker
         self.config = config
         self.transports: dict[str, Transport] = {}
+        self.recent_imports: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     async def start(self) -> None:
         config = self.config

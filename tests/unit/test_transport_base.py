@@ -207,3 +207,25 @@ async def test_a_transport_type_not_built_is_a_config_error(tmp_path):
         m = TransportManager(b, b.config)
         with pytest.raises(ConfigError, match=r"transports.conf:1: transport 's': .*not available"):
             await m.start()
+
+
+async def test_a_resent_import_is_dropped_once_taken_but_not_when_it_was_refused(tmp_path):
+    async with running_broker(tmp_path, gateway="mqtt_transports = enabled\n",
+                              queues="q\n", transports=transports_conf()) as b:
+        m, t = manager_with_stub(b)
+        acks: list[str] = []
+
+        def send(tag: str, dest: str, trace: str) -> None:
+            msg = Message.text(tag, destination=Destination.queue(dest))
+            msg.trace_id = trace
+            t.imported(msg, "other-gw", 0, lambda: acks.append(tag))
+
+        send("first", "q", "gw-a:1")
+        send("resend", "q", "gw-a:1")  # the far side lost our acknowledgement
+        send("next", "q", "gw-a:2")
+        send("refused", "nowhere", "gw-a:3")  # no such queue: refused, not remembered
+        await settle()
+        assert [m.body for m in b.queues["q"].iter_pending()] == ["first", "next"]
+        assert t.stats["duplicates"] == 1 and sorted(acks) == ["first", "next", "refused",
+                                                               "resend"]
+        assert ("gw-a:3", "nowhere") not in m.recent_imports
