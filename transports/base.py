@@ -29,6 +29,9 @@ the far side made by its subclass (paho-mqtt, proton, stomp.py). EMS's rules (em
 * **Loop prevention** (beyond EMS): every exported message carries the gateway id as its
   origin, a hop count and its trace id in the target protocol's place; an import whose origin
   is this gateway, or whose hop count reached ``max_hops``, is dropped and counted.
+* **Duplicates**: the (trace id, destination) of the last :data:`DEDUP_WINDOW` imports of
+  gateway-originated messages, shared by all transports: a second copy is dropped and counted
+  (a resend after a lost acknowledgement, or a second path); a refused import is forgotten.
 * **Inbound queue** (``inbound_queue_policy``, EMS's ``rv_queue_policy``): imports wait here
   while more than :data:`IMPORT_WINDOW` publishes are unconfirmed; ``DISCARD_FIRST`` /
   ``DISCARD_LAST`` drop from it when it reaches ``max_msgs`` (counted); with
