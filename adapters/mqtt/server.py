@@ -19,7 +19,7 @@ import json
 import logging
 from typing import Any
 
-from adapters.listener import Listener, listen
+from adapters.listener import BatchedProtocol, Listener, listen
 from adapters.mqtt.codec import encode_publish
 from adapters.mqtt.packets import Publish, ReasonCode, SubscriptionOptions, Will
 from adapters.mqtt.retained import NAMESPACE as RETAINED_NS
@@ -258,15 +258,15 @@ def _reply_topic(msg: Message) -> str | None:
     return subject_to_mqtt_topic(rt.name)
 
 
-class MqttProtocol(asyncio.Protocol):
-    """The asyncio shell of one MQTT TCP connection."""
+class MqttProtocol(BatchedProtocol):
+    """The asyncio shell of one MQTT TCP connection (writes batched per read, see
+    :class:`adapters.listener.BatchedProtocol`)."""
+
+    server: MqttServer
+    conn: MqttConnection | None
 
     def __init__(self, server: MqttServer) -> None:
-        self.server = server
-        self.transport: asyncio.Transport | None = None
-        self.conn: MqttConnection | None = None
-        self.out: list[bytes] = []
-        self.flush_scheduled = False
+        super().__init__(server)
         self.write_paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -276,65 +276,6 @@ class MqttProtocol(asyncio.Protocol):
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         self.conn = MqttConnection(self.server, self.write, self.close, address)
         self.server.connections.add(self.conn)
-
-    def data_received(self, data: bytes) -> None:
-        """Process the read, then write every connection it produced output for, once each
-        (acknowledgements and deliveries leave in the same loop turn, no extra wake-up).
-
-        The reading connection is written first: its acknowledgements free its sender's
-        in-flight window (``mosquitto_pub`` keeps 20 QoS 1 messages in flight), so the
-        sender goes on while the deliveries are written.
-        """
-        assert self.conn is not None
-        server = self.server
-        if server.reading:  # re-entered (cannot happen with asyncio, kept safe)
-            self.conn.data_received(data)
-            return
-        server.reading = True
-        try:
-            self.conn.data_received(data)
-        finally:
-            server.reading = False
-            dirty = server.dirty
-            if dirty:
-                server.dirty = []
-                if self.flush_scheduled:
-                    self.flush()
-                for proto in dirty:
-                    if proto.flush_scheduled:
-                        proto.flush()
-
-    def eof_received(self) -> bool | None:
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.conn is not None:
-            self.server.connections.discard(self.conn)
-            self.conn.connection_lost()
-        self.out.clear()
-
-    def write(self, data: bytes) -> None:
-        self.out.append(data)
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            server = self.server
-            if server.reading:
-                server.dirty.append(self)
-            else:
-                server.loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        """Write everything collected this loop turn in one call."""
-        self.flush_scheduled = False
-        if self.out and self.transport is not None and not self.transport.is_closing():
-            data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
-            self.transport.write(data)
-        self.out.clear()
-
-    def close(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.flush()
-            self.transport.close()
 
     def pause_writing(self) -> None:
         self.write_paused = True

@@ -21,7 +21,7 @@ import asyncio
 import logging
 from typing import Any
 
-from adapters.listener import Listener, listen
+from adapters.listener import BatchedProtocol, Listener, listen
 from adapters.stomp.codec import escape
 from adapters.stomp.connection import StompConnection
 from gateway.message import TEMP_PREFIX, Message
@@ -83,15 +83,11 @@ class StompServer:
             conn.error("server shutting down")
 
 
-class StompProtocol(asyncio.Protocol):
+class StompProtocol(BatchedProtocol):
     """One TCP (or TLS) connection."""
 
-    def __init__(self, server: StompServer) -> None:
-        self.server = server
-        self.transport: asyncio.Transport | None = None
-        self.conn: StompConnection | None = None
-        self.out: list[bytes] = []
-        self.flush_scheduled = False
+    server: StompServer
+    conn: StompConnection | None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -109,59 +105,6 @@ class StompProtocol(asyncio.Protocol):
         t = self.transport
         if t is not None and not t.is_closing():
             t.resume_reading()
-
-    def data_received(self, data: bytes) -> None:
-        """Process the read, then write every connection it produced output for, once each."""
-        assert self.conn is not None
-        server = self.server
-        if server.reading:
-            self.conn.data_received(data)
-            return
-        server.reading = True
-        try:
-            self.conn.data_received(data)
-        finally:
-            server.reading = False
-            dirty = server.dirty
-            if dirty:
-                server.dirty = []
-                if self.flush_scheduled:
-                    self.flush()
-                for proto in dirty:
-                    if proto.flush_scheduled:
-                        proto.flush()
-
-    def eof_received(self) -> bool | None:
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.conn is not None:
-            self.server.connections.discard(self.conn)
-            self.conn.connection_lost()
-        self.out.clear()
-
-    def write(self, data: bytes) -> None:
-        self.out.append(data)
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            server = self.server
-            if server.reading:
-                server.dirty.append(self)
-            else:
-                server.loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        self.flush_scheduled = False
-        t = self.transport
-        if self.out and t is not None and not t.is_closing():
-            t.write(self.out[0] if len(self.out) == 1 else b"".join(self.out))
-        self.out.clear()
-
-    def close(self) -> None:
-        t = self.transport
-        if t is not None and not t.is_closing():
-            self.flush()
-            t.close()
 
     def pause_writing(self) -> None:
         if self.conn is not None:
