@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import select
 import ssl
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -236,20 +235,27 @@ class MqttTransport(Transport):
         self._teardown()
 
     def _readable(self) -> None:
-        # paho reads one packet per loop_read() when nothing of ours is in flight (it ignores
-        # max_packets): read until the socket has nothing more, so a burst is one callback.
+        # paho's loop_read() reads one packet per call when nothing of ours is in flight (it
+        # ignores max_packets) and reports "nothing more to read" as success, so a burst
+        # would cost a callback, or a select(), per packet. Its packet reader (paho 2.x) is
+        # called directly instead until the socket is empty; loop_read() is the fallback.
         c = self.client
+        if c is None:
+            return
+        read = getattr(c, "_packet_read", None)
+        handle = getattr(c, "_loop_rc_handle", None)
+        if read is None or handle is None:
+            c.loop_read()
+            return
+        again = MQTTErrorCode.MQTT_ERR_AGAIN
         for _ in range(READ_BATCH):
-            fd = self.sock
-            if c is None or c is not self.client or fd is None:
+            if c is not self.client or self.sock is None:
                 return
-            if c.loop_read() != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            rc = read()
+            if rc == again:
                 return
-            # paho reports "nothing to read" as success too: ask the socket (and the TLS
-            # layer, which may hold decrypted bytes) whether more is there.
-            sock = c.socket()
-            pending = getattr(sock, "pending", None)
-            if not (pending is not None and pending()) and not select.select([fd], [], [], 0)[0]:
+            if rc > 0:
+                handle(rc)
                 return
 
     def _writable(self) -> None:
