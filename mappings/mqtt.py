@@ -50,6 +50,7 @@ __all__ = [
     "PayloadFormatInvalid",
     "message_to_mqtt",
     "mqtt_to_message",
+    "render_properties",
 ]
 
 QOS_PROPERTY = "JMS_GW_MQTT_QOS"  # int8: the publisher's MQTT QoS, so a later MQTT hop knows it
@@ -547,13 +548,17 @@ def message_to_mqtt(msg: Message, *, level: int, now_ms: int, reply_topic: str |
     return MqttOut(payload, qos, out)
 
 
-def _user_properties(msg: Message, props: dict[str, Any]) -> list[tuple[str, str]]:
-    """JMS properties, then JMSType / JMSPriority / JMSMessageID, gw-types and gw-trace-id."""
-    pairs: list[tuple[str, str]] = []
+def render_properties(pairs: list[tuple[str, str]], types: list[str] | None,
+                      props: dict[str, Any], skip: frozenset[str]) -> list[str] | None:
+    """Append JMS properties to ``pairs`` as (name, text), in order, skipping the names in
+    ``skip``; return ``types`` with the gw-types entries of the typed or escaped ones.
+
+    The text forms and escapes of "User properties" in mappings/README.md: MQTT 5 user
+    properties and STOMP headers are both written with it.
+    """
     append = pairs.append
-    types: list[str] | None = None
     for name, value in props.items():
-        if name in _SKIP_OUT:
+        if name in skip:
             continue
         t = type(value)
         if t is str:
@@ -584,6 +589,14 @@ def _user_properties(msg: Message, props: dict[str, Any]) -> list[tuple[str, str
             types = [entry]
         else:
             types.append(entry)
+    return types
+
+
+def _user_properties(msg: Message, props: dict[str, Any]) -> list[tuple[str, str]]:
+    """JMS properties, then JMSType / JMSPriority / JMSMessageID, gw-types and gw-trace-id."""
+    pairs: list[tuple[str, str]] = []
+    append = pairs.append
+    types = render_properties(pairs, None, props, _SKIP_OUT)
     # JMS header fields with no MQTT slot, so nothing of a JMS message is lost.
     header = msg.type
     if header is not None:

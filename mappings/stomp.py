@@ -26,20 +26,18 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
 from typing import Any
 
 from gateway.errors import MessageFormatError
 from gateway.message import DEFAULT_PRIORITY, BodyKind, DeliveryMode, Destination, Message
 from gateway.types import Int64, UInt64
 from mappings.mqtt import (
-    _RENDER,
     CONTENT_TYPE_PROPERTY,
     _apply_types,
-    _render_other,
     _wire_safe,
     is_text_content_type,
     json_payload,
+    render_properties,
     types_escape,
     wire_escape,
 )
@@ -352,7 +350,7 @@ def message_to_stomp(
     if msg.type is not None:
         types = _text_header(headers, types, "type", msg.type, None)
     if props:
-        types = _properties(headers, types, props)
+        types = render_properties(headers, types, props, OUT_HEADERS)
     held: list[tuple[str, str]] = []  # the trace id goes last, after gw-types
     trace = msg.trace_id
     if trace is not None:
@@ -378,41 +376,4 @@ def _text_header(headers: list[tuple[str, str]], types: list[str] | None, name: 
     if types is None:
         return [entry]
     types.append(entry)
-    return types
-
-
-def _properties(headers: list[tuple[str, str]], types: list[str] | None,
-                props: dict[str, Any]) -> list[str] | None:
-    """JMS properties as headers, in order, with their gw-types entries."""
-    append = headers.append
-    for name, value in props.items():
-        if name in OUT_HEADERS:
-            continue
-        t = type(value)
-        tname: str | None
-        if t is str:
-            if name.isascii() and value.isascii() and "\x00" not in name and "\x00" not in value:
-                append((name, value))
-                continue
-            text = value
-            tname = None
-        else:
-            render: tuple[str, Callable[[Any], str]] | None = _RENDER.get(t)
-            if render is None:
-                render = _render_other(value)
-            tname, to_text = render
-            text = to_text(value)
-        if _wire_safe(name) and _wire_safe(text):
-            append((name, text))
-            if tname is None:
-                continue
-            entry = types_escape(name) + ":" + tname
-        else:
-            wire_name = wire_escape(name)
-            append((wire_name, wire_escape(text)))
-            entry = types_escape(wire_name) + ":" + (tname or "string") + ":esc"
-        if types is None:
-            types = [entry]
-        else:
-            types.append(entry)
     return types
