@@ -80,7 +80,7 @@ OUT_HEADERS = frozenset((
     "destination", "message-id", "subscription", "ack", "content-length", "content-type",
     "persistent", "priority", "expires", "timestamp", "correlation-id", "reply-to", "type",
     "redelivered", "transformation", "receipt", "transaction", TYPES_HEADER, TRACE_HEADER,
-    CONTENT_TYPE_PROPERTY,
+    CONTENT_TYPE_PROPERTY, SCHEDULED_DELAY,
 ))  # fmt: skip
 
 _TEXT = BodyKind.TEXT
