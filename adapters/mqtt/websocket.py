@@ -1,19 +1,19 @@
 """MQTT over WebSocket (subprotocol ``mqtt``) on the gateway's HTTP listener, with aiohttp.
 
 Each binary WebSocket message carries MQTT bytes (packets may span messages or share one,
-MQTT 5 §6); they go to the same :class:`MqttConnection` as TCP connections use. Writes are
-collected per loop turn and sent by one writer task per connection, in order.
+MQTT 5 §6); they go to the same :class:`MqttConnection` as TCP connections use; a text
+message is a protocol error. The socket shell is :mod:`adapters.websocket`, shared with STOMP.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import web
 
 from adapters.mqtt.session import MqttConnection
+from adapters.websocket import serve
 
 log = logging.getLogger("adapters.mqtt")
 PATH = "/mqtt"
@@ -26,55 +26,14 @@ def make_handler(server: Any) -> Any:
         if ws.ws_protocol != "mqtt":
             await ws.close(code=1002, message=b"subprotocol mqtt required")
             return ws
-        out: list[bytes] = []
-        wake = asyncio.Event()
-        closing = False
 
-        def write(data: bytes) -> None:
-            out.append(data)
-            wake.set()
+        def on_text(conn: MqttConnection, text: str) -> bool:
+            conn.protocol_error(0x81, "MQTT over WebSocket needs binary frames")
+            return False
 
-        def close() -> None:
-            nonlocal closing
-            closing = True
-            wake.set()
-
-        async def writer() -> None:
-            while True:
-                await wake.wait()
-                wake.clear()
-                if out:
-                    data = b"".join(out)
-                    out.clear()
-                    try:
-                        await ws.send_bytes(data)
-                    except ConnectionError:
-                        return
-                if closing:
-                    await ws.close()
-                    return
-
-        peer = request.transport.get_extra_info("peername") if request.transport else None
-        conn = MqttConnection(server, write, close, f"ws:{peer[0]}:{peer[1]}" if peer else "ws")
-        server.connections.add(conn)
-        task = asyncio.ensure_future(writer())
-        try:
-            async for msg in ws:
-                if msg.type == WSMsgType.BINARY:
-                    conn.data_received(msg.data)
-                elif msg.type == WSMsgType.TEXT:
-                    conn.protocol_error(0x81, "MQTT over WebSocket needs binary frames")
-                    break
-                if closing:
-                    break
-        finally:
-            server.connections.discard(conn)
-            conn.connection_lost()
-            close()
-            try:
-                await asyncio.wait_for(task, 5)
-            except (TimeoutError, ConnectionError):
-                task.cancel()
+        await serve(request, ws, server,
+                    lambda write, close, address: MqttConnection(server, write, close, address),
+                    on_text)
         return ws
 
     return handle

@@ -5,18 +5,18 @@ Each WebSocket message carries STOMP bytes -- stomp.js sends text messages, othe
 frames may span messages or share one -- and they go to the same :class:`StompConnection`
 as TCP connections use. Replies are sent as text messages to a client that sends text (when
 they are valid UTF-8; a binary body goes as a binary message) and as binary otherwise.
-Writes are collected per loop turn and sent by one writer task per connection, in order.
+The socket shell is :mod:`adapters.websocket`, shared with MQTT over WebSocket.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import web
 
 from adapters.stomp.connection import StompConnection
+from adapters.websocket import serve
 
 log = logging.getLogger("adapters.stomp")
 PATH = "/stomp"
@@ -31,64 +31,14 @@ def make_handler(server: Any) -> Any:
         if ws.ws_protocol not in SUBPROTOCOLS:
             await ws.close(code=1002, message=b"subprotocol v12.stomp, v11.stomp or v10.stomp")
             return ws
-        out: list[bytes] = []
-        wake = asyncio.Event()
-        closing = False
-        text_mode = False
 
-        def write(data: bytes) -> None:
-            out.append(data)
-            wake.set()
+        def on_text(conn: StompConnection, text: str) -> bool:
+            conn.data_received(text.encode())
+            return True
 
-        def close() -> None:
-            nonlocal closing
-            closing = True
-            wake.set()
-
-        async def writer() -> None:
-            while True:
-                await wake.wait()
-                wake.clear()
-                if out:
-                    data = b"".join(out)
-                    out.clear()
-                    try:
-                        if text_mode:
-                            try:
-                                await ws.send_str(data.decode())
-                            except UnicodeDecodeError:
-                                await ws.send_bytes(data)
-                        else:
-                            await ws.send_bytes(data)
-                    except ConnectionError:
-                        return
-                if closing:
-                    await ws.close()
-                    return
-
-        peer = request.transport.get_extra_info("peername") if request.transport else None
-        conn = StompConnection(server, write, close,
-                               f"ws:{peer[0]}:{peer[1]}" if peer else "ws")
-        server.connections.add(conn)
-        task = asyncio.ensure_future(writer())
-        try:
-            async for msg in ws:
-                if msg.type == WSMsgType.TEXT:
-                    text_mode = True
-                    conn.data_received(msg.data.encode())
-                elif msg.type == WSMsgType.BINARY:
-                    text_mode = False
-                    conn.data_received(msg.data)
-                if closing:
-                    break
-        finally:
-            server.connections.discard(conn)
-            conn.connection_lost()
-            close()
-            try:
-                await asyncio.wait_for(task, 5)
-            except (TimeoutError, ConnectionError):
-                task.cancel()
+        await serve(request, ws, server,
+                    lambda write, close, address: StompConnection(server, write, close, address),
+                    on_text, text_replies=True)
         return ws
 
     return handle

@@ -1,0 +1,98 @@
+"""The WebSocket shell the MQTT and STOMP adapters share (aiohttp, on the HTTP listener).
+
+How this works. :func:`serve` runs one upgraded WebSocket: it makes the adapter's connection
+object with a ``write`` and a ``close`` of its own, feeds it the bytes of every message that
+arrives, and tears it down when the socket ends. Writes are collected per loop turn and sent
+by one writer task per connection, in order; ``close`` is honoured after what was written
+before it. An adapter says what a text message means (``on_text``: feed it, or refuse it)
+and whether a client that last sent text gets text back (``text_replies``, for STOMP clients
+that speak text; a reply that is not UTF-8 still goes as a binary message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+# What an adapter does with a text message: feed bytes to the connection (return True to
+# go on) or refuse it (return False, the socket ends).
+OnText = Callable[[Any, str], bool]
+
+
+class _Writer:
+    """Output of one connection, sent in order by one task."""
+
+    def __init__(self, ws: web.WebSocketResponse) -> None:
+        self.ws = ws
+        self.text = False  # reply in text messages
+        self.out: list[bytes] = []
+        self.wake = asyncio.Event()
+        self.closing = False
+        self.task = asyncio.ensure_future(self._run())
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+        self.wake.set()
+
+    def close(self) -> None:
+        self.closing = True
+        self.wake.set()
+
+    async def _run(self) -> None:
+        ws = self.ws
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            if self.out:
+                data = b"".join(self.out)
+                self.out.clear()
+                try:
+                    if self.text:
+                        try:
+                            await ws.send_str(data.decode())
+                        except UnicodeDecodeError:
+                            await ws.send_bytes(data)
+                    else:
+                        await ws.send_bytes(data)
+                except ConnectionError:
+                    return
+            if self.closing:
+                await ws.close()
+                return
+
+    async def finish(self) -> None:
+        self.close()
+        try:
+            await asyncio.wait_for(self.task, 5)
+        except (TimeoutError, ConnectionError):
+            self.task.cancel()
+
+
+async def serve(request: web.Request, ws: web.WebSocketResponse, server: Any,
+                make_connection: Callable[[Callable[[bytes], None], Callable[[], None], str],
+                                          Any],
+                on_text: OnText, *, text_replies: bool = False) -> None:
+    """Run one prepared WebSocket with the adapter's connection until it ends."""
+    writer = _Writer(ws)
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    conn = make_connection(writer.write, writer.close,
+                           f"ws:{peer[0]}:{peer[1]}" if peer else "ws")
+    server.connections.add(conn)
+    try:
+        async for msg in ws:
+            if msg.type == WSMsgType.BINARY:
+                writer.text = False
+                conn.data_received(msg.data)
+            elif msg.type == WSMsgType.TEXT:
+                writer.text = text_replies
+                if not on_text(conn, msg.data):
+                    break
+            if writer.closing:
+                break
+    finally:
+        server.connections.discard(conn)
+        conn.connection_lost()
+        await writer.finish()
