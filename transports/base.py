@@ -73,6 +73,7 @@ READ_PAUSE = 10_000
 DEDUP_WINDOW = 100_000  # recent imports remembered for duplicate detection  # inbound-queue length at which a DISCARD_NONE transport stops reading
 CLIENT_PREFIX = "$transport:"
 EXPORT_SELECTOR = "JMS_GW_IMPORTED IS NULL"
+MAX_REPLY_ROUTES = 10_000  # temporary reply destinations with a far-side name, per transport
 
 
 class TransportRequiredError(GatewayError):
@@ -123,6 +124,66 @@ class ExportBinding:
         self.pattern = pattern
         self.consumer: Any = None
         self.inflight = 0
+
+
+class ReplyRoutes:
+    """Temporary reply destinations of exported messages, standing as far-side names.
+
+    EMS arranges a temporary ``JMSReplyTo`` across a transport (seed L16440-16447): the
+    exported message names a far-side destination, and what a far-side responder sends there
+    comes back to the temporary destination while it exists. The transport chooses the
+    far-side name (:meth:`route` calls ``far_name`` with ``gw-reply``, the gateway id and a
+    key per temporary destination) and subscribes to it (``subscribe``) when the route is
+    made and again after every reconnect (:attr:`names`). An import from a route's name goes
+    to :meth:`target`; a route whose destination is gone is dropped (``unsubscribe``), and at
+    most :data:`MAX_REPLY_ROUTES` are kept, oldest dropped first.
+    """
+
+    __slots__ = ("broker", "subscribe", "unsubscribe", "by_name", "by_dest")
+
+    def __init__(self, broker: Any, subscribe: Callable[[str], None],
+                 unsubscribe: Callable[[str], None]) -> None:
+        self.broker = broker
+        self.subscribe = subscribe
+        self.unsubscribe = unsubscribe
+        self.by_name: dict[str, Destination] = {}
+        self.by_dest: dict[Destination, str] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.by_name)
+
+    def route(self, rt: Destination, far_name: Callable[[str, str, str], str]) -> str:
+        """The far-side name for temporary destination ``rt`` (made on first use)."""
+        name = self.by_dest.get(rt)
+        if name is None:
+            key = ("q" if rt.kind == QUEUE else "t") + rt.name.rsplit(".", 1)[-1]
+            name = far_name("gw-reply", self.broker.id, key)
+            self.by_dest[rt] = name
+            self.by_name[name] = rt
+            if len(self.by_name) > MAX_REPLY_ROUTES:
+                self.drop(next(iter(self.by_name)))
+            self.subscribe(name)
+        return name
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.by_name
+
+    def target(self, name: str) -> Destination | None:
+        """The temporary destination of route ``name``, or None (route dropped) when it is
+        gone from the gateway."""
+        dest = self.by_name[name]
+        table = self.broker.queues if dest.kind == QUEUE else self.broker.topics
+        if dest.name in table:
+            return dest
+        self.drop(name)
+        return None
+
+    def drop(self, name: str) -> None:
+        dest = self.by_name.pop(name, None)
+        if dest is not None:
+            self.by_dest.pop(dest, None)
+            self.unsubscribe(name)
 
 
 class Transport:

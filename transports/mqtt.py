@@ -46,7 +46,14 @@ from gateway import subject
 from gateway.errors import GatewayError
 from gateway.message import QUEUE, TEMP_PREFIX, Destination
 from mappings.mqtt import message_to_mqtt, mqtt_to_message
-from transports.base import EXPORT_WINDOW, ExportBinding, ImportBinding, RetryLater, Transport
+from transports.base import (
+    EXPORT_WINDOW,
+    ExportBinding,
+    ImportBinding,
+    ReplyRoutes,
+    RetryLater,
+    Transport,
+)
 
 if TYPE_CHECKING:
     from gateway.endpoint import Delivery
@@ -58,8 +65,7 @@ HOPS = "gw-hops"
 CONNECT_TIMEOUT = 10.0
 MISC_INTERVAL = 1.0  # seconds between paho's loop_misc calls (keepalive, retries)
 RECENT_EXPORTS = 10_000  # exports remembered for 3.1.1 loop detection
-MAX_REPLY_ROUTES = 10_000
-READ_BATCH = 1000  # packets read per readable callback at most (then the loop runs others)  # temporary reply destinations with a far-side topic
+READ_BATCH = 1000  # packets read per readable callback at most (then the loop runs others)
 
 # MQTT 5 PUBLISH properties: the codec's names (mappings.mqtt) ↔ paho's.
 _PAHO_NAMES = {
@@ -113,8 +119,7 @@ class MqttTransport(Transport):
         self.receive_max = EXPORT_WINDOW  # the far side's Receive Maximum (MQTT 5)
         self.throttled = False  # export consumers paused: receive_max exports unconfirmed
         # Temporary reply destinations exported as a response topic, both ways.
-        self.reply_routes: dict[str, Destination] = {}
-        self.reply_topics: dict[Destination, str] = {}
+        self.replies = ReplyRoutes(self.broker, self._reply_subscribe, self._reply_unsubscribe)
 
     # -- connecting ---------------------------------------------------------------------------
 
@@ -280,7 +285,7 @@ class MqttTransport(Transport):
         super()._on_up()
         c = self.client
         if c is not None:
-            for topic in self.reply_routes:
+            for topic in self.replies.names:
                 c.subscribe(topic, qos=self.qos)
 
     def disconnect(self) -> None:
@@ -329,7 +334,8 @@ class MqttTransport(Transport):
         rt = msg.reply_to
         reply_topic = None
         if rt is not None:
-            reply_topic = (self._reply_route(rt) if rt.name.startswith(TEMP_PREFIX)
+            reply_topic = (self.replies.route(rt, self._reply_topic)
+                           if rt.name.startswith(TEMP_PREFIX)
                            else self.prefix + subject_to_mqtt_topic(rt.name))
         out = message_to_mqtt(msg, level=5 if self.v5 else 4, now_ms=self.broker.now(),
                               reply_topic=reply_topic)
@@ -363,28 +369,15 @@ class MqttTransport(Transport):
                 b.consumer.core.pause()
         return False
 
-    def _reply_route(self, rt: Destination) -> str:
-        """The far-side topic standing for a temporary reply destination: replies sent to
-        it are imported into the temporary destination while it exists (EMS arranges the
-        same for a temporary JMSReplyTo, seed L16440-16447)."""
-        topic = self.reply_topics.get(rt)
-        if topic is None:
-            kind = "q" if rt.kind == QUEUE else "t"
-            seq = rt.name.rsplit(".", 1)[-1]
-            topic = f"{self.prefix}gw-reply/{self.broker.id}/{kind}{seq}"
-            self.reply_topics[rt] = topic
-            self.reply_routes[topic] = rt
-            if len(self.reply_routes) > MAX_REPLY_ROUTES:
-                old_topic, old_dest = next(iter(self.reply_routes.items()))
-                self._drop_reply_route(old_topic, old_dest)
-            c = self.client
-            if c is not None:
-                c.subscribe(topic, qos=self.qos)
-        return topic
+    def _reply_topic(self, *parts: str) -> str:
+        return self.prefix + "/".join(parts)
 
-    def _drop_reply_route(self, topic: str, dest: Destination) -> None:
-        self.reply_routes.pop(topic, None)
-        self.reply_topics.pop(dest, None)
+    def _reply_subscribe(self, topic: str) -> None:
+        c = self.client
+        if c is not None:
+            c.subscribe(topic, qos=self.qos)
+
+    def _reply_unsubscribe(self, topic: str) -> None:
         c = self.client
         if c is not None and self.sock is not None:
             c.unsubscribe(topic)
@@ -431,13 +424,8 @@ class MqttTransport(Transport):
                 ack()
                 return
         try:
-            dest = self.reply_routes.get(topic)
-            if dest is not None:
-                table = self.broker.queues if dest.kind == QUEUE else self.broker.topics
-                if dest.name not in table:  # the temporary destination is gone
-                    self._drop_reply_route(topic, dest)
-                    ack()
-                    return
+            if topic in self.replies:
+                dest = self.replies.target(topic)  # None: the temporary destination is gone
             else:
                 dest = self._import_destination(mqtt_topic_to_subject(topic[len(self.prefix):]))
             if dest is None:
