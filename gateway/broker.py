@@ -11,7 +11,11 @@ in-process client, an adapter connection, a transport): stamp → route → stor
   and ``overflowPolicy`` are applied per subscription or per queue (seed L2566-2653).
 * *Store*: a PERSISTENT message is written when it lands on a queue or on a durable
   subscription (seed L1190-1240); the producer's confirmation waits for the group commit
-  that makes it durable. NON_PERSISTENT and RELIABLE messages are never written.
+  that makes it durable -- or, when every stored copy was acknowledged before that commit
+  (a fast consumer, a transport whose far side confirmed), for that last acknowledgement:
+  the message has then reached the end of its way, and its write, if the writer had not
+  taken it yet, is coalesced away (ActiveMQ's concurrent store and dispatch).
+  NON_PERSISTENT and RELIABLE messages are never written.
 * *Confirm*: ``publish`` returns ``None`` when the message is accepted and nothing needs to
   be waited for, or a future that resolves when it is durable and, with flow control on,
   when the destination has drained below its ``flowControl`` limit (seed L3392-3398).
@@ -104,6 +108,8 @@ class Broker:
         self.queues: dict[str, QueueEndpoint] = {}
         self.subs = SubIndex()
         self.durables: dict[str, Subscription] = {}
+        # Producer confirmations waiting for a commit, by store id (see _commit_future).
+        self.confirming: dict[int, asyncio.Future[None]] = {}
         self.spools = 0  # subscriptions with a bound of their own (transport export spools)
         # Called with (subscription, True) when one is made and (subscription, False) when it
         # ends: transports start and stop topic imports by them (ems.md §5.7).
@@ -487,7 +493,7 @@ class Broker:
                 sub.flow_limit = spool[1] or 1 << 62
                 sub.flow_msgs = spool[0] or 1 << 62
                 blocked = sub
-        fut = self._commit_future() if stored else None
+        fut = self._commit_future(msg.store_id) if stored else None
         if blocked is not None:
             flow: asyncio.Future[None] = self.loop.create_future()
             blocked.flow_waiters.append(flow)
@@ -516,7 +522,7 @@ class Broker:
                 store.put_message(msg)
             msg.refs += 1
             store.add_entry(q.key, msg.store_id, 0)
-            fut = self._commit_future()
+            fut = self._commit_future(msg.store_id)
         self.memory += msg.size
         q.put(msg, now)
         if q.flow_limit and q.bytes >= q.flow_limit and q.consumers:
@@ -527,14 +533,22 @@ class Broker:
             return _both(self.loop, fut, flow)
         return fut
 
-    def _commit_future(self) -> asyncio.Future[None]:
+    def _commit_future(self, store_id: int) -> asyncio.Future[None]:
+        """The producer's confirmation of stored message ``store_id``: resolved by the group
+        commit, or earlier by :meth:`unstore` when its last stored copy is acknowledged."""
         fut: asyncio.Future[None] = self.loop.create_future()
+        confirming = self.confirming
+        confirming[store_id] = fut
 
         def done() -> None:
+            if confirming.get(store_id) is fut:
+                del confirming[store_id]
             if not fut.done():
                 fut.set_result(None)
 
         def failed(exc: BaseException) -> None:
+            if confirming.get(store_id) is fut:
+                del confirming[store_id]
             if not fut.done():
                 fut.set_exception(exc)
 
@@ -553,8 +567,12 @@ class Broker:
         store.remove_entry(ep.key, msg.store_id)
         msg.refs -= 1
         if msg.refs <= 0:
-            store.delete_message(msg.store_id)
+            sid = msg.store_id
+            store.delete_message(sid)
             msg.store_id = 0
+            fut = self.confirming.pop(sid, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)  # every stored copy was consumed before its commit
         store.commit(None)
 
     def undeliverable(self, msg: Message, ep: Endpoint, reason: str, count: int) -> None:

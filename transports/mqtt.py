@@ -2,9 +2,11 @@
 
 How this works. paho-mqtt does the protocol; the gateway's event loop does the I/O. paho is
 used the way its ``loop_asyncio`` example shows: its socket is watched with
-``add_reader`` / ``add_writer`` and ``loop_read`` / ``loop_write`` / ``loop_misc`` are called
-from the loop, so every callback runs on the gateway's loop and touches core state directly.
-Only the blocking TCP (and TLS) connect runs in an executor thread.
+``add_reader`` and ``loop_read`` / ``loop_write`` / ``loop_misc`` are called from the loop,
+so every callback runs on the gateway's loop and touches core state directly. Only the
+blocking TCP (and TLS) connect runs in an executor thread. Once connected, paho's socket I/O
+is buffered (:class:`_Client`): a read takes all the socket has, and what paho writes in one
+loop iteration goes out in one ``send`` (``add_writer`` only while the socket is full).
 
 * Names: core subject ``a.b`` ↔ topic ``<remote_prefix>a/b`` (``adapters/mqtt/topics.py``,
   the same reversible escapes as the MQTT adapter); a wildcard entry ``a.*`` / ``a.>``
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -66,6 +69,7 @@ CONNECT_TIMEOUT = 10.0
 MISC_INTERVAL = 1.0  # seconds between paho's loop_misc calls (keepalive, retries)
 RECENT_EXPORTS = 10_000  # exports remembered for 3.1.1 loop detection
 READ_BATCH = 1000  # packets read per readable callback at most (then the loop runs others)
+READ_SIZE = 65536  # bytes asked of the socket at once
 
 # MQTT 5 PUBLISH properties: the codec's names (mappings.mqtt) ↔ paho's.
 _PAHO_NAMES = {
@@ -76,6 +80,66 @@ _PAHO_NAMES = {
     "correlation_data": "CorrelationData",
     "user_property": "UserProperty",
 }
+
+
+class _Client(paho.Client):
+    """paho's client with its socket I/O buffered (paho reads a packet in three or more
+    ``recv`` calls and writes each packet with its own ``send``: on a busy link those system
+    calls cost more than the rest of paho).
+
+    While :attr:`buffered` is on (the transport sets it once connected; the blocking connect
+    in an executor thread runs unbuffered), reads are served from one ``recv`` of up to
+    :data:`READ_SIZE` bytes, and writes are collected in :attr:`out` for the transport to send
+    once per loop iteration (:meth:`flush`). Both buffers are dropped with the socket; what
+    was unconfirmed is resent by paho after reconnecting, as without buffers.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.buffered = False
+        self.tls = False  # a TLS socket may hold decrypted bytes that a readable event misses
+        self.drained = False  # set by a short read; the transport clears it per readable event
+        self.inbuf = b""
+        self.inpos = 0
+        self.out = bytearray()
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        data, pos = self.inbuf, self.inpos
+        if pos >= len(data):
+            if self.drained:  # the last recv took less than asked: the socket is empty
+                raise BlockingIOError
+            data = super()._sock_recv(READ_SIZE)  # BlockingIOError when empty, b"" at EOF
+            self.drained = self.buffered and not self.tls and 0 < len(data) < READ_SIZE
+            if len(data) <= bufsize:
+                self.inbuf, self.inpos = b"", 0
+                return data
+            self.inbuf, pos = data, 0
+        end = pos + bufsize
+        self.inpos = end
+        return data[pos:end]
+
+    def _sock_send(self, buf: bytes | bytearray) -> int:
+        if not self.buffered:
+            return super()._sock_send(buf)
+        self.out += buf
+        return len(buf)
+
+    def _sock_close(self) -> None:
+        self.buffered = False
+        self.inbuf, self.inpos = b"", 0
+        self.out.clear()
+        super()._sock_close()
+
+    def flush(self) -> bool:
+        """Send what is buffered; False while some is left (the socket is full)."""
+        out = self.out
+        while out:
+            try:
+                n = super()._sock_send(out)
+            except BlockingIOError:
+                return False
+            del out[:n]
+        return True
 
 
 class _Packed:
@@ -109,7 +173,9 @@ class MqttTransport(Transport):
         self.v5 = p["protocol_version"] == "5"
         self.qos = int(p["qos"])
         self.prefix = str(p.get("remote_prefix") or "")
-        self.client: paho.Client | None = None
+        self.client: _Client | None = None
+        self.write_soon = False  # a _writable call is scheduled
+        self.write_waits = False  # the socket was full: the writer callback is registered
         self.sock: int | None = None  # the socket's file descriptor while connected
         self.pending: dict[int, tuple[Delivery, ExportBinding]] = {}
         self.recent: OrderedDict[tuple[str, bytes], int] = OrderedDict()
@@ -123,11 +189,11 @@ class MqttTransport(Transport):
 
     # -- connecting ---------------------------------------------------------------------------
 
-    def _make_client(self) -> paho.Client:
+    def _make_client(self) -> _Client:
         p = self.params
         client_id = p.get("client_id") or f"gw-{self.broker.id}-{self.name}"[:64]
         clean = bool(p.get("clean_start"))
-        c = paho.Client(
+        c = _Client(
             CallbackAPIVersion.VERSION2, client_id=client_id,
             protocol=MQTTProtocolVersion.MQTTv5 if self.v5 else MQTTProtocolVersion.MQTTv311,
             clean_session=None if self.v5 else clean, manual_ack=True,
@@ -181,13 +247,18 @@ class MqttTransport(Transport):
             paho_sock = c.socket()
             if paho_sock is None:
                 raise ConnectionError("no socket after connect")
+            if not url.tls:
+                # paho leaves Nagle's algorithm on: a PUBLISH written while the previous
+                # one is unacknowledged would wait for the far side's TCP ACK.
+                paho_sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[attr-defined]
             sock = self.sock = paho_sock.fileno()  # by number: paho closes the socket itself
             c.on_socket_register_write = self._register_write
-            c.on_socket_unregister_write = self._unregister_write
             c.on_socket_close = self._socket_closed
+            c.buffered = True
+            c.tls = bool(url.tls)
             self.loop.add_reader(sock, self._readable)
             if c.want_write():
-                self.loop.add_writer(sock, self._writable)
+                self._register_write(c, None, None)
             self.misc = self.loop.call_later(MISC_INTERVAL, self._tick)
             await asyncio.wait_for(self.connack, CONNECT_TIMEOUT)
         except BaseException:
@@ -220,6 +291,7 @@ class MqttTransport(Transport):
 
     def _teardown(self) -> None:
         sock = self.sock
+        self.write_waits = False
         if sock is not None:
             self.loop.remove_reader(sock)
             self.loop.remove_writer(sock)
@@ -229,12 +301,10 @@ class MqttTransport(Transport):
             self.misc = None
 
     def _register_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
-        if self.sock is not None:
-            self.loop.add_writer(self.sock, self._writable)
-
-    def _unregister_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
-        if self.sock is not None:
-            self.loop.remove_writer(self.sock)
+        # paho has packets to write: they go to its buffer once in this loop iteration.
+        if self.sock is not None and not self.write_soon:
+            self.write_soon = True
+            self.loop.call_soon(self._writable)
 
     def _socket_closed(self, client: paho.Client, userdata: Any, sock: Any) -> None:
         self._teardown()
@@ -253,6 +323,7 @@ class MqttTransport(Transport):
             c.loop_read()
             return
         again = MQTTErrorCode.MQTT_ERR_AGAIN
+        c.drained = False
         for _ in range(READ_BATCH):
             if c is not self.client or self.sock is None:
                 return
@@ -264,9 +335,32 @@ class MqttTransport(Transport):
                 return
 
     def _writable(self) -> None:
+        self.write_soon = False
         c = self.client
-        if c is not None:
-            c.loop_write()
+        if c is None or self.sock is None:
+            return
+        c.loop_write()
+        if c.buffered and not self.write_waits:
+            self._flush()
+
+    def _flush(self) -> None:
+        c = self.client
+        sock = self.sock
+        if c is None or sock is None:
+            return
+        try:
+            done = c.flush()
+        except OSError as exc:  # the connection broke: paho finds out on its next read
+            log.info("transport %s: write failed: %s", self.name, exc)
+            done = True
+            c.out.clear()
+        if done:
+            if self.write_waits:
+                self.write_waits = False
+                self.loop.remove_writer(sock)
+        elif not self.write_waits:
+            self.write_waits = True
+            self.loop.add_writer(sock, self._flush)
 
     def _tick(self) -> None:
         c = self.client
@@ -294,6 +388,11 @@ class MqttTransport(Transport):
             c.on_disconnect = None
             c.disconnect()
             c.loop_write()
+            if c.buffered:
+                try:
+                    c.flush()  # the DISCONNECT, if the socket takes it now
+                except OSError:
+                    pass
         self._teardown()
         self.pending.clear()
 

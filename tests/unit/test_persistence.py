@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -124,3 +125,52 @@ async def test_kill_9_in_the_middle_of_persistent_traffic_loses_no_confirmed_mes
     missing_t = set(confirmed) - tmsgs
     assert not missing_q, f"confirmed queue messages lost: {sorted(missing_q)[:10]}"
     assert not missing_t, f"confirmed topic messages lost: {sorted(missing_t)[:10]}"
+
+
+def _hold_commit_callbacks(broker) -> list:
+    """Make the store's commits slow as seen from the loop: the writes happen, their
+    callbacks wait in the returned list until the test runs them."""
+    held: list = []
+    commit = broker.store.commit
+
+    def slow_commit(callback=None, on_error=None):
+        if callback is not None:
+            held.append(callback)
+        commit(None, on_error)
+
+    broker.store.commit = slow_commit
+    return held
+
+
+async def test_a_send_is_confirmed_by_the_commit_or_by_the_last_ack_before_it(tmp_path):
+    """Concurrent store and dispatch: a persistent message every stored copy of which was
+    acknowledged before its group commit is confirmed then; one still held waits for the
+    commit."""
+    write_config(tmp_path)
+    async with running_broker(tmp_path) as b:
+        held = _hold_commit_callbacks(b)
+        s = b.connect(client_id="c1").session(AckMode.EXPLICIT)
+        c1 = s.consumer(T("t.x"), durable_name="one")
+        c2 = s.consumer(T("t.x"), durable_name="two")
+        fut = s.producer(T("t.x")).send(Message.text("fan-out"))
+        assert fut is not None and held
+        d1, d2 = await c1.receive(1), await c2.receive(1)
+        s.ack(d1)
+        await asyncio.sleep(0.01)
+        assert not fut.done()  # one stored copy is left
+        s.ack(d2)
+        await asyncio.sleep(0)
+        assert fut.done() and fut.exception() is None
+
+        kept = s.producer(Q("q.kept")).send(Message.text("nobody reads it"))
+        await asyncio.sleep(0.01)
+        assert kept is not None and not kept.done()
+        for callback in held:
+            callback()
+        await asyncio.sleep(0)
+        assert kept.done() and not b.confirming
+    async with running_broker(tmp_path) as b:  # the consumed one is gone, the other kept
+        c = b.connect().session().consumer(Q("q.kept"))
+        assert (await c.receive(1)).msg.body == "nobody reads it"
+        assert b.connect(client_id="c1").session().consumer(
+            T("t.x"), durable_name="one").endpoint.count == 0
