@@ -4,7 +4,7 @@ How this works. python-qpid-proton's *engine* does the protocol; the gateway's e
 the I/O, exactly as the AMQP adapter does on the server side (``adapters/amqp/connection.py``)
 and never through proton's ``Container`` or reactor. :meth:`AmqpTransport.connect` opens the
 TCP (or TLS, ``amqps://``: asyncio's ssl, so proton sees plain bytes) connection with
-``loop.create_connection``; a thin :class:`_Shell` protocol hands every read to
+``loop.create_connection``; a thin :class:`Shell` protocol hands every read to
 :meth:`AmqpTransport.data_received`, which pushes it into a client-mode proton
 :class:`~proton.Transport` (SASL PLAIN with ``username``, else ANONYMOUS), dispatches what its
 :class:`~proton.Collector` gathered and writes the output once. Work that makes output between
@@ -21,6 +21,15 @@ heartbeats and the idle timeout (``idle_timeout``) are ``Transport.tick`` on a `
 * Import: one receiver link per far-side subscription, :data:`CREDIT` credit replenished as
   the core takes the messages; each transfer is accepted only once the core has it. A
   wildcard link names each message from ``to``, else ``subject`` (RabbitMQ's routing key).
+  With ``durable_subscriptions`` a topic's link has a durable source under a stable link name
+  (:meth:`AmqpTransport.remote_subscribe`). A resend after a lost settlement is dropped: by
+  base's (trace id, destination) check for what a gateway sent, here by (message-id,
+  destination) for a copy the peer marks as possibly delivered before (``_on_transfer``).
+* Temporary reply-to (seed L16440-16447): an export whose JMSReplyTo is temporary names the
+  far address ``<address_prefix_topic>gw-reply.<gateway id>.<key>`` (:class:`ReplyRoutes`); a
+  receiver link from it, made with the route and after each reconnect, imports the replies
+  into the temporary destination; routes whose destination is gone are dropped (checked
+  every :data:`~transports.base.REPLY_SWEEP` s, and on each reply).
 
 The names, the RabbitMQ wildcard rule (``>`` → ``#``) and the message rules are in
 ``transports/README.md`` ("amqp").
@@ -32,6 +41,7 @@ import asyncio
 import logging
 import ssl
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -43,11 +53,22 @@ from proton import Transport as ProtonTransport
 from gateway import subject
 from gateway.endpoint import requeue_all
 from gateway.errors import GatewayError
-from gateway.message import QUEUE, TOPIC, Destination, Message
+from gateway.message import QUEUE, TEMP_PREFIX, TOPIC, Destination, Message
 from mappings.amqp import MA_PREFIX, amqp_to_message, message_to_amqp
 from mappings.amqp_fast import decode as fast_decode
 from mappings.amqp_fast import encode as fast_encode
-from transports.base import ExportBinding, RetryLater, Transport
+from transports.amqp_links import (
+    GW_PREFIXES,
+    ReceiverLink,
+    SenderLink,
+    Shell,
+    far_address,
+    maybe_redelivered,
+    name_candidates,
+    peer_error,
+    valid_name,
+)
+from transports.base import DEDUP_WINDOW, ExportBinding, RetryLater, Transport
 
 if TYPE_CHECKING:
     from gateway.endpoint import Delivery as CoreDelivery
@@ -58,127 +79,15 @@ ORIGIN = "x-opt-gw-origin"  # message annotation: the id of the gateway that exp
 HOPS = "x-opt-gw-hops"  # message annotation: bridges crossed before this export
 PROP_ORIGIN = MA_PREFIX + ORIGIN  # how the mapping carries them as properties
 PROP_HOPS = MA_PREFIX + HOPS
-GW_PREFIXES = ("topic://", "queue://")  # the gateway's own addresses (JMS mapping)
-BINDING_KEY_PREFIXES = ("/topic/", "/exchange/")  # RabbitMQ: the rest is a 0-9-1 binding key
 
 CONNECT_TIMEOUT = 10.0  # seconds for TCP, TLS, SASL and the open/begin exchange together
 CREDIT = 1000  # transfers a receiver link may have granted or unconfirmed (adapter's CREDIT)
 RELEASED_RETRY = 1.0  # seconds a binding pauses after the far side released an export
 MAX_SENDERS = 1000  # sender links kept; past this the oldest idle one is closed
-WRITE_HIGH_WATER = 1 << 20  # bytes buffered in the socket before exports pause (adapter's)
 
 _PN_DELIVERY = Event.DELIVERY.number
 _RELEASED, _MODIFIED = Delivery.RELEASED, Delivery.MODIFIED
 _wrap: Any = Delivery.wrap
-
-
-def far_address(prefix: str, pattern: str) -> str:
-    """The far-side address of a core name or pattern (see the module docstring)."""
-    if subject.GT in pattern and prefix.startswith(BINDING_KEY_PREFIXES):
-        pattern = ".".join("#" if el == subject.GT else el for el in pattern.split("."))
-    return prefix + pattern
-
-
-def name_candidates(address: str | None, subj: str | None, prefix: str) -> list[tuple[str, bool]]:
-    """The core names a message on a wildcard link may have, best first: from ``to`` (the far
-    prefix or a gateway prefix stripped), then from ``subject`` (flagged True)."""
-    out: list[tuple[str, bool]] = []
-    if address:
-        if prefix and address.startswith(prefix):
-            out.append((address[len(prefix):], False))
-        elif address.startswith(GW_PREFIXES):
-            out.append((address[8:], False))
-    if subj:
-        out.append((subj, True))
-    return out
-
-
-def _why(endpoint: Any) -> str:
-    """The error a peer gave when it closed a connection, session or link."""
-    cond = endpoint.remote_condition
-    return f"{cond.name}: {cond.description}" if cond else "no error given"
-
-
-def _valid(name: str) -> bool:
-    try:
-        subject.validate(name)
-    except GatewayError:
-        return False
-    return True
-
-
-class _Shell(asyncio.Protocol):
-    """The socket: bytes to the transport, its output to the socket; nothing else."""
-
-    def __init__(self, owner: AmqpTransport) -> None:
-        self.owner = owner
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
-
-    def data_received(self, data: bytes) -> None:
-        if self.owner.shell is self:
-            self.owner.data_received(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.owner.shell is self:
-            self.owner.gone(f"connection lost: {exc}" if exc else "connection closed by peer")
-
-    def pause_writing(self) -> None:
-        if self.owner.shell is self:
-            self.owner.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.owner.shell is self:
-            self.owner.resume_writing()
-
-    def write(self, data: bytes) -> None:
-        t = self.transport
-        if t is not None and not t.is_closing():
-            t.write(data)
-
-    def close(self) -> None:
-        t = self.transport
-        if t is not None and not t.is_closing():
-            t.close()
-
-
-class SenderLink:
-    """One sender link: the exports to one far address."""
-
-    __slots__ = ("link", "raw", "name", "pending", "blocked", "closed", "refused",
-                 "refused_until")
-
-    def __init__(self, link: Any, name: str) -> None:
-        self.link = link
-        self.raw = link._impl  # proton's pn_link_t: the hot path calls proton's C API on it
-        self.name = name  # the core name
-        self.pending: dict[Any, tuple[CoreDelivery, ExportBinding]] = {}  # pn_delivery_t → ...
-        self.blocked: set[ExportBinding] = set()  # bindings paused for this link's credit
-        self.closed = False
-        self.refused: str | None = None  # why the peer refused the link, if it did
-        self.refused_until = 0.0
-
-
-class ReceiverLink:
-    """One receiver link: a far-side subscription, refcounted by (kind, pattern)."""
-
-    __slots__ = ("link", "raw", "pattern", "kind", "dest", "prefix", "outstanding", "closed",
-                 "users")
-
-    def __init__(self, link: Any, pattern: str, kind: Any, prefix: str) -> None:
-        self.link = link
-        self.raw = link._impl
-        self.pattern = pattern
-        self.kind = kind
-        # A concrete name is every message's destination; a wildcard's come from each message.
-        self.dest = None if subject.is_wildcard(pattern) else Destination(kind, pattern)
-        self.prefix = prefix
-        self.outstanding = 0  # transfers received, not yet settled
-        self.closed = False
-        self.users = 1
 
 
 class AmqpTransport(Transport):
@@ -191,7 +100,7 @@ class AmqpTransport(Transport):
         self.presettle = p["settle"] == "at-most-once"
         self.topic_prefix = str(p.get("address_prefix_topic") or "")
         self.queue_prefix = str(p.get("address_prefix_queue") or "")
-        self.shell: _Shell | None = None
+        self.shell: Shell | None = None
         self.pn: ProtonTransport | None = None
         self.engine: Connection | None = None
         self.pn_session: Any = None
@@ -209,6 +118,13 @@ class AmqpTransport(Transport):
         self.by_link: dict[Any, SenderLink | ReceiverLink] = {}  # pn_link_t → its handler
         self.retry_timers: dict[str, asyncio.TimerHandle] = {}
         self.link_seq = 0
+        self.durable = bool(p.get("durable_subscriptions"))
+        # Temporary JMSReplyTo destinations of exports, standing as far addresses; a receiver
+        # link per route (far address → its link) imports the replies.
+        self.reply_links: dict[str, ReceiverLink] = {}
+        # (message-id, destination) of recent imports that no gateway sent (no trace id): a
+        # redelivered copy of one is the resend after a lost settlement (see _on_transfer).
+        self.recent_ids: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._handlers: dict[int, Callable[[Any], None]] = {
             Event.SESSION_REMOTE_OPEN.number: self._on_begin,
             Event.LINK_FLOW.number: self._on_flow,
@@ -234,7 +150,7 @@ class AmqpTransport(Transport):
                 ctx.load_cert_chain(p["tls_cert"], p.get("tls_key"))
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
-                shell = _Shell(self)
+                shell = Shell(self)
                 self.shell = shell
                 await self.loop.create_connection(
                     lambda: shell, url.host, url.port, ssl=ctx,
@@ -279,6 +195,13 @@ class AmqpTransport(Transport):
         fut = self.opened
         if fut is not None and not fut.done():
             fut.set_result(None)
+            props = self.engine.remote_properties if self.engine is not None else None
+            if self.durable and props and props.get("product") == "RabbitMQ" and \
+                    str(props.get("version") or "")[:1] in ("1", "2", "3"):
+                log.warning("transport %s: RabbitMQ %s does not keep durable subscriptions "
+                            "over AMQP 1.0: each attach makes a new durable amq.gen- queue, and "
+                            "the old one keeps collecting (transports/README.md)", self.name,
+                            props.get("version"))
 
     def gone(self, reason: str) -> None:
         """The connection is over (socket, peer's close, protocol error): forget it, give the
@@ -308,6 +231,7 @@ class AmqpTransport(Transport):
         self.by_link.clear()
         self.senders.clear()
         self.receivers.clear()
+        self.reply_links.clear()
         for timer in self.retry_timers.values():
             timer.cancel()
         self.retry_timers.clear()
@@ -454,14 +378,14 @@ class AmqpTransport(Transport):
             self._changed()
 
     def _on_close(self, ev: Any) -> None:
-        self.failure = self.failure or f"closed by the peer: {_why(ev.connection)}"
+        self.failure = self.failure or f"closed by the peer: {peer_error(ev.connection)}"
         ev.connection.close()
 
     def _on_end(self, ev: Any) -> None:
         """The peer ended our session (RabbitMQ 3.10 does on a missing exchange): every link
         is gone with it, so start again on a new connection."""
         self._fail_connection(Condition(
-            "amqp:internal-error", f"session ended by the peer: {_why(ev.session)}"))
+            "amqp:internal-error", f"session ended by the peer: {peer_error(ev.session)}"))
 
     def _settle_orphan(self, dlv: Any) -> None:
         """A transfer on a receiver we detached (RabbitMQ answers no detach of a ``/topic``
@@ -483,27 +407,49 @@ class AmqpTransport(Transport):
         return f"{self.name}:{role}:{address}:{self.link_seq}"
 
     def remote_subscribe(self, pattern: str, kind: Any) -> None:
+        """A receiver link for a far-side subscription. With ``durable_subscriptions`` a topic's
+        source is a durable terminus (AMQP 1.0 §3.5.3: durability unsettled-state, expiry
+        policy never) under a link name that stays the same for the subscription, so with the
+        container id it names one durable subscription on the far side (as Qpid JMS's
+        durable subscriber does): the peer keeps what is published while we are away and
+        sends it when the link is attached again. Closing the link (the last local
+        subscriber went) ends it; a lost connection does not."""
         key = (kind, pattern)
         h = self.receivers.get(key)
         if h is not None:
             h.users += 1
             return
-        ssn = self.pn_session
-        if ssn is None or self.closed:
-            return
         prefix = self.queue_prefix if kind == QUEUE else self.topic_prefix
         address = far_address(prefix, pattern)
-        link = ssn.receiver(self._next_link_name("in", address))
+        durable = self.durable and kind == TOPIC
+        name = f"{self.name}:durable:{address}" if durable else None
+        h = self._receiver(address, Destination(kind, pattern), prefix, name)
+        if h is None:
+            return
+        if durable:
+            h.link.source.durability = Terminus.DELIVERIES
+            h.link.source.expiry_policy = Terminus.EXPIRE_NEVER
+        self.receivers[key] = h
+        self._open(h)
+
+    def _receiver(self, address: str, target: Destination, prefix: str,
+                  name: str | None = None) -> ReceiverLink | None:
+        """A new receiver link from ``address`` (not yet open), or None when not connected."""
+        ssn = self.pn_session
+        if ssn is None or self.closed:
+            return None
+        link = ssn.receiver(name or self._next_link_name("in", address))
         link.source.address = address
         link.source.durability = Terminus.NONDURABLE
-        link.target.address = str(Destination(kind, pattern))
+        link.target.address = str(target)
         link.snd_settle_mode = Link.SND_SETTLED if self.presettle else Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
-        h = ReceiverLink(link, pattern, kind, prefix)
-        self.receivers[key] = h
+        return ReceiverLink(link, target.name, target.kind, prefix)
+
+    def _open(self, h: ReceiverLink) -> None:
         self.by_link[h.raw] = h
-        link.open()
-        link.flow(CREDIT)
+        h.link.open()
+        h.link.flow(CREDIT)
         self._changed()
 
     def remote_unsubscribe(self, pattern: str, kind: Any) -> None:
@@ -521,6 +467,40 @@ class AmqpTransport(Transport):
             h.link.close()
             self._changed()
 
+    # -- reply routes -------------------------------------------------------------------------
+
+    def _reply_address(self, *parts: str) -> str:
+        """A route's far address: ``<address_prefix_topic>gw-reply.<gateway id>.<key>``."""
+        return self.topic_prefix + ".".join(parts)
+
+    def reply_subscribe(self, address: str) -> None:
+        """The receiver link of a reply route (when it is made, and after each reconnect):
+        what a far-side responder sends to ``address`` comes back through it."""
+        if address in self.reply_links:
+            return
+        rt = self.replies.by_name.get(address)
+        if rt is None:
+            return
+        h = self._receiver(address, rt, self.topic_prefix)
+        if h is not None:
+            h.route = address
+            self.reply_links[address] = h
+            self._open(h)
+
+    def reply_unsubscribe(self, address: str) -> None:
+        h = self.reply_links.pop(address, None)
+        if h is None:
+            return
+        h.closed = True
+        self.by_link.pop(h.raw, None)
+        if not self.closed:
+            h.link.close()
+            self._changed()
+
+    def _on_up(self) -> None:
+        super()._on_up()
+        for address in self.replies.names:
+            self.reply_subscribe(address)
 
     def _replenish(self, h: ReceiverLink) -> None:
         """Keep credit + unconfirmed near :data:`CREDIT` (issued in halves, AMQP 1.0 §2.6.7);
@@ -553,9 +533,15 @@ class AmqpTransport(Transport):
             link.close()
         if h is None:
             return
-        reason = _why(link)
+        reason = peer_error(link)
         h.closed = True
         if isinstance(h, ReceiverLink):
+            if h.route is not None:  # a reply route's link: attached again while it exists
+                if self.reply_links.get(h.route) is h:
+                    del self.reply_links[h.route]
+                    self.loop.call_later(float(self.params.get("reconnect_min", 1.0)),
+                                         self.reply_subscribe, h.route)
+                return
             if self.receivers.get((h.kind, h.pattern)) is h:
                 del self.receivers[(h.kind, h.pattern)]
                 self.last_error = f"import of {h.pattern}: {reason}"
@@ -605,8 +591,17 @@ class AmqpTransport(Transport):
         data = bytearray(n)
         lib.pn_link_recv(raw, ffi.from_buffer(data), n)
         lib.pn_link_advance(raw)
+        dest = h.dest
+        if h.route is not None:
+            dest = self.replies.target(h.route)  # None: the temporary destination is gone
+            if dest is None:  # (and the route with it): taken and dropped
+                if not lib.pn_delivery_settled(dlv):
+                    lib.pn_delivery_update(dlv, PN_ACCEPTED)
+                lib.pn_delivery_settle(dlv)
+                self._changed()
+                return
         try:
-            found = self._decode(h, data)
+            found = self._decode(h, data, dest)
         except Exception as exc:  # noqa: BLE001 - a message the core cannot take
             self.stats["failed"] += 1
             log.warning("transport %s: cannot import from %s: %s", self.name, h.pattern, exc)
@@ -629,7 +624,29 @@ class AmqpTransport(Transport):
             ack()
             return
         msg, origin, hops = found
+        mid = msg.message_id
+        if msg.trace_id is None and mid is not None and msg.destination is not None:
+            # No gateway sent it, so base's (trace id, destination) check cannot see a resend.
+            # A copy of a recent import's (message-id, destination) that does not say it is
+            # the first acquisition (AMQP 1.0 §3.2.1 first-acquirer, delivery-count; RabbitMQ
+            # marks what it requeued so) is the resend of a transfer whose settlement was
+            # lost: taken and dropped. Forgotten again when the core refused the first copy.
+            key = (mid, msg.destination.name)
+            recent = self.recent_ids
+            if key in recent and maybe_redelivered(data):
+                self.stats["duplicates"] += 1
+                self._record("drop", msg, "duplicate")
+                ack()
+                return
+            recent[key] = None
+            if len(recent) > DEDUP_WINDOW:
+                recent.popitem(last=False)
         self.imported(msg, origin, hops, ack)
+
+    def _forget(self, msg: Message) -> None:
+        super()._forget(msg)
+        if msg.message_id is not None and msg.destination is not None:
+            self.recent_ids.pop((msg.message_id, msg.destination.name), None)
 
     def _reject(self, dlv: Any, cond: Condition) -> None:
         w = _wrap(dlv)
@@ -639,11 +656,12 @@ class AmqpTransport(Transport):
         w.settle()
         self._changed()
 
-    def _decode(self, h: ReceiverLink, data: bytearray) -> tuple[Message, str | None, int] | None:
-        """The core message of a transfer, its origin and hops; None when its name is outside
-        the link's pattern. Raises on what cannot be decoded or named."""
+    def _decode(self, h: ReceiverLink, data: bytearray,
+                dest: Destination | None) -> tuple[Message, str | None, int] | None:
+        """The core message of a transfer to ``dest`` (None: named by the message, on a
+        wildcard link), its origin and hops; None when its name is outside the link's
+        pattern. Raises on what cannot be decoded or named."""
         now = self.broker.now()
-        dest = h.dest
         msg: Message | None = None
         if dest is not None:
             msg = fast_decode(data, destination=dest, default_kind=QUEUE, now_ms=now)
@@ -656,7 +674,7 @@ class AmqpTransport(Transport):
                 if not candidates:
                     raise GatewayError("a message on a wildcard link has neither to nor subject")
                 for name, is_subject in candidates:
-                    if subject.matches(h.pattern, name) and _valid(name):
+                    if subject.matches(h.pattern, name) and valid_name(name):
                         dest, from_subject = Destination(h.kind, name), is_subject
                         break
                 else:
@@ -750,9 +768,13 @@ class AmqpTransport(Transport):
                 return data
         pm = message_to_amqp(out, delivery_count=count, now_ms=now)
         if reply is not None:
-            prefix = self.topic_prefix if reply.kind is TOPIC else self.queue_prefix
-            pm.reply_to = prefix + reply.name
-        return pm.encode()  # type: ignore[no-any-return]
+            if reply.name.startswith(TEMP_PREFIX):  # a route back (EMS, seed L16440-16447)
+                pm.reply_to = self.replies.route(reply, self._reply_address)
+            else:
+                prefix = self.topic_prefix if reply.kind is TOPIC else self.queue_prefix
+                pm.reply_to = prefix + reply.name
+        encoded: bytes = pm.encode()
+        return encoded
 
     def _on_disposition(self, h: SenderLink, dlv: Any) -> None:
         """The peer's outcome for an export (AMQP 1.0 §3.4)."""

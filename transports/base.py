@@ -69,11 +69,12 @@ log = logging.getLogger("transports")
 
 IMPORT_WINDOW = 1000  # publishes of one transport waiting for the core before imports queue
 EXPORT_WINDOW = 1000  # exports of one binding waiting for the far side's confirmation
-READ_PAUSE = 10_000
-DEDUP_WINDOW = 100_000  # recent imports remembered for duplicate detection  # inbound-queue length at which a DISCARD_NONE transport stops reading
+READ_PAUSE = 10_000  # inbound-queue length at which a DISCARD_NONE transport stops reading
+DEDUP_WINDOW = 100_000  # recent imports remembered for duplicate detection
 CLIENT_PREFIX = "$transport:"
 EXPORT_SELECTOR = "JMS_GW_IMPORTED IS NULL"
 MAX_REPLY_ROUTES = 10_000  # temporary reply destinations with a far-side name, per transport
+REPLY_SWEEP = 5.0  # seconds between checks that the routes' temporary destinations exist
 
 
 class TransportRequiredError(GatewayError):
@@ -135,11 +136,12 @@ class ReplyRoutes:
     far-side name (:meth:`route` calls ``far_name`` with ``gw-reply``, the gateway id and a
     key per temporary destination) and subscribes to it (``subscribe``) when the route is
     made and again after every reconnect (:attr:`names`). An import from a route's name goes
-    to :meth:`target`; a route whose destination is gone is dropped (``unsubscribe``), and at
-    most :data:`MAX_REPLY_ROUTES` are kept, oldest dropped first.
+    to :meth:`target`; a route whose destination is gone is dropped (``unsubscribe``) when a
+    reply comes or at the next :meth:`sweep`, and at most :data:`MAX_REPLY_ROUTES` are
+    kept, oldest dropped first.
     """
 
-    __slots__ = ("broker", "subscribe", "unsubscribe", "by_name", "by_dest")
+    __slots__ = ("broker", "subscribe", "unsubscribe", "by_name", "by_dest", "timer")
 
     def __init__(self, broker: Any, subscribe: Callable[[str], None],
                  unsubscribe: Callable[[str], None]) -> None:
@@ -148,6 +150,7 @@ class ReplyRoutes:
         self.unsubscribe = unsubscribe
         self.by_name: dict[str, Destination] = {}
         self.by_dest: dict[Destination, str] = {}
+        self.timer: asyncio.TimerHandle | None = None
 
     @property
     def names(self) -> list[str]:
@@ -164,6 +167,8 @@ class ReplyRoutes:
             if len(self.by_name) > MAX_REPLY_ROUTES:
                 self.drop(next(iter(self.by_name)))
             self.subscribe(name)
+            if self.timer is None:
+                self.timer = self.broker.loop.call_later(REPLY_SWEEP, self.sweep)
         return name
 
     def __contains__(self, name: str) -> bool:
@@ -178,6 +183,21 @@ class ReplyRoutes:
             return dest
         self.drop(name)
         return None
+
+    def sweep(self) -> None:
+        """Drop the routes whose temporary destination is gone (every :data:`REPLY_SWEEP`
+        seconds while there are routes), so their far-side subscriptions end even when no
+        reply comes."""
+        self.timer = None
+        for name in list(self.by_name):
+            self.target(name)
+        if self.by_name:
+            self.timer = self.broker.loop.call_later(REPLY_SWEEP, self.sweep)
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def drop(self, name: str) -> None:
         dest = self.by_name.pop(name, None)
@@ -230,6 +250,9 @@ class Transport:
         self.task: asyncio.Task[None] | None = None
         self.stopping = False
         self.up_event = asyncio.Event()
+        # Temporary reply destinations of exports, as far-side names (subclasses that
+        # export reply-to override reply_subscribe / reply_unsubscribe).
+        self.replies = ReplyRoutes(self.broker, self.reply_subscribe, self.reply_unsubscribe)
 
     # -- far side (subclasses) ----------------------------------------------------------------
 
@@ -248,6 +271,12 @@ class Transport:
     def export(self, d: Delivery, binding: ExportBinding) -> bool:
         """Send one message; True when it is done already (nothing to confirm)."""
         raise NotImplementedError
+
+    def reply_subscribe(self, name: str) -> None:
+        """Subscribe to the far-side name of a reply route (see :class:`ReplyRoutes`)."""
+
+    def reply_unsubscribe(self, name: str) -> None:
+        """End the far-side subscription of a dropped reply route."""
 
     def pause_reading(self) -> None:
         """Stop taking messages from the far side (the inbound queue is full)."""
@@ -343,6 +372,7 @@ class Transport:
 
     async def stop(self) -> None:
         self.stopping = True
+        self.replies.close()
         self._down.set()
         if self.task is not None:
             self.task.cancel()

@@ -53,7 +53,6 @@ from transports.base import (
     EXPORT_WINDOW,
     ExportBinding,
     ImportBinding,
-    ReplyRoutes,
     RetryLater,
     Transport,
 )
@@ -185,7 +184,6 @@ class MqttTransport(Transport):
         self.receive_max = EXPORT_WINDOW  # the far side's Receive Maximum (MQTT 5)
         self.throttled = False  # export consumers paused: receive_max exports unconfirmed
         # Temporary reply destinations exported as a response topic, both ways.
-        self.replies = ReplyRoutes(self.broker, self._reply_subscribe, self._reply_unsubscribe)
 
     # -- connecting ---------------------------------------------------------------------------
 
@@ -471,12 +469,12 @@ class MqttTransport(Transport):
     def _reply_topic(self, *parts: str) -> str:
         return self.prefix + "/".join(parts)
 
-    def _reply_subscribe(self, topic: str) -> None:
+    def reply_subscribe(self, topic: str) -> None:
         c = self.client
         if c is not None:
             c.subscribe(topic, qos=self.qos)
 
-    def _reply_unsubscribe(self, topic: str) -> None:
+    def reply_unsubscribe(self, topic: str) -> None:
         c = self.client
         if c is not None and self.sock is not None:
             c.unsubscribe(topic)

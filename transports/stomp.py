@@ -50,7 +50,26 @@ refused too, so a broker that drops the connection on one message does not stop 
 Import: SUBSCRIBE with ``ack:client-individual``, one subscription id per far-side pattern,
 a prefetch of :data:`~transports.base.IMPORT_WINDOW` (ActiveMQ's ``activemq.prefetchSize``,
 RabbitMQ's ``prefetch-count``); the ACK of a message is written only after the core took it.
-``pause_reading`` holds stomp.py's receiver thread, so TCP holds the broker back.
+``pause_reading`` holds stomp.py's receiver thread, so TCP holds the broker back. A message
+whose ACK was lost with the connection comes again: one another gateway sent is dropped by
+base.py's (trace id, destination) check; for any other the transport remembers the
+(destination, ``message-id``) of the last :data:`SETTLED_WINDOW` it took, which catches the
+redelivery where the broker keeps the message-id (ActiveMQ does, tested); RabbitMQ makes a
+new one per delivery, so there such a message is imported twice, the second with
+``redelivered:true`` (at least once, tested).
+
+Durable topic imports (``durable_subscriptions = true``): the SUBSCRIBE of a topic import is
+durable in every dialect at once, named ``<client_id>:<pattern>`` (:meth:`durable_name`), with
+``client-id`` on CONNECT; after a reconnect the same names pick up what the far side kept.
+The last local subscription going removes it on the far side, in the dialect the CONNECTED
+frame's ``server`` names (:meth:`_durable_unsubscribe`); one whose import ended while the
+link was down is removed on the next connection.
+
+Temporary reply-to (seed L16440-16447): an export whose JMSReplyTo is a temporary destination
+of the gateway gets ``reply-to:<topic_prefix>gw-reply.<gateway id>.<q|t><n>``; the transport
+subscribes that topic (again after every reconnect) and imports what arrives there into the
+temporary destination while it exists (:class:`~transports.base.ReplyRoutes`). Every
+:data:`~transports.base.REPLY_SWEEP` seconds routes whose destination is gone are dropped and unsubscribed.
 """
 
 from __future__ import annotations
@@ -90,6 +109,13 @@ DISCONNECT_RECEIPT = "gw-disconnect"
 # ActiveMQ does on a jms-map-json SEND, its XStream library missing) would otherwise get it
 # again after every reconnect, and nothing behind it would ever leave the spool.
 POISON_LOSSES = 3
+# The "kind" of a reply route's far-side subscription in ``subs`` / ``sub_by_id`` (an import
+# entry's is QUEUE or TOPIC).
+REPLY = None
+# (destination, message-id) of the imports taken lately, to know a redelivery whose ACK was
+# lost. Those are the last ones taken before a connection dropped: at most the prefetch of
+# each subscription (IMPORT_WINDOW) were unacknowledged at the broker then.
+SETTLED_WINDOW = 10 * IMPORT_WINDOW
 
 # Events the listener hands to the loop (the first item of each deque entry).
 _CONNECTED, _MESSAGE, _RECEIPT, _ERROR, _LOST, _WRITTEN = range(6)
@@ -200,8 +226,9 @@ class Link:
             for cmd, headers, body, token in batch:
                 try:
                     if cmd == _CONNECT:
-                        login, passcode = headers
-                        conn.connect(login, passcode, wait=False, with_connect_command=True)
+                        login, passcode, extra = headers
+                        conn.connect(login, passcode, wait=False, headers=extra,
+                                     with_connect_command=True)
                         continue
                     if cmd == _CLOSE or cmd == _ABORT:
                         self._close(graceful=cmd == _CLOSE)
@@ -256,12 +283,22 @@ class StompTransport(Transport):
         self.link: Link | None = None
         self.connected: asyncio.Future[None] | None = None
         self.pending: dict[str, tuple[Delivery, ExportBinding]] = {}  # receipt id → export
-        self.subs: dict[tuple[str, Any], str] = {}  # (core pattern, kind) → subscription id
+        # (core pattern, kind) → subscription id; a reply route's is (far name, REPLY)
+        self.subs: dict[tuple[str, Any], str] = {}
         self.sub_by_id: dict[str, tuple[str, Any]] = {}
         self.ids = itertools.count(1)
         self.error: str | None = None  # the last ERROR frame's message, for the lost reason
         self.suspect: str | None = None  # message id of the oldest unconfirmed export at losses
         self.suspect_losses = 0
+        self.server = ""  # the CONNECTED frame's server header: the far side's dialect
+        self.durable = bool(p.get("durable_subscriptions"))
+        self.client_id = str(p.get("client_id") or f"gw-{self.broker.name}-{self.name}")
+        # Far-side durable subscriptions made (name → far destination), kept across
+        # connections: one whose import ended while the link was down is removed on the next.
+        self.durables: dict[str, str] = {}
+        self.settled: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
+        # Temporary reply destinations of exports, subscribed on the far side as topics.
+        self.quiet: set[str] = set()  # receipts of frames whose ERROR is only logged
 
     # -- connecting ---------------------------------------------------------------------------
 
@@ -293,7 +330,12 @@ class StompTransport(Transport):
         if self.reading_paused:
             link.readable.clear()
         link.writer.start()
-        link.put(_CONNECT, (self.params.get("login"), self.params.get("passcode")))
+        # client-id names durable subscriptions (ActiveMQ, the gateway); sent only when they
+        # are wanted or it is configured, since a broker refuses a second connection with the
+        # same client-id (a reconnect racing with the broker's notice of the old one's loss).
+        extra = ({"client-id": self.client_id}
+                 if self.durable or self.params.get("client_id") else {})
+        link.put(_CONNECT, (self.params.get("login"), self.params.get("passcode"), extra))
         try:
             await asyncio.wait_for(fut, 2 * CONNECT_TIMEOUT)
         except BaseException:
@@ -315,6 +357,7 @@ class StompTransport(Transport):
         self.pending.clear()
         self.subs.clear()
         self.sub_by_id.clear()
+        self.quiet.clear()
 
     def pause_reading(self) -> None:
         if self.link is not None:
@@ -337,7 +380,9 @@ class StompTransport(Transport):
                 self._on_message(link, a, b)
             elif kind == _RECEIPT:
                 entry = self.pending.pop(a, None)
-                if entry is not None:
+                if entry is None:
+                    self.quiet.discard(a)
+                else:
                     if self.suspect is not None and entry[0].msg.message_id == self.suspect:
                         self.suspect = None
                     self.confirmed(*entry)
@@ -347,6 +392,7 @@ class StompTransport(Transport):
             elif kind == _CONNECTED:
                 fut = self.connected
                 if fut is not None and not fut.done():
+                    self.server = str(a.get("server", ""))
                     fut.set_result(None)
             elif kind == _ERROR:
                 self._on_error(link, a, b)
@@ -363,9 +409,15 @@ class StompTransport(Transport):
         if fut is not None and not fut.done():
             fut.set_exception(ConnectionRefusedError(f"ERROR frame: {text}"))
             return
-        entry = self.pending.pop(headers.get("receipt-id", ""), None)
+        rid = headers.get("receipt-id", "")
+        entry = self.pending.pop(rid, None)
         if entry is not None:
             self.failed(*entry, text)
+            return
+        if rid in self.quiet:
+            self.quiet.discard(rid)
+            log.warning("transport %s: the broker refused a durable subscription's removal: "
+                        "%s", self.name, text)
             return
         self.error = text
         log.warning("transport %s: ERROR frame from the broker: %s", self.name, text)
@@ -404,16 +456,27 @@ class StompTransport(Transport):
         return (self.queue_prefix if kind == QUEUE else self.topic_prefix) + name
 
     def remote_subscribe(self, pattern: str, kind: Any) -> None:
+        headers: dict[str, str] = {}
+        sid = None
+        if self.durable and kind == TOPIC:
+            sid = self.durable_name(pattern)
+            headers = self._durable_headers(sid)
+            self.durables[sid] = self.remote_name(pattern, kind)
+        self._subscribe((pattern, kind), self.remote_name(pattern, kind), headers, sid)
+
+    def _subscribe(self, key: tuple[str, Any], destination: str, extra: dict[str, str],
+                   sid: str | None = None) -> None:
         link = self.link
-        if link is None or (pattern, kind) in self.subs:
+        if link is None or key in self.subs:
             return
-        sid = f"gw-{next(self.ids)}"
-        self.subs[(pattern, kind)] = sid
-        self.sub_by_id[sid] = (pattern, kind)
+        if sid is None:
+            sid = f"gw-{next(self.ids)}"
+        self.subs[key] = sid
+        self.sub_by_id[sid] = key
         link.put("SUBSCRIBE", {
-            "destination": self.remote_name(pattern, kind), "id": sid,
+            "destination": destination, "id": sid,
             "ack": "client-individual", "activemq.prefetchSize": PREFETCH,
-            "prefetch-count": PREFETCH,
+            "prefetch-count": PREFETCH, **extra,
         })
 
     def remote_unsubscribe(self, pattern: str, kind: Any) -> None:
@@ -421,8 +484,93 @@ class StompTransport(Transport):
         if sid is None:
             return
         del self.sub_by_id[sid]
+        link = self.link
+        if link is None:
+            return
+        if sid in self.durables:
+            # The last local subscription went: the far side need not keep messages for it.
+            self._durable_unsubscribe(link, sid, active=True)
+        else:
+            link.put("UNSUBSCRIBE", {"id": sid})
+
+    # -- durable subscriptions ----------------------------------------------------------------
+
+    def durable_name(self, pattern: str) -> str:
+        """The far-side durable subscription of a topic import narrowed to ``pattern``: the
+        same on every connection and after a restart, and apart from other gateways' (the
+        client id is in it, for RabbitMQ, which names the queue after the destination and
+        the subscription id alone)."""
+        return f"{self.client_id}:{pattern}"
+
+    @staticmethod
+    def _durable_headers(name: str) -> dict[str, str]:
+        """SUBSCRIBE headers for a durable topic subscription in every dialect at once (each
+        broker ignores the others'): ActiveMQ 5 ``activemq.subscriptionName`` (with CONNECT's
+        ``client-id``); RabbitMQ ``durable`` and ``auto-delete:false`` (its STOMP guide,
+        "Durable Topic Subscriptions"; the ``id`` is the name); the gateway's STOMP adapter and
+        ActiveMQ Artemis ``durable-subscription-name``."""
+        return {"activemq.subscriptionName": name, "durable-subscription-name": name,
+                "durable": "true", "auto-delete": "false"}
+
+    def _durable_unsubscribe(self, link: Link, name: str, active: bool) -> None:
+        """Remove durable subscription ``name`` on the far side, in its dialect; ``active``:
+        it is subscribed on this connection. Each frame asks a receipt so an ERROR about it
+        (the broker lost it meanwhile) is logged, not taken for the connection's end."""
+        destination = self.durables.pop(name, "")
+        rid = f"u{next(self.ids)}"
+        self.quiet.add(rid)
+        if self.server.startswith("ActiveMQ/"):
+            # ActiveMQ 5 refuses to remove a durable subscription in use ("Durable consumer is
+            # in use"), and handles UNSUBSCRIBE with activemq.subscriptionName as removal only.
+            if active:
+                link.put("UNSUBSCRIBE", {"id": name})
+            link.put("UNSUBSCRIBE", {"id": name, "activemq.subscriptionName": name,
+                                     "receipt": rid})
+        elif self.server.startswith("RabbitMQ/"):
+            # RabbitMQ deletes the queue behind a subscription of this connection only.
+            if not active:
+                link.put("SUBSCRIBE", {"destination": destination, "id": name,
+                                       "ack": "client-individual", "prefetch-count": "1",
+                                       **self._durable_headers(name)})
+            link.put("UNSUBSCRIBE", {"id": name, "durable": "true", "receipt": rid})
+        else:
+            link.put("UNSUBSCRIBE", {"id": name, "durable-subscription-name": name,
+                                     "receipt": rid})
+
+    def _remove_orphans(self) -> None:
+        """Remove the far-side durable subscriptions whose import ended while the link was
+        down (base.py drops the pattern then without telling)."""
+        link = self.link
+        if link is None:
+            return
+        for name in list(self.durables):
+            key = self.sub_by_id.get(name)
+            if key is None:
+                self._durable_unsubscribe(link, name, active=False)
+
+    # -- reply routes (a temporary JMSReplyTo, seed L16440-16447) -----------------------------
+
+    def _reply_name(self, *parts: str) -> str:
+        return self.topic_prefix + ".".join(parts)
+
+    def reply_subscribe(self, name: str) -> None:
+        self._subscribe((name, REPLY), name, {})
+
+    def reply_unsubscribe(self, name: str) -> None:
+        sid = self.subs.pop((name, REPLY), None)
+        if sid is None:
+            return
+        del self.sub_by_id[sid]
         if self.link is not None:
             self.link.put("UNSUBSCRIBE", {"id": sid})
+
+    def _on_up(self) -> None:
+        # Reply routes first: the exports that super() resumes may name them, and a reply
+        # must find the far-side subscription there.
+        for name in self.replies.names:
+            self.reply_subscribe(name)
+        super()._on_up()  # the import subscriptions (durable ones again by their names)
+        self._remove_orphans()
 
     # -- export -------------------------------------------------------------------------------
 
@@ -434,8 +582,12 @@ class StompTransport(Transport):
         dest = msg.destination
         assert dest is not None
         rt = msg.reply_to
-        reply = (self.remote_name(rt.name, rt.kind)
-                 if rt is not None and not rt.is_temporary else None)
+        reply = None
+        if rt is not None:
+            # A temporary destination exists only here: the far side gets a topic of its own
+            # whose messages come back to it (ReplyRoutes; subscribed before this SEND).
+            reply = (self.replies.route(rt, self._reply_name) if rt.is_temporary
+                     else self.remote_name(rt.name, rt.kind))
         pairs, payload = message_to_stomp(msg, destination=self.remote_name(dest.name, TOPIC),
                                           reply_to=reply)
         headers: dict[str, str] = {}
@@ -461,8 +613,16 @@ class StompTransport(Transport):
     def _on_message(self, link: Link, headers: dict[str, str], body: bytes) -> None:
         sid = headers.get("subscription", "")
         ack_id = headers.get("ack") or headers.get("message-id")
+        message_id = headers.get("message-id")
+        key = (headers.get("destination", ""), message_id) if message_id else None
+        settled = self.settled
 
         def ack() -> None:
+            # The message is taken (or refused for good): a redelivery of it is a duplicate.
+            if key is not None:
+                settled[key] = None
+                if len(settled) > SETTLED_WINDOW:
+                    settled.popitem(last=False)
             # Only on the connection that got it, and while its subscription lasts (an ACK
             # for a subscription gone is an error to ActiveMQ).
             if self.link is link and sid in self.sub_by_id and ack_id is not None:
@@ -476,7 +636,14 @@ class StompTransport(Transport):
         hops_text = headers.pop(HOPS, None)
         hops = int(hops_text) if hops_text is not None and hops_text.isdigit() else 0
         try:
-            dest = self._import_destination(headers.get("destination", ""), pattern, kind)
+            if kind is REPLY:
+                # None: the temporary destination is gone, and the route with it (its
+                # UNSUBSCRIBE is queued; the broker drops what it still had for it).
+                dest = self.replies.target(pattern) if pattern in self.replies else None
+                if dest is None:
+                    return
+            else:
+                dest = self._import_destination(headers.get("destination", ""), pattern, kind)
             reply = self._reply_to(headers.get("reply-to"))
             msg = stomp_to_message(headers, body, has_length="content-length" in headers,
                                    destination=dest, reply_to=reply, now_ms=self.broker.now())
@@ -484,6 +651,13 @@ class StompTransport(Transport):
             self.stats["failed"] += 1
             log.warning("transport %s: cannot import from %r: %s", self.name,
                         headers.get("destination"), exc)
+            ack()
+            return
+        if key is not None and key in settled:
+            # Taken already; its ACK was lost with the connection. ActiveMQ keeps a message's
+            # message-id on redelivery (RabbitMQ makes one per delivery: never found here).
+            self.stats["duplicates"] += 1
+            self._record("drop", msg, "duplicate")
             ack()
             return
         self.imported(msg, origin, hops, ack)

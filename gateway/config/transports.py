@@ -250,6 +250,7 @@ SPECS: dict[str, Spec] = {
         "address_prefix_topic": (_any_text, "topic://"),
         "address_prefix_queue": (_any_text, "queue://"),
         "idle_timeout": (_seconds, 60.0),
+        "durable_subscriptions": (parse_bool, False),
     },
     "stomp": {
         **_COMMON,
@@ -264,6 +265,8 @@ SPECS: dict[str, Spec] = {
         "receipts": (parse_bool, True),
         "topic_prefix": (_any_text, "/topic/"),
         "queue_prefix": (_any_text, "/queue/"),
+        "client_id": (_text, None),
+        "durable_subscriptions": (parse_bool, False),
     },
     "rv": {
         **_COMMON,

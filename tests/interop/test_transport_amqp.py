@@ -313,6 +313,106 @@ def test_nested_map_body_round_trip_between_two_gateways(tmp_path, rabbitmq):
         g2.stop()
 
 
+def test_a_temporary_reply_to_is_answered_across_the_bridge(tmp_path, rabbitmq, amqp):
+    """EMS arranges replies to a temporary JMSReplyTo across a transport (seed L16440-16447):
+    the request goes out with a far address that leads back, a proton responder on RabbitMQ
+    answers it, and the reply reaches the temporary queue; the route goes with the queue."""
+    g = gateway(tmp_path / "gw", rabbitmq.amqp_port, 'svc.> export="far"\n>\n')
+    t = g.gateway.transports.transports["far"]
+    try:
+        requests = amqp.create_receiver("/topic/svc.#", credit=10)
+        up(g)
+        replies: list[Any] = []
+
+        def request() -> tuple[Any, Destination]:
+            conn = g.broker.connect()
+            s = conn.session()
+            temp = conn.temporary_queue()
+            s.consumer(temp, listener=replies.append)
+            s.producer(Destination.topic("svc.echo")).send(
+                Message.text("ping", reply_to=temp, correlation_id="c-1"))
+            return conn, temp
+
+        conn, temp = g.call(request)
+        req = requests.receive(timeout=10)
+        requests.accept()
+        route = f"/topic/gw-reply.{g.broker.id}.q{temp.name.rsplit('.', 1)[-1]}"
+        assert req.body == "ping" and req.reply_to == route
+        responder = amqp.create_sender(req.reply_to)  # the far side answers where it was told
+        responder.send(proton.Message(body="pong", correlation_id=req.correlation_id))
+        wait_for(lambda: replies, what="the reply on the temporary queue")
+        reply = replies[0].msg
+        assert reply.body == "pong" and reply.correlation_id == "c-1"
+        assert reply.destination == temp and reply.properties[PROP_IMPORTED] == "far"
+        g.call(conn.close)  # the temporary queue is deleted with its connection
+        wait_for(lambda: g.call(lambda: route not in t.replies and not t.reply_links),
+                 timeout=30, what="the route dropped")
+        responder.send(proton.Message(body="too late"))
+        time.sleep(0.5)
+        assert len(replies) == 1 and info(g)["far"]["imported"] == 1
+    finally:
+        g.stop()
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_durable_subscription_outlives_a_gateway_restart(tmp_path, durable):
+    """``durable_subscriptions = true`` against another gateway (whose AMQP adapter keeps a
+    durable subscription per container id and link name): what the far side publishes while
+    this gateway is stopped reaches its durable subscriber after the restart. The container
+    id (``gw-<gateway id>-<name>``) is the same after a restart: the id is in the store."""
+    far = GatewayThread(tmp_path / "far", gateway="listen = amqp://127.0.0.1:0\n"
+                        "listen = http://127.0.0.1:0\n").start()
+    g = gateway(tmp_path / "gw", far.port("amqp"), 'dur.> import="far"\n>\n',
+                address_prefix_topic="topic://", address_prefix_queue="queue://",
+                topic_import_dm="PERSISTENT", durable_subscriptions=str(durable).lower())
+    got: list[Any] = []
+
+    def subscribe() -> Any:
+        conn = g.broker.connect(client_id="app")
+        conn.session().consumer(Destination.topic("dur.r"), durable_name="keep",
+                                listener=got.append)
+        return conn
+
+    def publish(start: int, n: int) -> None:
+        def send() -> None:
+            p = far.broker.connect().session().producer(
+                Destination.topic("dur.r"), delivery_mode=DeliveryMode.PERSISTENT)
+            for i in range(start, start + n):
+                p.send(Message.text(f"r{i}"))
+        far.call(send)
+
+    try:
+        up(g)
+        app = g.call(subscribe)
+        attached(g, 1)
+        publish(0, 3)
+        wait_for(lambda: len(got) == 3, what="the first messages")
+
+        def acknowledged() -> bool:
+            return all(sub.count == 0 for sub in g.broker.all_subscriptions()
+                       if sub.name == "keep")
+
+        wait_for(lambda: g.call(acknowledged), what="the first messages acknowledged")
+        g.call(app.close)  # the local durable subscription stays, and so does the import
+        gid = g.broker.id
+        g.stop()
+        publish(3, 3)  # while this gateway is stopped
+        g.start()
+        assert g.broker.id == gid
+        up(g)
+        attached(g, 1)  # the restored local subscription asked for the far side again
+        publish(6, 3)
+        g.call(subscribe)
+        wait_for(lambda: "r8" in [d.msg.body for d in got], what="the later messages")
+        time.sleep(0.5)
+        bodies = [d.msg.body for d in got]
+        kept = range(9) if durable else [0, 1, 2, 6, 7, 8]  # without it, lost while away
+        assert bodies == [f"r{i}" for i in kept]
+    finally:
+        g.stop()
+        far.stop()
+
+
 def test_exports_wait_in_the_spool_while_rabbitmq_is_down(tmp_path, rabbitmq):
     """Last in the module: stops and starts the node's application. The far address is a
     queue (``address_prefix_topic = /queue/``) so that what is drained waits there for the

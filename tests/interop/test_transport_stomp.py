@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -99,7 +100,7 @@ def transports_conf(port: int, rabbit: bool, **extra: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def gateway(tmp, port: int, rabbit: bool, topics: str, queues: str = ">\n",
+def gateway(tmp: Path, port: int, rabbit: bool, topics: str, queues: str = ">\n",
             **extra: str) -> GatewayThread:
     g = GatewayThread(
         tmp, gateway="listen = http://127.0.0.1:0\nstomp_transports = enabled\n",
@@ -107,6 +108,17 @@ def gateway(tmp, port: int, rabbit: bool, topics: str, queues: str = ">\n",
     ).start()
     wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
     return g
+
+
+def after(action: Callable[[], None], cond: Callable[[], Any]) -> Callable[[], Any]:
+    """A condition for :func:`wait_for` that does ``action`` before each look (send a probe
+    until one comes through: a far-side SUBSCRIBE takes effect some time after it is made)."""
+
+    def run() -> Any:
+        action()
+        return cond()
+
+    return run
 
 
 def info(g: GatewayThread) -> dict[str, Any]:
@@ -137,8 +149,8 @@ def far_side(request: pytest.FixtureRequest, name: str) -> tuple[int, bool]:
 
 
 @pytest.mark.parametrize(("broker", "receipts"), [("rabbit", "true"), ("amq", "false")])
-def test_export_carries_headers_typed_properties_and_loop_markers(tmp_path, request, broker,
-                                                                   receipts):
+def test_export_carries_headers_typed_properties_and_loop_markers(
+        tmp_path: Path, request: pytest.FixtureRequest, broker: str, receipts: str) -> None:
     port, rabbit = far_side(request, broker)
     remote = Remote(port, rabbit)
     remote.subscribe("/topic/out.a", "s1")
@@ -174,7 +186,8 @@ def test_export_carries_headers_typed_properties_and_loop_markers(tmp_path, requ
         g.stop()
 
 
-def test_export_properties_false_sends_the_body_and_markers_only(tmp_path, amq):
+def test_export_properties_false_sends_the_body_and_markers_only(
+        tmp_path: Path, amq: ActiveMQ) -> None:
     remote = Remote(amq.stomp_port, False)
     remote.subscribe("/topic/np.a", "s1")
     g = gateway(tmp_path / "gw", amq.stomp_port, False, 'np.> export="far"\n>\n',
@@ -193,7 +206,7 @@ def test_export_properties_false_sends_the_body_and_markers_only(tmp_path, amq):
 # -- import -----------------------------------------------------------------------------------
 
 
-def test_topic_import_only_while_subscribed(tmp_path, rabbit):
+def test_topic_import_only_while_subscribed(tmp_path: Path, rabbit: RabbitMQ) -> None:
     remote = Remote(rabbit.stomp_port, True)
     g = gateway(tmp_path / "gw", rabbit.stomp_port, True, 'in.> import="far"\n>\n')
     try:
@@ -203,7 +216,8 @@ def test_topic_import_only_while_subscribed(tmp_path, rabbit):
         consumer = subscribe(g, Destination.topic("in.x"), got)
         assert info(g)["far"]["imports"] == {"in.>": ["in.x"]}
         # The far-side SUBSCRIBE is asynchronous: send until the first one comes through.
-        wait_for(lambda: remote.send("/topic/in.x", b"probe") or got, what="the subscription")
+        wait_for(after(lambda: remote.send("/topic/in.x", b"probe"), lambda: got),
+                 what="the subscription")
         n = len(got)
         remote.send("/topic/in.x", b"42", k="v", n="5", **{"gw-types": "n:int32"})
         wait_for(lambda: len(got) > n, what="the import")
@@ -227,7 +241,8 @@ def test_topic_import_only_while_subscribed(tmp_path, rabbit):
         g.stop()
 
 
-def test_queue_import_is_persistent_and_acknowledged_after_the_core_took_it(tmp_path, rabbit):
+def test_queue_import_is_persistent_and_acknowledged_after_the_core_took_it(
+        tmp_path: Path, rabbit: RabbitMQ) -> None:
     remote = Remote(rabbit.stomp_port, True)
     g = gateway(tmp_path / "gw", rabbit.stomp_port, True, ">\n",
                 queues='jobs.rq import="far"\n>\n', queue_import_dm="PERSISTENT")
@@ -250,7 +265,7 @@ def test_queue_import_is_persistent_and_acknowledged_after_the_core_took_it(tmp_
         g.stop()
 
 
-def test_wildcard_imports_against_activemq(tmp_path, amq):
+def test_wildcard_imports_against_activemq(tmp_path: Path, amq: ActiveMQ) -> None:
     remote = Remote(amq.stomp_port, False)
     g = gateway(tmp_path / "gw", amq.stomp_port, False, 'w.> import="far"\n>\n',
                 queues='wq.* import="far"\n>\n')
@@ -258,7 +273,8 @@ def test_wildcard_imports_against_activemq(tmp_path, amq):
         got: list[Any] = []
         subscribe(g, Destination.topic("w.*"), got)
         assert info(g)["far"]["imports"]["w.>"] == ["w.*"]  # narrowed to the local pattern
-        wait_for(lambda: remote.send("/topic/w.probe", b"p") or got, what="the subscription")
+        wait_for(after(lambda: remote.send("/topic/w.probe", b"p"), lambda: got),
+                 what="the subscription")
         remote.send("/topic/w.a", b"1")
         remote.send("/topic/w.b.c", b"2")  # outside w.*: not subscribed on the far side
         wait_for(lambda: any(d.msg.body == b"1" for d in got), what="the import")
@@ -289,7 +305,8 @@ def proxy_api(server: FaultProxyServer, method: str, path: str, body: Any = None
     return json.loads(text) if text else None
 
 
-def test_exports_wait_in_the_spool_while_the_far_side_is_away(tmp_path, amq):
+def test_exports_wait_in_the_spool_while_the_far_side_is_away(
+        tmp_path: Path, amq: ActiveMQ) -> None:
     remote = Remote(amq.stomp_port, False)
     remote.subscribe("/topic/sp.t", "s1")
     with FaultProxyServer() as fp:
@@ -319,8 +336,8 @@ def test_exports_wait_in_the_spool_while_the_far_side_is_away(tmp_path, amq):
 
 
 @pytest.mark.parametrize("broker", ["rabbit", "amq"])
-def test_two_gateways_bridged_through_one_broker_neither_loop_nor_duplicate(tmp_path, request,
-                                                                            broker):
+def test_two_gateways_bridged_through_one_broker_neither_loop_nor_duplicate(
+        tmp_path: Path, request: pytest.FixtureRequest, broker: str) -> None:
     port, rabbit = far_side(request, broker)
     topics = f'{broker}.> import="far",export="far"\n>\n'
     g1 = gateway(tmp_path / "g1", port, rabbit, topics)
@@ -332,10 +349,12 @@ def test_two_gateways_bridged_through_one_broker_neither_loop_nor_duplicate(tmp_
         subscribe(g1, dest, got1)
         subscribe(g2, dest, got2)
         # Both far-side subscriptions exist once a probe from each side reached the other.
-        wait_for(lambda: publish(g1, dest.name, Message.text("probe1")) or
-                 any(d.msg.body == "probe1" for d in got2), what="g2's subscription")
-        wait_for(lambda: publish(g2, dest.name, Message.text("probe2")) or
-                 any(d.msg.body == "probe2" for d in got1), what="g1's subscription")
+        wait_for(after(lambda: publish(g1, dest.name, Message.text("probe1")),
+                       lambda: any(d.msg.body == "probe1" for d in got2)),
+                 what="g2's subscription")
+        wait_for(after(lambda: publish(g2, dest.name, Message.text("probe2")),
+                       lambda: any(d.msg.body == "probe2" for d in got1)),
+                 what="g1's subscription")
         time.sleep(0.5)  # the last probes arrive
         del got1[:], got2[:]
         s1, s2 = info(g1)["far"], info(g2)["far"]
@@ -357,7 +376,7 @@ def test_two_gateways_bridged_through_one_broker_neither_loop_nor_duplicate(tmp_
         g2.stop()
 
 
-def test_nested_map_body_round_trip(tmp_path, rabbit):
+def test_nested_map_body_round_trip(tmp_path: Path, rabbit: RabbitMQ) -> None:
     remote = Remote(rabbit.stomp_port, True)
     remote.subscribe("/topic/map.a", "s1")
     g1 = gateway(tmp_path / "g1", rabbit.stomp_port, True, 'map.> export="far"\n>\n')
@@ -367,7 +386,7 @@ def test_nested_map_body_round_trip(tmp_path, rabbit):
         subscribe(g2, Destination.topic("map.a"), got)
         body = {"name": "pump", "n": 3, "ok": True, "nested": {"list": [1, "two", {"x": 1.5}],
                                                               "empty": {}}}
-        wait_for(lambda: publish(g1, "map.a", Message.map(body)) or got,
+        wait_for(after(lambda: publish(g1, "map.a", Message.map(body)), lambda: got),
                  what="g2's subscription")
         msg = got[0].msg
         assert msg.body_kind == BodyKind.MAP and msg.body == body
@@ -382,7 +401,7 @@ def test_nested_map_body_round_trip(tmp_path, rabbit):
 
 
 def test_an_export_the_broker_drops_the_connection_on_is_refused_not_retried_forever(
-        tmp_path, amq):
+        tmp_path: Path, amq: ActiveMQ) -> None:
     """Debian's ActiveMQ closes the connection on a jms-map-json SEND (no XStream on its
     class path). After POISON_LOSSES such losses the map message is refused and the text
     message behind it goes out."""
@@ -401,7 +420,8 @@ def test_an_export_the_broker_drops_the_connection_on_is_refused_not_retried_for
         g.stop()
 
 
-def test_bulk_queue_import_beyond_the_prefetch_arrives_whole_and_in_order(tmp_path, amq):
+def test_bulk_queue_import_beyond_the_prefetch_arrives_whole_and_in_order(
+        tmp_path: Path, amq: ActiveMQ) -> None:
     """More messages than the subscription's prefetch: the rest only come as the ACKs go
     out, and every frame arrives whole (one receiver thread reads the socket)."""
     n = 2500
@@ -423,7 +443,8 @@ def test_bulk_queue_import_beyond_the_prefetch_arrives_whole_and_in_order(tmp_pa
         g.stop()
 
 
-def test_exports_in_flight_when_the_connection_drops_are_sent_again_in_order(tmp_path, amq):
+def test_exports_in_flight_when_the_connection_drops_are_sent_again_in_order(
+        tmp_path: Path, amq: ActiveMQ) -> None:
     remote = Remote(amq.stomp_port, False)
     remote.subscribe("/topic/mid.t", "s1")
     n = 300
@@ -455,7 +476,7 @@ def test_exports_in_flight_when_the_connection_drops_are_sent_again_in_order(tmp
             g.stop()
 
 
-def test_a_far_side_gone_silent_is_found_by_heart_beats(tmp_path, amq):
+def test_a_far_side_gone_silent_is_found_by_heart_beats(tmp_path: Path, amq: ActiveMQ) -> None:
     with FaultProxyServer() as fp:
         proxy = proxy_api(fp, "POST", "/proxies", {
             "name": "amq", "listen": "127.0.0.1:0", "upstream": f"127.0.0.1:{amq.stomp_port}"})
@@ -476,7 +497,7 @@ def test_a_far_side_gone_silent_is_found_by_heart_beats(tmp_path, amq):
             g.stop()
 
 
-def test_stomps_to_another_gateway(tmp_path):
+def test_stomps_to_another_gateway(tmp_path: Path) -> None:
     from test_mqtt_tls_and_cli import make_cert
 
     cert, key = make_cert(tmp_path)
@@ -501,3 +522,218 @@ def test_stomps_to_another_gateway(tmp_path):
     finally:
         g.stop()
         far.stop()
+
+
+# -- temporary reply-to across the bridge (seed L16440-16447) --------------------------------
+
+
+def transport(g: GatewayThread) -> Any:
+    """The transport object itself (for what the admin API does not show)."""
+    assert g.gateway is not None
+    return g.gateway.transports.transports["far"]
+
+
+def ask(g: GatewayThread, topic: str, replies: list[Any]) -> tuple[Any, str]:
+    """An in-process requester: a temporary queue and a request naming it as JMSReplyTo.
+    Returns its core connection (closing it deletes the queue) and the queue's name."""
+
+    def run() -> tuple[Any, str]:
+        conn = g.broker.connect()
+        s = conn.session()
+        temp = conn.temporary_queue()
+        s.consumer(temp, listener=replies.append)
+        s.producer(Destination.topic(topic)).send(
+            Message.text("ping", reply_to=temp, correlation_id="c-1"))
+        return conn, temp.name
+
+    result: tuple[Any, str] = g.call(run)
+    return result
+
+
+def reply_bindings(rabbit: RabbitMQ) -> list[str]:
+    out = rabbit.ctl("list_bindings", "routing_key", "--no-table-headers").stdout
+    return [line.strip() for line in out.splitlines() if line.strip().startswith("gw-reply.")]
+
+
+@pytest.mark.parametrize("broker", ["rabbit", "amq"])
+def test_a_temporary_reply_to_is_answered_across_the_bridge(
+        tmp_path: Path, request: pytest.FixtureRequest, broker: str) -> None:
+    port, rabbit = far_side(request, broker)
+    responder = Remote(port, rabbit)
+    responder.subscribe(f"/topic/svc{broker}.echo", "s1")
+    g = gateway(tmp_path / "gw", port, rabbit, f'svc{broker}.> export="far"\n>\n')
+    try:
+        replies: list[Any] = []
+        requester, temp_name = ask(g, f"svc{broker}.echo", replies)
+        wait_for(lambda: responder.got, what="the request")
+        h = responder.got[0].headers
+        rt = h["reply-to"]
+        assert rt == f"/topic/gw-reply.{g.broker.id}.q{temp_name.rsplit('.', 1)[-1]}"
+        assert h["correlation-id"] == "c-1"
+        if rabbit:  # the far-side subscription is there (an exclusive queue bound to rt)
+            assert reply_bindings(request.getfixturevalue("rabbit")) == [rt[len("/topic/"):]]
+        responder.send(rt, b"pong", **{"correlation-id": h["correlation-id"]})
+        wait_for(lambda: replies, what="the reply")
+        reply = replies[0].msg
+        assert reply.body == b"pong" and reply.correlation_id == "c-1"
+        assert reply.destination == Destination.queue(temp_name)
+        assert reply.properties[PROP_IMPORTED] == "far"
+        t = transport(g)
+        assert g.call(lambda: t.replies.names) == [rt]
+
+        # The temporary queue goes with its connection: the route goes too, and with it the
+        # far-side subscription (within the sweep), so a late reply is not imported.
+        g.call(requester.close)
+        wait_for(lambda: g.call(lambda: not t.replies.names and (rt, None) not in t.subs),
+                 timeout=20, what="the route dropped")
+        if rabbit:
+            wait_for(lambda: not reply_bindings(request.getfixturevalue("rabbit")),
+                     what="the far-side subscription gone")
+        imported = info(g)["far"]["imported"]
+        responder.send(rt, b"late")
+        time.sleep(0.5)
+        assert info(g)["far"]["imported"] == imported
+        assert len(replies) == 1
+    finally:
+        responder.close()
+        g.stop()
+
+
+def test_a_reply_route_is_subscribed_again_after_a_reconnect(tmp_path: Path, amq: ActiveMQ) -> None:
+    responder = Remote(amq.stomp_port, False)
+    responder.subscribe("/topic/svcre.echo", "s1")
+    with FaultProxyServer() as fp:
+        proxy = proxy_api(fp, "POST", "/proxies", {
+            "name": "amq", "listen": "127.0.0.1:0", "upstream": f"127.0.0.1:{amq.stomp_port}"})
+        port = int(proxy["listen"].rsplit(":", 1)[1])
+        g = gateway(tmp_path / "gw", port, False, 'svcre.> export="far"\n>\n')
+        try:
+            replies: list[Any] = []
+            ask(g, "svcre.echo", replies)
+            wait_for(lambda: responder.got, what="the request")
+            rt = responder.got[0].headers["reply-to"]
+            proxy_api(fp, "POST", "/proxies/amq", {"enabled": False})
+            wait_for(lambda: info(g)["far"]["state"] != "up", what="transport down")
+            proxy_api(fp, "POST", "/proxies/amq", {"enabled": True})
+            wait_for(lambda: info(g)["far"]["state"] == "up", what="reconnected")
+            # The SUBSCRIBE after the reconnect is asynchronous: reply until one comes back.
+            wait_for(after(lambda: responder.send(rt, b"pong"), lambda: replies),
+                     what="the reply")
+            assert replies[0].msg.body == b"pong"
+            assert info(g)["far"]["connects"] >= 2
+        finally:
+            responder.close()
+            g.stop()
+
+
+# -- durable far-side subscriptions for topic imports ----------------------------------------
+
+
+def far_gateway(tmp: Path) -> GatewayThread:
+    """Another gateway as the far side, its STOMP adapter on a free port."""
+    return GatewayThread(tmp, gateway="listen = stomp://127.0.0.1:0\n"
+                                      "listen = http://127.0.0.1:0\n").start()
+
+
+def proxied(fp: FaultProxyServer, port: int) -> int:
+    proxy = proxy_api(fp, "POST", "/proxies", {
+        "name": "far", "listen": "127.0.0.1:0", "upstream": f"127.0.0.1:{port}"})
+    return int(proxy["listen"].rsplit(":", 1)[1])
+
+
+def far_port(request: pytest.FixtureRequest, broker: str, tmp: Path) -> tuple[int, bool, Any]:
+    """(STOMP port, RabbitMQ?, a far gateway to stop or None)."""
+    if broker == "gw":
+        far = far_gateway(tmp / "far")
+        return far.port("stomp"), False, far
+    port, rabbit = far_side(request, broker)
+    return port, rabbit, None
+
+
+@pytest.mark.parametrize("durable", ["true", "false"])
+@pytest.mark.parametrize("broker", ["rabbit", "amq", "gw"])
+def test_a_durable_topic_import_gets_what_was_published_while_disconnected(
+        tmp_path: Path, request: pytest.FixtureRequest, broker: str, durable: str) -> None:
+    port, rabbit, far = far_port(request, broker, tmp_path)
+    topic = f"dur{broker}{durable}.a"
+    remote = Remote(port, rabbit)
+    with FaultProxyServer() as fp:
+        g = gateway(tmp_path / "gw", proxied(fp, port), rabbit,
+                    f'dur{broker}{durable}.> import="far"\n>\n', durable_subscriptions=durable,
+                    client_id=f"gw-test-{broker}")
+        try:
+            got: list[Any] = []
+            consumer = subscribe(g, Destination.topic(topic), got)
+            wait_for(after(lambda: remote.send(f"/topic/{topic}", b"probe"), lambda: got),
+                     what="the subscription")
+            time.sleep(0.3)
+            proxy_api(fp, "POST", "/proxies/far", {"enabled": False})
+            wait_for(lambda: info(g)["far"]["state"] != "up", what="transport down")
+            del got[:]
+            for i in range(5):
+                remote.send(f"/topic/{topic}", f"while-down-{i}".encode(), persistent="true")
+            proxy_api(fp, "POST", "/proxies/far", {"enabled": True})
+            wait_for(lambda: info(g)["far"]["state"] == "up", what="reconnected")
+            wait_for(after(lambda: remote.send(f"/topic/{topic}", b"after"),
+                           lambda: any(d.msg.body == b"after" for d in got)),
+                     what="the subscription again")
+            bodies = [d.msg.body for d in got if d.msg.body not in (b"after", b"probe")]
+            if durable == "true":
+                assert bodies == [f"while-down-{i}".encode() for i in range(5)]
+            else:  # nobody held them on the far side
+                assert bodies == []
+
+            # The last local subscription going removes the far-side durable subscription:
+            # what is published after it is not kept for the gateway.
+            g.call(consumer.close)
+            time.sleep(0.5)  # the UNSUBSCRIBE is asynchronous
+            remote.send(f"/topic/{topic}", b"nobody's")
+            del got[:]
+            subscribe(g, Destination.topic(topic), got)
+            wait_for(after(lambda: remote.send(f"/topic/{topic}", b"probe2"), lambda: got),
+                     what="the new subscription")
+            assert all(d.msg.body != b"nobody's" for d in got)
+            t = info(g)["far"]
+            assert t["connects"] == 2 and t["state"] == "up"  # no ERROR closed the connection
+        finally:
+            remote.close()
+            g.stop()
+            if far is not None:
+                far.stop()
+
+
+@pytest.mark.parametrize("broker", ["rabbit", "amq", "gw"])
+def test_a_durable_subscription_whose_import_ended_while_disconnected_is_removed(
+        tmp_path: Path, request: pytest.FixtureRequest, broker: str) -> None:
+    port, rabbit, far = far_port(request, broker, tmp_path)
+    topic = f"orph{broker}.a"
+    remote = Remote(port, rabbit)
+    with FaultProxyServer() as fp:
+        g = gateway(tmp_path / "gw", proxied(fp, port), rabbit, f'orph{broker}.> import="far"\n>\n',
+                    durable_subscriptions="true", client_id=f"gw-orph-{broker}")
+        try:
+            got: list[Any] = []
+            consumer = subscribe(g, Destination.topic(topic), got)
+            wait_for(after(lambda: remote.send(f"/topic/{topic}", b"probe"), lambda: got),
+                     what="the subscription")
+            proxy_api(fp, "POST", "/proxies/far", {"enabled": False})
+            wait_for(lambda: info(g)["far"]["state"] != "up", what="transport down")
+            g.call(consumer.close)  # the import ends while the far side cannot hear of it
+            remote.send(f"/topic/{topic}", b"kept-for-nobody", persistent="true")
+            proxy_api(fp, "POST", "/proxies/far", {"enabled": True})
+            wait_for(lambda: info(g)["far"]["state"] == "up", what="reconnected")
+            t = transport(g)
+            wait_for(lambda: g.call(lambda: not t.durables), what="the orphan removed")
+            time.sleep(0.5)  # the removal is asynchronous
+            del got[:]
+            subscribe(g, Destination.topic(topic), got)
+            wait_for(after(lambda: remote.send(f"/topic/{topic}", b"probe2"), lambda: got),
+                     what="a new subscription")
+            time.sleep(0.3)
+            assert all(d.msg.body != b"kept-for-nobody" for d in got)
+            assert info(g)["far"]["connects"] == 2
+        finally:
+            remote.close()
+            g.stop()
+            if far is not None:
+                far.stop()

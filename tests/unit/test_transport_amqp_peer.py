@@ -18,7 +18,9 @@ from corehelp import running_broker
 from proton import Collector, Connection, Delivery, Endpoint, Event, Transport
 
 import transports.amqp as amqp_transport
+import transports.base as transport_base
 from adapters.amqp.sasl import SaslError, SaslServer
+from gateway.errors import GatewayError
 from gateway.message import PROP_IMPORTED, DeliveryMode, Destination, Message
 from transports.amqp import far_address, name_candidates
 from transports.base import TransportManager
@@ -45,6 +47,7 @@ class FakePeer:
         self.users: list[str | None] = []
         self.containers: list[str] = []
         self.sources: list[str] = []  # addresses the client subscribed to
+        self.ended: list[tuple[str, bool]] = []  # (link name, closed) of links the client ended
         self.protos: list[_PeerProtocol] = []
         self.server: asyncio.AbstractServer | None = None
         self.port = 0
@@ -208,6 +211,7 @@ class _PeerProtocol(asyncio.Protocol):
                 self.peer.outcomes.append((getattr(dlv, "body", None), dlv.remote_state))
                 dlv.settle()
         elif kind in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
+            self.peer.ended.append((ev.link.name, kind == Event.LINK_REMOTE_CLOSE))
             ev.link.close()
         elif kind == Event.CONNECTION_REMOTE_CLOSE:
             ev.connection.close()
@@ -457,3 +461,120 @@ async def test_topic_import_link_follows_local_subscriptions(tmp_path):
         c2.close()
         await until(lambda: link.state & Endpoint.REMOTE_CLOSED, what="the link closed")
         assert t.receivers == {}
+
+
+# -- temporary reply-to, durable subscriptions, resends of foreign messages -------------------
+
+
+async def test_a_temporary_reply_to_is_routed_back_while_it_exists(tmp_path, monkeypatch):
+    monkeypatch.setattr(transport_base, "REPLY_SWEEP", 0.05)
+    peer = await FakePeer().start()
+    async with bridge(tmp_path, peer, topics='svc.> export="far"\n>\n') as (b, t):
+        await until(lambda: t.state == "up", what="up")
+        conn = b.connect()
+        s = conn.session()
+        temp = conn.temporary_queue()
+        replies: list[Any] = []
+        s.consumer(temp, listener=replies.append)
+        s.producer(Destination.topic("svc.echo")).send(
+            Message.text("ping", reply_to=temp, correlation_id="c-1"))
+        await until(lambda: peer.received, what="the request")
+        route = f"topic://gw-reply.{b.id}.q{temp.name.rsplit('.', 1)[-1]}"
+        assert peer.received[0][1].reply_to == route
+        assert route in t.replies and peer.sources == [route]  # its link, made with the route
+        link = peer.links(route)[0]
+        await until(lambda: link.credit > 0, what="credit on the route")
+        peer.send(route, proton.Message(body="pong", correlation_id="c-1"))
+        await until(lambda: replies, what="the reply")
+        assert replies[0].msg.body == "pong" and replies[0].msg.correlation_id == "c-1"
+        assert replies[0].msg.destination == temp
+        peer.drop()  # the route's link is attached again after reconnecting
+        await until(lambda: t.stats["connects"] == 2 and peer.links(route), what="re-attached")
+        await until(lambda: peer.links(route)[0].credit > 0, what="credit again")
+        peer.send(route, proton.Message(body="pong2"))
+        await until(lambda: len(replies) == 2, what="a reply after reconnecting")
+        conn.close()  # the temporary queue is gone: the route and its link go with it
+        await until(lambda: route not in t.replies, what="the route dropped")
+        await until(lambda: (peer.links(route)[0].name, True) in peer.ended, what="link closed")
+        assert t.reply_links == {} and t.stats["imported"] == 2
+
+
+async def test_durable_subscriptions_use_a_durable_terminus_under_a_stable_name(tmp_path):
+    peer = await FakePeer().start()
+    async with bridge(tmp_path, peer, topics='in.> import="far"\n>\n', queues='q2 import="far"\n>\n',
+                      durable_subscriptions="true", container_id="gw-dur") as (b, t):
+        await until(lambda: peer.links("queue://q2"), what="the queue link")
+        qlink = peer.links("queue://q2")[0]
+        assert qlink.remote_source.durability == proton.Terminus.NONDURABLE  # topics only
+        consumer = b.connect().session().consumer(Destination.topic("in.x"), listener=None)
+        await until(lambda: peer.links("topic://in.x"), what="the topic link")
+        link = peer.links("topic://in.x")[0]
+        assert link.name == "far:durable:topic://in.x"
+        assert link.remote_source.durability == proton.Terminus.DELIVERIES  # unsettled-state
+        assert link.remote_source.expiry_policy == proton.Terminus.EXPIRE_NEVER
+        peer.drop()  # a lost connection keeps the subscription: same container, same name
+        await until(lambda: t.stats["connects"] == 2 and peer.links("topic://in.x"),
+                    what="attached again")
+        again = peer.links("topic://in.x")[0]
+        assert again is not link and again.name == link.name
+        assert peer.containers == ["gw-dur", "gw-dur"] and peer.ended == []
+        consumer.close()  # the last local subscriber went: the subscription ends (closed)
+        await until(lambda: peer.ended, what="the link ended")
+        assert peer.ended == [("far:durable:topic://in.x", True)]
+
+
+async def test_without_durable_subscriptions_topic_links_are_volatile(tmp_path):
+    peer = await FakePeer().start()
+    async with bridge(tmp_path, peer, topics='in.> import="far"\n>\n') as (b, t):
+        await until(lambda: t.state == "up", what="up")
+        b.connect().session().consumer(Destination.topic("in.y"), listener=None)
+        await until(lambda: peer.links("topic://in.y"), what="the topic link")
+        link = peer.links("topic://in.y")[0]
+        assert link.remote_source.durability == proton.Terminus.NONDURABLE
+        assert link.name != "far:durable:topic://in.y"
+
+
+async def test_a_redelivered_copy_of_a_foreign_message_is_dropped_once_taken(tmp_path):
+    peer = await FakePeer().start()
+    async with bridge(tmp_path, peer, queues='q3 import="far"\n>\n') as (b, t):
+        await until(lambda: peer.links("queue://q3"), what="the receiver link")
+        await until(lambda: peer.links("queue://q3")[0].credit > 0, what="credit")
+
+        def send(mid: str, body: str, first: bool) -> None:
+            pm = proton.Message(id=mid, body=body)
+            pm.first_acquirer = first
+            peer.send("queue://q3", pm)
+
+        send("m-1", "a", True)
+        send("m-1", "a-again", False)  # the resend after a lost settlement: dropped
+        send("m-2", "b", False)  # redelivered, but never imported: taken
+        send("m-1", "c", True)  # the same id, yet a first acquisition: a message of its own
+        await until(lambda: len(peer.outcomes) == 4, what="four outcomes")
+        assert [o for _, o in peer.outcomes] == [Delivery.ACCEPTED] * 4
+        assert [m.body for m in b.queues["q3"].iter_pending()] == ["a", "b", "c"]
+        assert t.stats["duplicates"] == 1 and t.stats["imported"] == 3
+
+
+async def test_a_foreign_message_the_core_refused_is_taken_when_sent_again(tmp_path, monkeypatch):
+    peer = await FakePeer().start()
+    async with bridge(tmp_path, peer, queues='q4 import="far"\n>\n') as (b, t):
+        await until(lambda: peer.links("queue://q4"), what="the receiver link")
+        await until(lambda: peer.links("queue://q4")[0].credit > 0, what="credit")
+        real = b.publish
+        calls = [0]
+
+        def publish(msg: Message, conn: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 1:
+                raise GatewayError("refused for the test")
+            return real(msg, conn)
+
+        monkeypatch.setattr(b, "publish", publish)
+        pm = proton.Message(id="m-9", body="x")
+        peer.send("queue://q4", pm)
+        await until(lambda: t.stats["failed"] == 1, what="the refusal")
+        pm.first_acquirer = False
+        peer.send("queue://q4", pm)  # the far side sending it again: not a duplicate
+        await until(lambda: t.stats["imported"] == 1, what="the second copy taken")
+        assert [m.body for m in b.queues["q4"].iter_pending()] == ["x"]
+        assert t.stats["duplicates"] == 0
