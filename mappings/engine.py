@@ -1,65 +1,106 @@
 """The declarative mapping engine: YAML rules compiled once into plain functions.
 
-How this works. A mapping file (``<config dir>/mappings/*.yaml``) is a list of *rules*; each
-rule has a ``match`` (destination patterns, the direction, and optionally protocols and
-transports) and a list of ``steps`` (``decode_json``, ``lift``, ``copy``, ``move``, ``rename``,
-``set``, ``default``, ``set_type``, ``drop``, ``require``, ``encode_json``). Loading composes
-the YAML into nodes (so every error names file, line and field), parses every field path
-once and turns every step into a small closure ``step(msg, work)``; nothing is parsed per
-message.
+How this works. A mapping file is a list of *rules*; each rule has a ``match`` (destination
+patterns, the direction, and optionally protocols and transports) and a list of ``steps``
+(``decode_json``, ``lift``, ``copy``, ``move``, ``rename``, ``set``, ``default``, ``set_type``,
+``drop``, ``require``, ``encode_json``, ``convert``, ``copy_all``). Loading composes the YAML
+into nodes (so every error names file, line and field), parses every field path once
+(:mod:`mappings.fields`, and :mod:`mappings.wire` for a protocol's own ``wire.…`` form) and
+turns every step into a small closure ``step(msg)``; nothing is parsed per message.
 
-A caller (an adapter or a transport) asks :meth:`MappingSet.compile_for` for the function of
-one destination, protocol, direction and transport: the steps of every matching rule, in file
-order (files sorted by name), run by one loop; or ``None`` when no rule matches (the fast
-path). Answers are cached in a bounded dict. The function never changes the message it is
-given (a delivered message is shared by every subscriber): it works on a copy (the fields, a
-new property dict and, when a matching rule changes fields inside it, a deep copy of a map or
-stream body) and returns the copy, or raises :class:`MappingFailed`; a message is never half
-transformed. The copy has no ``wire`` encodings (they would no longer match it).
+Two kinds of rule files. The *default mappings* (``mappings/defaults/<protocol>.yaml``, in the
+package) are the protocol mappings themselves: one named rule per row of the protocol's
+tables, reading one side (the wire form, or the core message) and writing the other.
+*User rules* (``<config dir>/mappings/*.yaml``, files in name order) change messages on the
+core side, and may also replace (``replaces:``) or extend (``extends:``) a default rule, or
+read and write ``wire.…`` fields, for the destinations and transports they match.
 
-Field paths are ``header.<JMS name>``, ``property.<name>``, ``body`` and ``body.<key>``,
-``body."a.b"``, ``body.list[2]`` into nested maps and streams. Types are the gateway's names
-(:data:`gateway.types.SCALAR_TYPES`) or the JMS names (``byte`` … ``double``), converted by the
-JMS table (:func:`gateway.types.convert`, seed L1817-1840) plus the three extensions JSON
-values need (:func:`_coercer`). ``mappings/README.md`` ("Declarative mappings (YAML)")
-documents the format, every step, the matching and the failure behaviour.
+Callers. :meth:`MappingSet.wire_for` gives an adapter or transport the whole mapping of one
+destination, protocol, direction and transport as a function with the signature of the
+protocol's hand-written mapping (``stomp_to_message`` …): that hand-written function itself
+when no user rule matches (the fast path, which tests prove equal to the default rules), the
+fast path composed with the core-side rules when only those match, and else the interpreted
+pipeline: the default rules, each replaced or extended as the user rules say, with the other
+user rules after them (``in``) or before them (``out``; after them if they address wire
+fields). :meth:`MappingSet.compile_for` gives the core-side rules alone (what a caller that
+maps the wire form itself applies after it on the way in and before it on the way out).
+Answers are cached in bounded dicts. A function never changes the message it is given (a
+delivered message is shared by every subscriber): it works on a copy, and raises
+:class:`MappingFailed` for a user rule's failure (a default rule fails with the protocol
+mapping's own error); a message is never half transformed. ``mappings/README.md``
+("Declarative mappings (YAML)") documents the format, every step, field and converter, the
+matching and the failure behaviour.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable, Sequence
+from importlib import resources
 from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import yaml
 
-from gateway import types as gt
-from gateway.errors import ConfigError, ConfigErrors, GatewayError, MessageFormatError
-from gateway.message import DEFAULT_PRIORITY, BodyKind, DeliveryMode, Destination, DestKind, Message
+from gateway.errors import ConfigError, ConfigErrors, GatewayError
+from gateway.message import Destination, DestKind, Message
 from gateway.subject import matches as subject_matches
 from gateway.subject import validate as validate_subject
-from gateway.types import Char, Float32, Int64, UInt64, convert, type_name
-from mappings.mqtt import json_payload
+from gateway.types import MAX_NESTING as _MAX_NESTING
+from gateway.types import Int64, UInt64
+from mappings import mqtt as _mqtt
+from mappings import stomp as _stomp
+from mappings.converters import CONVERTERS
+from mappings.fields import (
+    _ALWAYS_SET,
+    _MAP,
+    _READ_ONLY,
+    _STEP_ERRORS,
+    _STREAM,
+    PROPERTIES,
+    TYPE_NAMES,
+    Section,
+    Step,
+    _coercer,
+    _copy_message,
+    _deep,
+    _Field,
+    _step_convert,
+    _step_copy,
+    _step_copy_all,
+    _step_decode_json,
+    _step_encode_json,
+    _step_rename,
+    _step_require,
+    _step_set,
+    _step_set_type,
+    parse_field,
+)
+from mappings.mqtt import MqttOut as MqttOutTuple
+from mappings.wire import (
+    WIRE_PROTOCOLS,
+    MqttIn,
+    MqttOut,
+    StompIn,
+    StompOut,
+    Work,
+    wire_parser,
+    wire_section,
+)
 
-__all__ = ["DIRECTIONS", "PROTOCOLS", "STEP_KINDS", "MappingFailed", "MappingSet"]
+__all__ = ["DIRECTIONS", "PROTOCOLS", "STEP_KINDS", "MappingFailed", "MappingSet",
+           "_copy_message"]  # fmt: skip
 
 PROTOCOLS = ("mqtt", "amqp", "stomp", "rv", "inproc")
 DIRECTIONS = ("in", "out", "both")
 STEP_KINDS = (
     "decode_json", "encode_json", "lift", "copy", "move", "rename", "set", "default",
-    "set_type", "drop", "require",
+    "set_type", "drop", "require", "convert", "copy_all",
 )  # fmt: skip
-TYPE_NAMES = tuple(gt.SCALAR_TYPES) + tuple(n for n in gt.JMS_NAMES if n not in gt.SCALAR_TYPES)
-CACHE_SIZE = 4096  # compile_for keys (destination, protocol, direction, transport) kept
+CACHE_SIZE = 4096  # compile_for / wire_for keys (destination, protocol, direction, transport)
 _TRANSPORT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # as a transports.conf section
-
-_MISSING: Any = object()  # what reading an absent field gives
-_NONE, _TEXT, _BYTES = BodyKind.NONE, BodyKind.TEXT, BodyKind.BYTES
-_MAP, _STREAM = BodyKind.MAP, BodyKind.STREAM
-_STEP_ERRORS = (GatewayError, ValueError, OverflowError)  # what a step raises for bad data
+_MISSING: Any = object()
 
 
 class MappingFailed(GatewayError):
@@ -76,455 +117,28 @@ class MappingFailed(GatewayError):
         super().__init__(f"mapping {rule!r} ({file}:{line}) {step} {field}: {detail}")
 
 
-Step = Callable[[Message], None]
-
-
-def _copy_message(s: Message, new: Any = object.__new__, cls: type = Message) -> Message:
-    """``Message.copy`` written out (5× faster), without ``wire``, ``store_id`` and ``refs``.
-
-    Every slot of :class:`Message` is listed (a unit test checks it)."""
-    m: Message = new(cls)
-    m.destination, m.delivery_mode, m.expiration = s.destination, s.delivery_mode, s.expiration
-    m.delivery_time, m.priority, m.message_id = s.delivery_time, s.priority, s.message_id
-    m.timestamp, m.correlation_id, m.reply_to = s.timestamp, s.correlation_id, s.reply_to
-    m.type, m.redelivered, m.properties = s.type, s.redelivered, dict(s.properties)
-    m.body_kind, m.body, m.trace_id, m.origin = s.body_kind, s.body, s.trace_id, s.origin
-    m.hops, m.producer_conn, m.expires_at = s.hops, s.producer_conn, s.expires_at
-    m.wire, m.size, m.store_id, m.refs = None, s.size, 0, 0
-    return m
-
-
-def _deep(v: Any) -> Any:
-    """A copy of the maps and streams in ``v`` (scalars, bytes and typed arrays are immutable)."""
-    t = type(v)
-    if t is dict:
-        return {k: _deep(x) if type(x) in (dict, list) else x for k, x in v.items()}
-    if t is list:
-        return [_deep(x) if type(x) in (dict, list) else x for x in v]
-    return v
-
-
-_NUMERIC = frozenset(n for n in gt.SCALAR_TYPES if n[0] in "uif")  # int*, uint*, float*
-
-
-def _coercer(name: str) -> Callable[[Any], Any]:
-    """The conversion to type ``name``: the JMS table (:func:`convert`) with three extensions.
-
-    JSON gives every number as a long or a double and the JMS table never narrows, so a
-    number converts to any numeric width its value fits (a float to an integer only when it is
-    integral; to ``float32`` rounded), and a one-character string converts to ``char``.
-    ``None`` (null) stays ``None``.
-    """
-    gw = gt.JMS_NAMES.get(name, name)
-    cls, numeric, is_number = gt.SCALAR_TYPES[gw], gw in _NUMERIC, gt.is_number
-
-    def coerce(v: Any) -> Any:
-        if type(v) is cls or v is None:
-            return v
-        try:
-            if numeric and is_number(v):
-                return cls(v)
-            if cls is Char and type(v) is str and len(v) == 1:
-                return Char(v)
-            return convert(v, gw)
-        except (ValueError, OverflowError) as exc:
-            raise MessageFormatError(f"cannot read {type_name(v)} {v!r} as {name}: {exc}") from None
-
-    return coerce
-
-
-# -- field paths: header.<name>, property.<name>, body[.<key>|[n]]... ---------------------------
-
-
-class _Field(NamedTuple):
-    """A parsed field path compiled into how to read, write, delete and test it."""
-
-    text: str
-    section: str  # "header", "property" or "body"
-    path: tuple[str | int, ...]  # (header or property name,) or the keys and indices below body
-    read: Callable[[Message], Any]  # the value, or _MISSING
-    write: Callable[[Message, Any], None]  # checks (a header: converts) the value
-    delete: Callable[[Message], None]  # nothing when absent
-    unset: Callable[[Message], bool]  # what ``default`` fills: absent or null (headers: table)
-
-
-def _text_header(v: Any) -> Any:
-    return convert(v, "string")  # every scalar reads as a String; None stays None
-
-
-def _correlation(v: Any) -> Any:
-    return v if type(v) is bytes else convert(v, "string")
-
-
-def _mode(v: Any) -> DeliveryMode:
-    if type(v) is str and v.upper() in DeliveryMode.__members__:
-        return DeliveryMode[v.upper()]
-    if type(v) is not bool and isinstance(v, int) and v in (1, 2, 22):
-        return DeliveryMode(int(v))
-    raise MessageFormatError(f"{v!r} is not a delivery mode (PERSISTENT, NON_PERSISTENT, RELIABLE)")
-
-
-def _int_header(lo: int, hi: int) -> Callable[[Any], int]:
-    def coerce(v: Any) -> int:
-        n = convert(v, "long") if type(v) is str else v
-        if type(n) is bool or not isinstance(n, int) or not lo <= n <= hi:
-            raise MessageFormatError(f"{v!r} is not an integer in {lo}..{hi}")
-        return int(n)
-
-    return coerce
-
-
-def _reply_to(v: Any) -> Destination | None:
-    if v is None:
-        return None
-    d = Destination.parse(convert(v, "string"))  # ValueError without topic: / queue:
-    validate_subject(d.name, system=True)
-    return d
-
-
-def _same(v: Any) -> Any:
-    return v
-
-
-def _header(get: Callable[[Message], Any], coerce: Callable[[Any], Any] | None,
-            attrs: tuple[str, ...] = (), reset: Any = _MISSING,
-            unset: Callable[[Message], bool] | None = None) -> _Field:  # fmt: skip
-    """A header field: ``coerce`` None is read-only, ``reset`` what ``drop`` puts back."""
-
-    def write(m: Message, v: Any) -> None:
-        if coerce is None:
-            raise MessageFormatError("read-only")
-        v = coerce(v)
-        for a in attrs:
-            setattr(m, a, v)
-
-    def delete(m: Message) -> None:
-        if reset is not _MISSING:
-            for a in attrs:
-                setattr(m, a, reset)
-
-    return _Field("", "header", (), get, write, delete, unset or (lambda m: False))
-
-
-def _nullable(attr: str, coerce: Callable[[Any], Any], show: Any = _same) -> _Field:
-    def get(m: Message) -> Any:
-        v = getattr(m, attr)
-        return _MISSING if v is None else show(v)
-
-    return _header(get, coerce, (attr,), None, lambda m: getattr(m, attr) is None)
-
-
-def _millis(*attrs: str) -> _Field:
-    a = attrs[0]
-    return _header(lambda m: int(getattr(m, a)), _int_header(0, Int64.MAX), attrs, 0,
-                   lambda m: not getattr(m, a))  # fmt: skip
-
-
-_PRIORITIES = tuple(gt.Int32(p) for p in range(10))  # JMSPriority reads as a JMS int
-
-# The JMS header fields by JMS name (seed L836-929) and what a mapping may do with each.
-# Setting JMSExpiration sets the effective expiry too: that is what the mappings out send.
-HEADERS: dict[str, _Field] = {
-    "JMSType": _nullable("type", _text_header),
-    "JMSMessageID": _nullable("message_id", _text_header),
-    "JMSCorrelationID": _nullable("correlation_id", _correlation),
-    "JMSReplyTo": _nullable("reply_to", _reply_to, str),
-    "JMSPriority": _header(lambda m: _PRIORITIES[m.priority], _int_header(0, 9), ("priority",),
-                           DEFAULT_PRIORITY, lambda m: m.priority == DEFAULT_PRIORITY),
-    "JMSDeliveryMode": _header(lambda m: DeliveryMode(m.delivery_mode).name, _mode,
-                               ("delivery_mode",)),
-    "JMSExpiration": _millis("expiration", "expires_at"),
-    "JMSDeliveryTime": _millis("delivery_time"),
-    "JMSTimestamp": _millis("timestamp"),
-    "JMSDestination": _header(lambda m: _MISSING if m.destination is None else str(m.destination),
-                              None),
-    "JMSRedelivered": _header(lambda m: m.redelivered, None),
-}  # fmt: skip
-_READ_ONLY = frozenset(("JMSDestination", "JMSRedelivered"))  # routing is decided outside
-_ALWAYS_SET = frozenset(("JMSDeliveryMode",))  # no null value: never dropped nor defaulted
-
-
-_PROPERTY_TYPES = frozenset((str, bool, int, float, Float32, Char, type(None)))
-
-
-def _property_field(text: str, name: str) -> _Field:
-    def write(m: Message, v: Any) -> None:
-        if type(v) not in _PROPERTY_TYPES:
-            gt.check_value(v, nested=False)  # widths pass; bytes, maps, streams, arrays raise
-        m.properties[name] = v
-
-    return _Field(
-        text, "property", (name,), lambda m: m.properties.get(name, _MISSING), write,
-        lambda m: m.properties.pop(name, None), lambda m: m.properties.get(name) is None,
-    )  # fmt: skip
-
-
-def _walk(body: Any, path: Sequence[str | int]) -> Any:
-    """The value at ``path`` below ``body``; _MISSING if absent or a step has the wrong kind."""
-    cur = body
-    for p in path:
-        if isinstance(p, str):
-            cur = cur.get(p, _MISSING) if type(cur) is dict else _MISSING
-        elif type(cur) is list or isinstance(cur, gt.TypedArray):
-            cur = cur[p] if -len(cur) <= p < len(cur) else _MISSING
-        else:
-            return _MISSING
-        if cur is _MISSING:
-            return _MISSING
-    return cur
-
-
-def _not_a(at: str, p: str | int, cur: Any) -> MessageFormatError:
-    have = "null" if cur is None else type_name(cur)
-    return MessageFormatError(f"{at} is {have}, not a {'map' if type(p) is str else 'stream'}")
-
-
-def _body_field(text: str, path: tuple[str | int, ...]) -> _Field:
-    if not path:
-        return _Field(text, "body", path, _read_body, _write_body, _delete_body,
-                      lambda m: m.body_kind is _NONE)  # fmt: skip
-    first, last = path[0], path[-1]
-    labels = ["body"]  # labels[i]: the text of path[:i], for errors
-    for p in path[:-1]:
-        labels.append(f"{labels[-1]}[{p}]" if type(p) is int else f"{labels[-1]}.{p}")
-    inner = tuple(zip(path[:-1], labels, strict=False))
-    if len(path) == 1 and isinstance(first, str):
-        def read(m: Message) -> Any:
-            b = m.body
-            return b.get(first, _MISSING) if type(b) is dict else _MISSING
-    else:
-        def read(m: Message) -> Any:
-            return _walk(m.body, path)
-
-    def parent(m: Message, create: bool) -> Any:
-        """The container of the last key or index; _MISSING, or raise if ``create``."""
-        kind = m.body_kind
-        if kind is _NONE and create and type(first) is str:
-            m.body, m.body_kind = {}, _MAP
-        elif kind is not _MAP and kind is not _STREAM:
-            if create:
-                raise MessageFormatError(f"a {kind.name} body has no fields (decode_json first?)")
-            return _MISSING
-        cur = m.body
-        for p, at in inner:
-            if isinstance(p, str) and type(cur) is dict:
-                nxt = cur.get(p)
-                if nxt is None and create:
-                    nxt = cur[p] = {}  # a missing (or null) map on the way is made
-            elif isinstance(p, int) and type(cur) is list and -len(cur) <= p < len(cur):
-                nxt = cur[p]
-            elif not create:
-                return _MISSING
-            elif isinstance(p, int) and type(cur) is list:
-                raise MessageFormatError(f"{at} has no element [{p}]")
-            else:
-                raise _not_a(at, p, cur)
-            cur = nxt
-        if type(cur) is not (dict if type(last) is str else list):
-            if create:
-                raise _not_a(labels[-1], last, cur)
-            return _MISSING
-        return cur
-
-    def write(m: Message, v: Any) -> None:
-        c = parent(m, True)
-        if isinstance(last, int) and not -len(c) <= last < len(c):
-            raise MessageFormatError(f"{text} does not exist (a stream of {len(c)})")
-        c[last] = v
-
-    def delete(m: Message) -> None:
-        c = parent(m, False)
-        if type(c) is dict:
-            c.pop(last, None)
-        elif type(c) is list and isinstance(last, int) and -len(c) <= last < len(c):
-            del c[last]
-
-    def unset(m: Message) -> bool:
-        v = read(m)
-        return v is _MISSING or v is None
-
-    return _Field(text, "body", path, read, write, delete, unset)
-
-
-def _read_body(m: Message) -> Any:
-    return _MISSING if m.body_kind is _NONE else m.body
-
-
-_KIND_BY_TYPE: dict[type, BodyKind] = {
-    str: _TEXT, Char: _TEXT, bytes: _BYTES, dict: _MAP, list: _STREAM,
-}  # fmt: skip
-
-
-def _write_body(m: Message, v: Any) -> None:
-    kind = _NONE if v is None else _KIND_BY_TYPE.get(type(v))
-    if kind is None:
-        raise MessageFormatError(f"a body cannot be {type_name(v)} (convert it: type: string)")
-    m.body, m.body_kind = str(v) if type(v) is Char else v, kind
-
-
-def _delete_body(m: Message) -> None:
-    m.body, m.body_kind = None, _NONE
-
-
-def parse_field(text: str) -> _Field:
-    """Parse and compile a field path (the grammar is in the README); raises ``ValueError``."""
-    if text.startswith("header."):
-        if text[7:] not in HEADERS:
-            raise ValueError(f"unknown header {text[7:]!r} (one of {', '.join(HEADERS)})")
-        return HEADERS[text[7:]]._replace(text=text, path=(text[7:],))
-    if text.startswith("property."):
-        if len(text) == 9:
-            raise ValueError("empty property name")
-        return _property_field(text, text[9:])
-    if text == "body" or text.startswith(("body.", "body[")):
-        return _body_field(text, _parse_body_path(text))
-    raise ValueError("a field is header.<JMS name>, property.<name>, body or body.<key>...")
-
-
-_KEY = re.compile(r'\.([^.\["\]]+)|\.("(?:[^"\\]|\\["\\])*")|\[(-?\d+)\]')
-
-
-def _parse_body_path(s: str) -> tuple[str | int, ...]:
-    """``.key``, ``."quoted key"`` (``\\"`` and ``\\\\`` escaped) and ``[n]``, after ``body``."""
-    path: list[str | int] = []
-    i = 4
-    while i < len(s):
-        m = _KEY.match(s, i)
-        if m is None:
-            raise ValueError(f"cannot read a key or [index] at character {i + 1}")
-        key, quoted, index = m.groups()
-        path.append(int(index) if index else key if key else json.loads(quoted))
-        i = m.end()
-    if len(path) > gt.MAX_NESTING:
-        raise ValueError(f"more than {gt.MAX_NESTING} levels")
-    return tuple(path)
-
-
-# -- steps: each a closure step(msg) made at load -----------------------------------------------
-
-
-def _step_copy(src: _Field, dst: _Field, coerce: Callable[[Any], Any] | None, move: bool) -> Step:
-    read, write, delete = src.read, dst.write, src.delete
-    fresh = _deep if src.section == dst.section == "body" and not move else _same  # unshared
-
-    def step(m: Message) -> None:
-        v = read(m)
-        if v is not _MISSING:
-            if coerce is not None:
-                v = coerce(v)
-            if move:
-                delete(m)
-            write(m, fresh(v))
-
-    return step
-
-
-def _step_rename(src: _Field, dst: _Field) -> Step:
-    """The new name takes the old one's place (property order and map order are kept)."""
-    old, new, below = src.path[-1], str(dst.path[-1]), src.path[:-1]
-
-    def step(m: Message) -> None:
-        if src.section == "property":
-            if old in m.properties:
-                m.properties = {new if k == old else k: v for k, v in m.properties.items()
-                                if k != new}  # fmt: skip
-            return
-        c = _walk(m.body, below) if m.body_kind is _MAP else None
-        if type(c) is dict and old in c:
-            items = list(c.items())
-            c.clear()
-            c.update((new if k == old else k, v) for k, v in items if k != new)
-
-    return step
-
-
-def _step_set(dst: _Field, value: Any, only_unset: bool) -> Step:
-    write, unset = dst.write, dst.unset
-    fresh = _deep if type(value) in (dict, list) else _same
-
-    def step(m: Message) -> None:
-        if not only_unset or unset(m):
-            write(m, fresh(value))
-
-    return step
-
-
-def _step_set_type(f: _Field, coerce: Callable[[Any], Any]) -> Step:
-    read, write = f.read, f.write
-
-    def step(m: Message) -> None:
-        v = read(m)
-        if v is not _MISSING and v is not None:
-            c = coerce(v)
-            if type(c) is not type(v):
-                write(m, c)
-
-    return step
-
-
-def _step_require(f: _Field) -> Step:
-    read = f.read
-
-    def step(m: Message) -> None:
-        v = read(m)
-        if v is _MISSING or v is None:
-            raise MessageFormatError("is missing")
-
-    return step
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _adopt_json(value: Any) -> None:
-    """Integers beyond a long become ``UInt64`` (as the STOMP mapping reads JSON), larger ones
-    are refused, and nesting is bounded by :data:`MAX_NESTING` as :func:`check_value` does."""
-    stack = [(value, 0)]
-    while stack:
-        v, depth = stack.pop()
-        if depth > gt.MAX_NESTING:
-            raise MessageFormatError(f"the JSON body nests deeper than {gt.MAX_NESTING} levels")
-        for k, x in v.items() if type(v) is dict else enumerate(v):
-            t = type(x)
-            if t is int and not Int64.MIN <= x <= Int64.MAX:
-                if not 0 <= x <= UInt64.MAX:
-                    raise MessageFormatError(f"number {x} fits neither a long nor a uint64")
-                v[k] = UInt64(x)
-            elif t is dict or t is list:
-                stack.append((x, depth + 1))
-
-
-def _step_decode_json(m: Message) -> None:
-    kind = m.body_kind
-    if (kind is _TEXT or kind is _BYTES) and m.body:
-        try:
-            v = json.loads(m.body, parse_constant=_no_constant)
-        except RecursionError:
-            raise MessageFormatError("the JSON body nests too deep") from None
-        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-            raise MessageFormatError(f"the body is not JSON: {exc}") from None
-        if type(v) is not dict and type(v) is not list:
-            raise MessageFormatError(f"the JSON body is {type_name(v)}, not an object or array")
-        _adopt_json(v)
-        m.body, m.body_kind = v, _MAP if type(v) is dict else _STREAM
-
-
-def _step_encode_json(as_text: bool) -> Step:
-    def step(m: Message) -> None:
-        if m.body_kind is _MAP or m.body_kind is _STREAM:
-            data = json_payload(m.body)
-            m.body, m.body_kind = (data.decode(), _TEXT) if as_text else (data, _BYTES)
-
-    return step
-
-
 class _Where(NamedTuple):
     rule: str
     file: str
     line: int
     step: str
     field: str
+    raw: bool = False  # a default rule's step: its error is the protocol mapping's own
+
+
+def _runner(steps: tuple[tuple[Step, _Where], ...]) -> Callable[[Message], None]:
+    """Run steps in order; a user rule's failure becomes :class:`MappingFailed`."""
+
+    def run(m: Message) -> None:
+        try:
+            for step, _where in steps:
+                step(m)
+        except _STEP_ERRORS as exc:
+            if _where.raw:
+                raise
+            raise MappingFailed(*_where[:5], str(exc)) from exc
+
+    return run
 
 
 def _run_steps(
@@ -532,19 +146,16 @@ def _run_steps(
 ) -> Callable[[Message], Message]:
     """One function for the steps of every matching rule. ``into_body``: some step changes a
     map or stream body in place, so the (shared) body is copied first."""
+    run = _runner(steps)
 
-    def run(msg: Message) -> Message:
+    def mapped(msg: Message) -> Message:
         m = _copy_message(msg)
         if into_body and (m.body_kind is _MAP or m.body_kind is _STREAM):
             m.body = _deep(m.body)
-        try:
-            for step, _where in steps:
-                step(m)
-        except _STEP_ERRORS as exc:
-            raise MappingFailed(*_where, str(exc)) from exc
+        run(m)
         return m
 
-    return run
+    return mapped
 
 
 # -- loading: YAML nodes → rules, every error with file, line and field -------------------------
@@ -556,7 +167,8 @@ _STEP_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # (required,
     "decode_json": ((), ()), "encode_json": ((), ("as",)), "lift": (_FROM_TO, ("type",)),
     "copy": (_FROM_TO, ("type",)), "move": (_FROM_TO, ("type",)), "rename": (_FROM_TO, ()),
     "set": (_FIELD_VALUE, ("type",)), "default": (_FIELD_VALUE, ("type",)),
-    "set_type": (("field", "type"), ()),
+    "set_type": (("field", "type"), ()), "convert": (("from", "to", "via"), ()),
+    "copy_all": (_FROM_TO, ("except", "via")),
 }  # fmt: skip
 
 
@@ -568,6 +180,9 @@ class _Rule(NamedTuple):
     steps: tuple[tuple[Step, _Where], ...]
     into_body: bool  # a step changes a map or stream body in place
     info: dict[str, Any]
+    target: str | None = None  # the default rule it replaces or extends
+    replaces: bool = False  # replaces (else extends) ``target``
+    wire: bool = False  # some step addresses a wire field
 
     def matches(self, d: Destination, protocol: str, direction: str, transport: str | None) -> bool:
         return (
@@ -584,7 +199,9 @@ def _problem(f: _Field, use: str) -> str:
     name = f.path[0] if f.section == "header" else None
     if name in _READ_ONLY and use not in ("copy", "require"):
         return f"{f.text} is read-only"
-    if use == "set_type" and (name is not None or f.text == "body"):
+    if f.fixed and use not in ("copy", "require"):
+        return f.fixed
+    if use == "set_type" and (f.section not in ("property", "body") or f.text == "body"):
         return f"{f.text} has no type to set (set_type takes a property or a body field)"
     if use == "default" and name in _ALWAYS_SET:
         return f"{f.text} always has a value (use set)"
@@ -600,20 +217,27 @@ def _check_constant(v: Any, depth: int = 0) -> Any:
         return v
     if t is int:
         return v if Int64.MIN <= v <= Int64.MAX else UInt64(v)  # OverflowError beyond
-    if depth < gt.MAX_NESTING and t is list:
+    if depth < _MAX_NESTING and t is list:
         return [_check_constant(x, depth + 1) for x in v]
-    if depth < gt.MAX_NESTING and t is dict and all(type(k) is str for k in v):
+    if depth < _MAX_NESTING and t is dict and all(type(k) is str for k in v):
         return {k: _check_constant(x, depth + 1) for k, x in v.items()}
     raise ValueError(f"a YAML {t.__name__} is not a message value (quote it to make a string)")
 
 
 class _Loader:
-    """Builds the rules of one file from its YAML nodes, collecting every error with its line."""
+    """Builds the rules of one file from its YAML nodes, collecting every error with its line.
 
-    def __init__(self, file: str, errors: list[ConfigError]) -> None:
+    ``defaults``: the default rules by name (what ``replaces`` / ``extends`` may name);
+    ``is_default``: this is a default mapping file (every rule named, steps fail raw)."""
+
+    def __init__(self, file: str, errors: list[ConfigError],
+                 defaults: dict[str, _Rule] | None = None, is_default: bool = False) -> None:
         self.file, self.errors = file, errors
+        self.defaults, self.is_default = defaults or {}, is_default
         self.constructor = yaml.constructor.SafeConstructor()
         self.into_body = False  # of the rule being read
+        self.uses_wire = False  # of the rule being read
+        self.context: tuple[str, str] | None = None  # (protocol, direction) for wire fields
 
     def changes(self, *fields: _Field) -> None:
         """Note fields written or removed in place (below ``body``: the body is copied first)."""
@@ -660,30 +284,76 @@ class _Loader:
         text = self.text(node, label)
         if text is None:
             return None
+        wire = wire_parser(*self.context) if self.context is not None else None
         try:
-            f = parse_field(text)
+            f = parse_field(text, wire)
         except ValueError as exc:
             self.error(node, label, f"bad field {text!r}: {exc}")
             return None
         problem = _problem(f, use)
         if problem:
             self.error(node, label, problem)
-        return None if problem else f
+            return None
+        self.uses_wire = self.uses_wire or f.section == "wire"
+        return f
+
+    def section(self, node: _Node, label: str, write: bool) -> Section | None:
+        text = self.text(node, label)
+        if text is None:
+            return None
+        found = PROPERTIES if text == "property" else None
+        if text.startswith("wire.") and self.context is not None:
+            found = wire_section(*self.context, text[5:])
+            self.uses_wire = True
+        if found is None:
+            self.error(node, label, f"{text!r} is not a section (property, or a wire section "
+                                    "of the rule's one protocol and direction: wire.header)")
+            return None
+        if write and found.fixed:
+            self.error(node, label, found.fixed)
+            return None
+        return found
 
     def rule(self, node: _Node, index: int) -> _Rule | None:
         where, before = f"mappings[{index}]", len(self.errors)
-        self.into_body = False
-        top = self.mapping(node, where, ("match", "steps"), ("name",))
+        self.into_body = self.uses_wire = False
+        self.context = None
+        optional = ("name", "replaces", "extends") if not self.is_default else ("name",)
+        top = self.mapping(node, where, ("match", "steps"), optional)
         if top is None:
             return None
         line = node.start_mark.line + 1
+        if self.is_default and "name" not in top:
+            self.error(node, where, "a default rule has a name")
         name = (self.text(top["name"], f"{where}.name") if "name" in top else None) or (
             f"{self.file}:{line}")  # fmt: skip
-        match = self.match(top["match"], f"{where}.match")
+        target: _Rule | None = None
+        mode = "replaces" if "replaces" in top else "extends" if "extends" in top else None
+        if "replaces" in top and "extends" in top:
+            self.error(top["extends"], f"{where}.extends", "a rule replaces or extends, not both")
+        elif mode is not None:
+            tname = self.text(top[mode], f"{where}.{mode}")
+            if tname is not None:
+                target = self.defaults.get(tname)
+                if target is None:
+                    some = ", ".join(list(self.defaults)[:4])
+                    self.error(top[mode], f"{where}.{mode}",
+                               f"unknown default rule {tname!r} (they are named like {some}, …; "
+                               "mappings/README.md lists them)")
+        match = self.match(top["match"], f"{where}.match", target, mode is not None)
+        if match is not None:
+            protocols, directions = match[1], match[3]
+            if protocols is not None and len(protocols) == 1 and len(directions) == 1:
+                (protocol,), (direction,) = protocols, directions
+                if protocol in WIRE_PROTOCOLS:
+                    self.context = (protocol, direction)
         steps: list[tuple[Step, _Where]] = []
         kinds: list[str] = []
-        if not isinstance(top["steps"], yaml.SequenceNode) or not top["steps"].value:
-            self.error(top["steps"], f"{where}.steps", "must be a list of one or more steps")
+        may_be_empty = mode == "replaces"
+        if not isinstance(top["steps"], yaml.SequenceNode) or (
+                not top["steps"].value and not may_be_empty):
+            self.error(top["steps"], f"{where}.steps", "must be a list of one or more steps"
+                       + (" (or [] with replaces)" if not self.is_default else ""))
         else:
             for i, s in enumerate(top["steps"].value):
                 made = self.step(s, f"{where}.steps[{i}]", name)
@@ -695,11 +365,16 @@ class _Loader:
         patterns, protocols, transports, directions, info = match
         info = {"name": name, "file": self.file, "line": line, "match": info,
                 "steps": kinds}  # fmt: skip
+        if target is not None:
+            info[str(mode)] = target.info["name"]
         return _Rule(patterns, protocols, transports, directions, tuple(steps), self.into_body,
-                     info)  # fmt: skip
+                     info, target.info["name"] if target is not None else None,
+                     mode == "replaces", self.uses_wire)  # fmt: skip
 
-    def match(self, node: _Node, where: str) -> Any:
-        m = self.mapping(node, where, ("destination", "direction"), ("protocol", "transport"))
+    def match(self, node: _Node, where: str, target: _Rule | None, named: bool = False) -> Any:
+        implied = ("direction",) if named else ()
+        m = self.mapping(node, where, ("destination", *(("direction",) if not implied else ())),
+                         ("protocol", "transport", *implied))  # fmt: skip
         if m is None:
             return None
         patterns: list[tuple[DestKind | None, str]] = []
@@ -725,10 +400,27 @@ class _Loader:
                 values.append(text)
             filters.append(frozenset(values) if key in m else None)
             info[key] = values if key in m else None
-        direction = info["direction"] = self.text(m["direction"], f"{where}.direction")
-        if direction is not None and direction not in DIRECTIONS:
-            self.error(m["direction"], f"{where}.direction",
-                       f"must be in, out or both, not {direction!r}")  # fmt: skip
+        if target is not None:  # protocol and direction are the default rule's
+            if filters[0] is not None and filters[0] != target.protocols:
+                self.error(m["protocol"], f"{where}.protocol",
+                           f"must be {', '.join(sorted(target.protocols or ()))} "
+                           f"(that of {target.info['name']}) or left out")
+            filters[0] = target.protocols
+            info["protocol"] = sorted(target.protocols or ())
+        direction = None
+        if "direction" in m:
+            direction = self.text(m["direction"], f"{where}.direction")
+            if direction is not None and direction not in DIRECTIONS:
+                self.error(m["direction"], f"{where}.direction",
+                           f"must be in, out or both, not {direction!r}")  # fmt: skip
+        if target is not None:
+            (implied_direction,) = target.directions
+            if direction is not None and direction != implied_direction:
+                self.error(m["direction"], f"{where}.direction",
+                           f"must be {implied_direction} (that of {target.info['name']}) "
+                           "or left out")
+            direction = implied_direction
+        info["direction"] = direction
         directions = frozenset(("in", "out") if direction == "both" else (direction,))
         return tuple(patterns), filters[0], filters[1], directions, info
 
@@ -745,7 +437,7 @@ class _Loader:
         label, line = f"{where}.{kind}", node.start_mark.line + 1
 
         def at(field: str) -> _Where:
-            return _Where(rule, self.file, line, kind, field)
+            return _Where(rule, self.file, line, kind, field, self.is_default)
 
         if kind in ("drop", "require"):
             fields = [f for n, _ in self.texts(args, label) if (f := self.field(n, label, kind))]
@@ -765,6 +457,10 @@ class _Loader:
             if form not in ("text", "bytes", None):
                 self.error(a["as"], f"{label}.as", f"must be text or bytes, not {form!r}")
             return [(_step_encode_json(form != "bytes"), at("body"))]
+        if kind == "convert":
+            return self.convert(a, label, at)
+        if kind == "copy_all":
+            return self.copy_all(a, label, at)
         coerce = None
         if "type" in a:
             t = self.text(a["type"], f"{label}.type")
@@ -784,7 +480,7 @@ class _Loader:
             try:  # a constant is converted once, and tried on an empty message
                 value = _check_constant(self.constructor.construct_object(a["value"], deep=True))
                 value = coerce(value) if coerce is not None else value
-                if f.section != "body" or not f.path:  # any value may go into a body field
+                if f.section != "wire" and (f.section != "body" or not f.path):  # not below body
                     f.write(Message(), value)
             except (yaml.YAMLError, *_STEP_ERRORS) as exc:
                 self.error(a["value"], f"{label}.value", f"cannot go in {f.text}: {exc}")
@@ -814,8 +510,58 @@ class _Loader:
             src, dst, coerce, kind == "move")  # fmt: skip
         return [(made, at(f"{src.text} -> {dst.text}"))]
 
+    def convert(self, a: dict[str, _Node], label: str,
+                at: Callable[[str], _Where]) -> list[tuple[Step, _Where]]:
+        """``convert: {from: F | [F…], to: T | [T…], via: NAME}``."""
+        srcs = [self.field(n, f"{label}.from", "copy") for n, _ in self.texts(a["from"],
+                                                                               f"{label}.from")]
+        dsts = [self.field(n, f"{label}.to", "write") for n, _ in self.texts(a["to"],
+                                                                             f"{label}.to")]
+        via = self.text(a["via"], f"{label}.via")
+        conv = CONVERTERS.get(via or "")
+        if via is not None and (conv is None or conv.item):
+            self.error(a["via"], f"{label}.via", f"unknown converter {via!r} (one of "
+                       f"{', '.join(k for k, c in CONVERTERS.items() if not c.item)})")
+            return []
+        if conv is None or None in srcs or None in dsts or not srcs or not dsts:
+            return []
+        if (len(srcs), len(dsts)) != (conv.sources, conv.targets):
+            self.error(a["via"], f"{label}.via", f"{via} reads {conv.sources} and writes "
+                       f"{conv.targets} fields, not {len(srcs)} and {len(dsts)}")
+            return []
+        fields: list[_Field] = [f for f in (*srcs, *dsts) if f is not None]
+        self.changes(*fields[len(srcs):])
+        text = ", ".join(f.text for f in fields[:len(srcs)]) + " -> " + ", ".join(
+            f.text for f in fields[len(srcs):])  # fmt: skip
+        return [(_step_convert(fields[:len(srcs)], fields[len(srcs):], conv), at(text))]
 
-def _load_text(text: str, file: str, errors: list[ConfigError]) -> list[_Rule]:
+    def copy_all(self, a: dict[str, _Node], label: str,
+                 at: Callable[[str], _Where]) -> list[tuple[Step, _Where]]:
+        """``copy_all: {from: SECTION, to: SECTION, except: [NAME…], via: NAME}``."""
+        src = self.section(a["from"], f"{label}.from", False)
+        dst = self.section(a["to"], f"{label}.to", True)
+        skip = frozenset(t for _, t in self.texts(a["except"], f"{label}.except")) if (
+            "except" in a) else frozenset()  # fmt: skip
+        fn = None
+        if "via" in a:
+            via = self.text(a["via"], f"{label}.via")
+            conv = CONVERTERS.get(via or "")
+            if via is not None and (conv is None or not conv.item):
+                self.error(a["via"], f"{label}.via", f"unknown item converter {via!r} (one of "
+                           f"{', '.join(k for k, c in CONVERTERS.items() if c.item)})")
+                return []
+            fn = conv.fn if conv is not None else None
+        if src is None or dst is None:
+            return []
+        if src is dst:
+            self.error(a["to"], f"{label}.to", "from and to are the same section")
+            return []
+        return [(_step_copy_all(src, dst, skip, fn), at(f"{src.text} -> {dst.text}"))]
+
+
+def _load_text(text: str, file: str, errors: list[ConfigError],
+               defaults: dict[str, _Rule] | None = None,
+               is_default: bool = False) -> list[_Rule]:  # fmt: skip
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
@@ -828,7 +574,8 @@ def _load_text(text: str, file: str, errors: list[ConfigError]) -> list[_Rule]:
         return []
     if root is None:
         return []  # an empty file
-    loader = _Loader(file, errors)
+    loader = _Loader(file, errors, _default_rules() if defaults is None else defaults,
+                     is_default)
     top = loader.mapping(root, "top level", ("mappings",))
     if top is None:
         return []
@@ -839,12 +586,129 @@ def _load_text(text: str, file: str, errors: list[ConfigError]) -> list[_Rule]:
     return [r for r in rules if r is not None]
 
 
+# -- the default mappings (package data) and the protocols' entry points -----------------------
+
+_DEFAULTS: dict[str, _Rule] | None = None
+
+
+def _default_rules() -> dict[str, _Rule]:
+    """Every default rule by name, from ``mappings/defaults/<protocol>.yaml`` (loaded once)."""
+    global _DEFAULTS
+    if _DEFAULTS is None:
+        errors: list[ConfigError] = []
+        found: dict[str, _Rule] = {}
+        for protocol in WIRE_PROTOCOLS:
+            ref = resources.files("mappings") / "defaults" / f"{protocol}.yaml"
+            text = ref.read_text(encoding="utf-8")
+            for r in _load_text(text, f"defaults/{protocol}.yaml", errors, found, True):
+                if r.info["name"] in found:
+                    errors.append(ConfigError(r.info["file"], r.info["line"],
+                                              f"rule {r.info['name']!r} named twice"))
+                found[r.info["name"]] = r
+        if errors:
+            raise ConfigErrors(errors)  # a broken package: the tests load them
+        _DEFAULTS = found
+    return _DEFAULTS
+
+
+def default_rules(protocol: str, direction: str) -> list[dict[str, Any]]:
+    """The default rules of a protocol and direction, in order (name, file, line, steps)."""
+    return [dict(r.info) for r in _default_rules().values()
+            if protocol in (r.protocols or ()) and direction in r.directions]
+
+
+def _work_copy(msg: Message, into_body: bool) -> Work:
+    m: Work = _copy_message(msg, cls=Work)  # type: ignore[assignment]
+    if into_body and (m.body_kind is _MAP or m.body_kind is _STREAM):
+        m.body = _deep(m.body)
+    return m
+
+
+def _stomp_in(run: Callable[[Message], None]) -> Callable[..., Message]:
+    """The interpreted ``stomp_to_message``."""
+
+    def stomp_in(headers: dict[str, str], body: bytes, *, has_length: bool,
+                 destination: Destination, reply_to: Destination | None,
+                 now_ms: int) -> Message:  # fmt: skip
+        m = Work()
+        m.destination, m.reply_to = destination, reply_to
+        m.w = StompIn(headers, body, has_length, now_ms)
+        run(m)
+        m.expires_at = 0  # a new message: the broker sets the effective expiry on publish
+        m.size = len(body) + 64 + 48 * len(m.properties)  # as stomp_to_message estimates it
+        out = _copy_message(m)
+        out.size = m.size
+        return out
+
+    return stomp_in
+
+
+def _stomp_out(run: Callable[[Message], None], into_body: bool
+               ) -> Callable[..., tuple[list[tuple[str, str]], bytes]]:
+    """The interpreted ``message_to_stomp``."""
+
+    def stomp_out(msg: Message, *, destination: str, reply_to: str | None
+                  ) -> tuple[list[tuple[str, str]], bytes]:
+        m = _work_copy(msg, into_body)
+        m.w = StompOut(destination, reply_to)
+        run(m)
+        result: tuple[list[tuple[str, str]], bytes] = m.w.finish()
+        return result
+
+    return stomp_out
+
+
+def _mqtt_in(run: Callable[[Message], None]) -> Callable[..., Message]:
+    """The interpreted ``mqtt_to_message``."""
+
+    def mqtt_in(*, payload: bytes, qos: int, retain: bool, properties: dict[str, Any],
+                level: int, destination: Destination, reply_to: Destination | None,
+                now_ms: int) -> Message:  # fmt: skip
+        m = Work()
+        m.destination, m.reply_to = destination, reply_to
+        m.w = MqttIn(payload, qos, retain, properties, level, now_ms)
+        run(m)
+        m.expires_at = 0  # a new message: the broker sets the effective expiry on publish
+        m.size = len(payload) + 64 + 48 * len(m.properties)  # as mqtt_to_message estimates it
+        out = _copy_message(m)
+        out.size = m.size
+        return out
+
+    return mqtt_in
+
+
+def _mqtt_out(run: Callable[[Message], None], into_body: bool) -> Callable[..., MqttOutTuple]:
+    """The interpreted ``message_to_mqtt``."""
+
+    def mqtt_out(msg: Message, *, level: int, now_ms: int,
+                 reply_topic: str | None) -> MqttOutTuple:  # fmt: skip
+        m = _work_copy(msg, into_body)
+        m.w = MqttOut(level, now_ms, reply_topic)
+        run(m)
+        return MqttOutTuple(*m.w.finish())
+
+    return mqtt_out
+
+
+# protocol → (fast in, fast out, interpreted in, interpreted out)
+_PROTOCOLS: dict[str, tuple[Callable[..., Any], Callable[..., Any], Any, Any]] = {
+    "stomp": (_stomp.stomp_to_message, _stomp.message_to_stomp, _stomp_in, _stomp_out),
+    "mqtt": (_mqtt.mqtt_to_message, _mqtt.message_to_mqtt, _mqtt_in, _mqtt_out),
+}
+
+
+_FAST = {(p, d): fns[i] for p, fns in _PROTOCOLS.items() for i, d in enumerate(("in", "out"))}
+
+
 class MappingSet:
     """The compiled rules of one or more mapping files, in order."""
 
     def __init__(self, rules: Sequence[_Rule] = (), *, cache_size: int = CACHE_SIZE) -> None:
         self._rules = tuple(rules)
+        self._core = tuple(r for r in self._rules if r.target is None and not r.wire)
+        self._wire = tuple(r for r in self._rules if r.target is not None or r.wire)
         self._cache: dict[tuple[Destination, str, str, str | None], Any] = {}
+        self._wire_cache: dict[tuple[Destination, str, str, str | None], Any] = {}
         self._cache_size = cache_size
 
     @classmethod
@@ -877,16 +741,24 @@ class MappingSet:
             raise ConfigErrors(errors)
         return cls(rules)
 
+    def _remember(self, cache: dict[Any, Any], key: Any, fn: Any) -> None:
+        if len(cache) >= self._cache_size:
+            for k in list(islice(cache, (len(cache) + 1) // 2)):  # drop the older half
+                del cache[k]
+        if self._cache_size:
+            cache[key] = fn
+
     def compile_for(self, destination: Destination, *, protocol: str, direction: str,
                     transport: str | None = None) -> Callable[[Message], Message] | None:
-        """The function mapping messages of ``destination``, or ``None`` if no rule matches.
+        """The core-side rules' function for ``destination``, or ``None`` if none matches.
 
         ``protocol``: the adapter's or transport's (``mqtt``, ``amqp``, ``stomp``, ``rv``,
         ``inproc``). ``direction``: ``in`` (after the protocol's default mapping into the core)
         or ``out`` (before the default mapping out of it). ``transport``: the
         ``transports.conf`` name, ``None`` for an adapter's client. The function returns a new
         message, leaves its argument alone, and raises :class:`MappingFailed`. Cached per key
-        (a hit is one dict lookup).
+        (a hit is one dict lookup). Rules that replace or extend a default rule, or address
+        wire fields, are not in it: :meth:`wire_for` applies them.
         """
         key = (destination, protocol, direction, transport)
         fn = self._cache.get(key, _MISSING)
@@ -894,32 +766,66 @@ class MappingSet:
             return fn  # type: ignore[no-any-return]
         if protocol not in PROTOCOLS or direction not in ("in", "out"):
             raise ValueError(f"unknown protocol {protocol!r} or direction {direction!r}")
-        rules = [r for r in self._rules if r.matches(destination, protocol, direction, transport)]
+        rules = [r for r in self._core if r.matches(destination, protocol, direction, transport)]
         steps = tuple(s for r in rules for s in r.steps)
         fn = _run_steps(steps, any(r.into_body for r in rules)) if steps else None
-        cache = self._cache
-        if len(cache) >= self._cache_size:
-            for k in list(islice(cache, (len(cache) + 1) // 2)):  # drop the older half
-                del cache[k]
-        if self._cache_size:
-            cache[key] = fn
+        self._remember(self._cache, key, fn)
+        return fn
+
+    def wire_for(self, destination: Destination, *, protocol: str, direction: str,
+                 transport: str | None = None, fast: bool = True) -> Callable[..., Any]:
+        """The wire side of the mapping of ``destination``: ``protocol``'s wire form ⇄ core.
+
+        The function has the signature of the protocol's hand-written mapping
+        (``stomp_to_message`` / ``message_to_stomp``, ``mqtt_to_message`` /
+        ``message_to_mqtt``) and is
+        that function when no user rule replaces or extends a default rule or addresses a
+        wire field for this key; else it runs the default rules so changed, then the user
+        rules that address wire fields. The core-side rules are not in it: the caller applies
+        :meth:`compile_for`'s function after it (``in``) or before it (``out``), as with the
+        hand-written mapping. It raises the hand-written mapping's errors for the default
+        rules' failures and :class:`MappingFailed` for the user rules'. ``fast=False``: the
+        interpreted rules even without a user rule (the tests compare the two); not cached.
+        """
+        if fast and not self._wire:  # no user rule on the wire side at all
+            fn = _FAST.get((protocol, direction))
+            if fn is not None:
+                return fn
+        key = (destination, protocol, direction, transport)
+        if fast:
+            fn = self._wire_cache.get(key)
+            if fn is not None:
+                return fn  # type: ignore[no-any-return]
+        if protocol not in _PROTOCOLS or direction not in ("in", "out"):
+            raise ValueError(f"no wire mapping for protocol {protocol!r} direction {direction!r}")
+        fast_in, fast_out, interpreted_in, interpreted_out = _PROTOCOLS[protocol]
+        rules = [r for r in self._wire if r.matches(destination, protocol, direction, transport)]
+        if fast and not rules:
+            fn = fast_in if direction == "in" else fast_out
+        else:
+            run = _runner(_pipeline(rules, protocol, direction))
+            into_body = any(r.into_body for r in rules)
+            fn = interpreted_in(run) if direction == "in" else interpreted_out(run, into_body)
+        if fast:
+            self._remember(self._wire_cache, key, fn)
         return fn
 
     def apply(self, msg: Message, *, protocol: str, direction: str,
               transport: str | None = None) -> Message:
-        """``msg`` through the rules that match its destination (itself when none match).
+        """``msg`` through the core-side rules that match its destination (itself when none).
 
         Raises:
             MappingFailed: a step failed; the message is refused (in) or not sent (out).
         """
         dest = msg.destination
-        if dest is None or not self._rules:
+        if dest is None or not self._core:
             return msg
         fn = self.compile_for(dest, protocol=protocol, direction=direction, transport=transport)
         return msg if fn is None else fn(msg)
 
     def rules(self) -> list[dict[str, Any]]:
-        """Each rule's name, file, line, match and step kinds, in order (for the admin API)."""
+        """Each rule's name, file, line, match and step kinds (and what it ``replaces`` or
+        ``extends``), in order (for the admin API)."""
         return [dict(r.info) for r in self._rules]
 
     def __len__(self) -> int:
@@ -928,3 +834,24 @@ class MappingSet:
     @property
     def cache_len(self) -> int:
         return len(self._cache)
+
+
+def _pipeline(rules: Sequence[_Rule], protocol: str, direction: str
+              ) -> tuple[tuple[Step, _Where], ...]:
+    """The steps of a protocol's default rules for one direction, each replaced or extended by
+    the user ``rules`` that name it, then the user rules that address wire fields."""
+    replaced: dict[str, list[_Rule]] = {}
+    extended: dict[str, list[_Rule]] = {}
+    for r in rules:
+        if r.target is not None:
+            (replaced if r.replaces else extended).setdefault(r.target, []).append(r)
+    steps: list[tuple[Step, _Where]] = []
+    for d in _default_rules().values():
+        if protocol not in (d.protocols or ()) or direction not in d.directions:
+            continue
+        name = d.info["name"]
+        by = replaced.get(name)
+        steps.extend(d.steps if by is None else [s for r in by for s in r.steps])
+        steps.extend(s for r in extended.get(name, ()) for s in r.steps)
+    steps.extend(s for r in rules if r.target is None for s in r.steps)
+    return tuple(steps)

@@ -9,8 +9,13 @@ alias). Both functions are pure and run once per message, so they only read prec
 tables and build the one dict and list they return.
 
 The rules are the rows of the two tables in ``mappings/README.md`` (MQTT → core, core → MQTT)
-plus its body rules, and the code below follows them in the same order, one block per row, so
-a later declarative (YAML) form can be read off it. The tables that drive the code are the
+plus its body rules, and the code below follows them in the same order, one block per row.
+The same rows are the default mapping rules ``mappings/defaults/mqtt.yaml``, which the engine
+runs when a user rule overrides one of them; these two functions are their fast path, and
+``tests/unit/test_mapping_mqtt_defaults.py`` proves the two agree. The rows that are more than
+a rename are functions here (``body_in``, ``user_headers_in``, ``body_out``, ``qos_out``, …)
+that the rules call as converters (:mod:`mappings.converters`). The tables that drive the
+code are the
 module constants: ``_MODE_BY_QOS``, ``_QOS_BY_MODE``, ``_RENDER`` (property value → text and
 type name) and ``_PARSERS`` (type name → parser, from :data:`gateway.types.SCALAR_TYPES`).
 
@@ -410,6 +415,64 @@ def mqtt_to_message(
     return msg
 
 
+# -- the rules of mqtt_to_message that are more than one line, for the default mapping rules
+# (mappings/defaults/mqtt.yaml); tests/unit/test_mapping_mqtt_defaults.py proves that the
+# rules and mqtt_to_message agree.
+
+
+def body_in(payload: bytes, pfi: int | None, content_type: str | None) -> tuple[BodyKind, Any]:
+    """The body of a PUBLISH: TEXT when the Payload Format Indicator says UTF-8 (or the
+    content type is a text type and it decodes), else BYTES (README "Body rules").
+
+    Raises:
+        PayloadFormatInvalid: ``pfi`` is 1 but the payload is not UTF-8.
+    """
+    if pfi == 1:
+        try:
+            return _TEXT, payload.decode()
+        except UnicodeDecodeError:
+            raise PayloadFormatInvalid("payload is not UTF-8 but says it is") from None
+    if content_type is not None and is_text_content_type(content_type):
+        try:
+            return _TEXT, payload.decode()
+        except UnicodeDecodeError:
+            pass
+    return _BYTES, payload
+
+
+def user_headers_in(props: dict[str, Any], types: str | None, jms_type: str | None,
+                    jms_priority: str | None, trace: str | None
+                    ) -> tuple[dict[str, Any], str | None, int | None, str | None]:
+    """gw-types applied to the properties and to the JMS header fields carried as user
+    properties (first values given), which join the properties meanwhile; then the trace id,
+    JMSType and a one-digit JMSPriority leave them (others stay properties)."""
+    setdefault = props.setdefault
+    for name, value in ((JMS_TYPE, jms_type), (JMS_PRIORITY, jms_priority),
+                        (TRACE_USER_PROPERTY, trace)):
+        if value is not None:
+            setdefault(name, value)
+    if types:
+        props = _apply_types(props, types)
+    trace_id = props.pop(TRACE_USER_PROPERTY, None)
+    if type(trace_id) is not str:
+        trace_id = None
+    msg_type = None
+    value = props.get(JMS_TYPE)
+    if type(value) is str:
+        msg_type = props.pop(JMS_TYPE)
+    priority = None
+    value = props.get(JMS_PRIORITY)
+    if type(value) is str and len(value) == 1 and "0" <= value <= "9":
+        del props[JMS_PRIORITY]
+        priority = ord(value) - 48
+    return props, msg_type, priority, trace_id
+
+
+def mode_in(qos: int) -> DeliveryMode:
+    """QoS 0 → NON_PERSISTENT, 1 and 2 → PERSISTENT."""
+    return _MODE_BY_QOS[qos]
+
+
 # A parsed gw-types list: (name as sent, parser or None, unescaped name or None) per entry.
 _TypesEntry = tuple[str, Callable[[str], Any] | None, str | None]
 _TYPES_CACHE: dict[str, tuple[_TypesEntry, ...]] = {}
@@ -546,6 +609,48 @@ def message_to_mqtt(msg: Message, *, level: int, now_ms: int, reply_topic: str |
     if pairs:
         out[USER_PROPERTY] = pairs
     return MqttOut(payload, qos, out)
+
+
+# -- the rules of message_to_mqtt that are more than one line, for the default mapping rules
+
+
+def body_out(kind: BodyKind, body: Any) -> tuple[bytes, bool, bool]:
+    """The payload of a body, whether it is UTF-8 (the Payload Format Indicator) and whether
+    it is the JSON of a map or stream (README "Body rules", Out)."""
+    if kind is _TEXT:
+        try:
+            return body.encode(), True, False
+        except UnicodeEncodeError:
+            return body.encode("utf-8", "surrogatepass"), False, False
+    if kind is _BYTES or kind is _OBJECT:
+        return body, False, False
+    if kind is _NONE:
+        return b"", False, False
+    return json_payload(body), True, True
+
+
+def qos_out(qos_property: Any, mode: DeliveryMode) -> int:
+    """The publisher's QoS (JMS_GW_MQTT_QOS) when it is 0-2, else the delivery mode's."""
+    qos = None if qos_property is None else _QOS_VALUES.get(qos_property)
+    return _QOS_BY_MODE.get(mode, 0) if qos is None else qos
+
+
+def expiry_out(expires: int, now_ms: int) -> int:
+    """The Message Expiry Interval: seconds left, rounded up, 1 when already expired, at most
+    a Four Byte Integer [MQTT-3.3.2-6]."""
+    left = expires - now_ms
+    if left <= 0:
+        return 1
+    seconds = -(-left // 1000)
+    return seconds if seconds < MAX_EXPIRY_INTERVAL else MAX_EXPIRY_INTERVAL
+
+
+def header_text_out(name: str, value: str, types: list[str]) -> str:
+    """A JMS header field as a user property's text (escaped, marked in ``types``, when an
+    MQTT string cannot carry it)."""
+    pairs: list[tuple[str, str]] = []
+    _header_pair(pairs, types, name, value)
+    return pairs[0][1]
 
 
 def render_properties(pairs: list[tuple[str, str]], types: list[str] | None,

@@ -9,7 +9,14 @@ headers and body; the adapter adds ``subscription``, ``message-id``, ``ack`` and
 ``redelivered``, which depend on the delivery, not the message.
 
 The rules are the rows of the tables in ``adapters/stomp/README.md`` (SEND → core,
-core → MESSAGE), in the same order. STOMP headers are text, so JMS properties travel as
+core → MESSAGE), in the same order. The same rows are the default mapping rules
+``mappings/defaults/stomp.yaml`` (listed in ``mappings/README.md``), which the engine runs
+when a user rule overrides one of them; these two functions are their fast path, and
+``tests/unit/test_mapping_stomp_defaults.py`` proves the two agree. The rows that are more
+than a rename are functions here (``body_in``, ``apply_header_types``, ``body_out``, …) that
+the rules call as converters (:mod:`mappings.converters`).
+
+STOMP headers are text, so JMS properties travel as
 text with the MQTT mapping's text forms and its ``gw-types`` header (one definition of those
 forms, imported from :mod:`mappings.mqtt`, described in ``mappings/README.md``): a typed
 property sent by MQTT 5, AMQP or an in-process JMS client comes back from a STOMP hop with
@@ -182,11 +189,7 @@ def stomp_to_message(
     text = get("expires")
     expiration = 0 if text is None else _millis("expires", text)
     text = get(SCHEDULED_DELAY)
-    delivery_time = 0
-    if text is not None:
-        delay = _millis(SCHEDULED_DELAY, text)
-        if delay:
-            delivery_time = now_ms + delay
+    delivery_time = 0 if text is None else delivery_time_in(text, now_ms)
     msg = Message(
         value,
         body_kind=kind,
@@ -205,6 +208,81 @@ def stomp_to_message(
     if trace is not None:
         msg.trace_id = trace
     return msg
+
+
+# -- the rules of stomp_to_message that are more than one line, for the default mapping rules
+# (mappings/defaults/stomp.yaml); tests/unit/test_mapping_stomp_defaults.py proves that the
+# rules and stomp_to_message agree.
+
+
+def body_in(body: bytes, transformation: str | None, content_type: str | None,
+            has_length: bool) -> tuple[BodyKind, Any]:
+    """The body kind and value of a frame: transformation, then content-type, then
+    content-length (table "SEND → core"). Raises MessageFormatError as stomp_to_message."""
+    if transformation is not None and transformation != BYTES_TRANSFORMATION:
+        return _json_body(transformation, body)
+    if content_type is not None:
+        if content_type == OBJECT_CONTENT_TYPE:
+            return _OBJECT, body
+        if transformation is None and is_text_content_type(content_type):
+            try:
+                return _TEXT, body.decode()
+            except UnicodeDecodeError:
+                return _BYTES, body
+        return _BYTES, body
+    if has_length or transformation is not None:
+        return _BYTES, body
+    try:
+        return _TEXT, body.decode()
+    except UnicodeDecodeError:
+        return _BYTES, body
+
+
+def content_type_kept(content_type: str, kind: BodyKind) -> bool:
+    """Whether ``content-type`` becomes JMS_GW_CONTENT_TYPE: not for an OBJECT body (implied),
+    the gateway's default text type on a text body, nor JSON on a map or stream body."""
+    return kind is not _OBJECT and not (
+        kind is _TEXT and content_type == TEXT_CONTENT_TYPE
+    ) and not (content_type == JSON_CONTENT_TYPE and (kind is _MAP or kind is _STREAM))
+
+
+def apply_header_types(types: str, props: dict[str, Any], correlation: str | bytes | None,
+                       msg_type: str | None, trace: str | None
+                       ) -> tuple[dict[str, Any], str | bytes | None, str | None, str | None]:
+    """gw-types applied to the properties and to the header fields that may be escaped or
+    typed (correlation-id, type, gw-trace-id), which join the properties meanwhile."""
+    for name, field in (("correlation-id", correlation), ("type", msg_type),
+                        (TRACE_HEADER, trace)):
+        if field is not None:
+            props[name] = field
+    props = _apply_types(props, types)
+    if correlation is not None:
+        correlation = _correlation_in(props.pop("correlation-id"), types)
+    if msg_type is not None:
+        msg_type = str(props.pop("type"))
+    if trace is not None:
+        trace = str(props.pop(TRACE_HEADER))
+    return props, correlation, msg_type, trace
+
+
+def priority_in(text: str) -> int:
+    """``priority``: one digit 0-9 (anything else is an error)."""
+    return _priority(text)
+
+
+def expires_in(text: str) -> int:
+    """``expires``: absolute epoch ms."""
+    return _millis("expires", text)
+
+
+def delivery_time_in(text: str, now_ms: int) -> int:
+    """``AMQ_SCHEDULED_DELAY`` (ms) → JMSDeliveryTime: ``now + delay``; 0 (none) for 0."""
+    delay = _millis(SCHEDULED_DELAY, text)
+    if not delay:
+        return 0
+    if now_ms + delay > Int64.MAX:
+        raise MessageFormatError(f"{SCHEDULED_DELAY} {text} reaches beyond the year 292 million")
+    return now_ms + delay
 
 
 def _json_body(transformation: str, body: bytes) -> tuple[BodyKind, Any]:
@@ -360,6 +438,50 @@ def message_to_stomp(
     if held:
         headers.extend(held)
     return headers, payload
+
+
+# -- the rules of message_to_stomp that are more than one line, for the default mapping rules
+
+
+def body_out(kind: BodyKind, body: Any, content_type: str | None
+             ) -> tuple[bytes, str | None, str | None]:
+    """The payload, ``content-type`` and ``transformation`` of a body (table "core → MESSAGE");
+    ``content_type`` is JMS_GW_CONTENT_TYPE when it is a string."""
+    if kind is _TEXT:
+        try:
+            payload = body.encode()
+        except UnicodeEncodeError:
+            payload = body.encode("utf-8", "surrogatepass")
+        return payload, content_type or TEXT_CONTENT_TYPE, None
+    if kind is _BYTES:
+        return body, content_type, None
+    if kind is _MAP or kind is _STREAM:
+        return json_payload(body), JSON_CONTENT_TYPE, MAP_JSON if kind is _MAP else STREAM_JSON
+    if kind is _OBJECT:
+        return body, OBJECT_CONTENT_TYPE, None
+    return b"", content_type, None
+
+
+def correlation_out(corr: str | bytes, types: list[str]) -> str:
+    """``correlation-id``: a text as is; bytes as UTF-8 text or base64, marked in gw-types
+    (``types``, appended to)."""
+    pairs: list[tuple[str, str]] = []
+    if isinstance(corr, str):
+        _text_header(pairs, types, "correlation-id", corr, None)
+    else:
+        try:
+            text, tname = corr.decode(), CORRELATION_UTF8
+        except UnicodeDecodeError:
+            text, tname = base64.b64encode(corr).decode("ascii"), CORRELATION_BASE64
+        _text_header(pairs, types, "correlation-id", text, tname)
+    return pairs[0][1]
+
+
+def text_out(name: str, text: str, types: list[str]) -> str:
+    """A text header as STOMP can carry it (escaped and marked in ``types`` if it must be)."""
+    pairs: list[tuple[str, str]] = []
+    _text_header(pairs, types, name, text, None)
+    return pairs[0][1]
 
 
 def _text_header(headers: list[tuple[str, str]], types: list[str] | None, name: str,

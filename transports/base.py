@@ -486,6 +486,19 @@ class Transport:
             else:
                 self._remove_remote(b, remote)
 
+    def wire_mapping(self, dest: Destination, direction: str,
+                     default: Callable[..., Any]) -> Callable[..., Any]:
+        """The wire side of the mapping of ``dest`` for this transport: ``default`` (the
+        protocol's hand-written mapping, e.g. ``stomp_to_message``) unless a declarative rule
+        replaces or extends a default rule, or addresses a wire field, here (mappings/README.md,
+        "Overriding the default mappings"). Same signature; raises MappingFailed for a rule."""
+        mappings = self.broker.mappings
+        if mappings is None:
+            return default
+        fn: Callable[..., Any] = mappings.wire_for(dest, protocol=self.type, direction=direction,
+                                                   transport=self.name)
+        return fn
+
     def outgoing(self, msg: Message) -> Message:
         """The message as exported: through the declarative mappings for this transport
         (direction ``out``), then without headers or properties when the section says so

@@ -434,8 +434,9 @@ class MqttTransport(Transport):
             reply_topic = (self.replies.route(rt, self._reply_topic)
                            if rt.name.startswith(TEMP_PREFIX)
                            else self.prefix + subject_to_mqtt_topic(rt.name))
-        out = message_to_mqtt(msg, level=5 if self.v5 else 4, now_ms=self.broker.now(),
-                              reply_topic=reply_topic)
+        to_mqtt = self.wire_mapping(dest, "out", message_to_mqtt)
+        out = to_mqtt(msg, level=5 if self.v5 else 4, now_ms=self.broker.now(),
+                      reply_topic=reply_topic)
         topic = self.prefix + subject_to_mqtt_topic(dest.name)
         props: Any = None
         if self.v5:
@@ -529,7 +530,7 @@ class MqttTransport(Transport):
                 ack()
                 return
             props, origin, hops, reply = self._properties(message.properties)
-            msg = mqtt_to_message(
+            msg = self.wire_mapping(dest, "in", mqtt_to_message)(
                 payload=payload, qos=qos, retain=bool(message.retain), properties=props,
                 level=5 if self.v5 else 4, destination=dest, reply_to=reply,
                 now_ms=self.broker.now())

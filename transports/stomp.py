@@ -588,8 +588,9 @@ class StompTransport(Transport):
             # whose messages come back to it (ReplyRoutes; subscribed before this SEND).
             reply = (self.replies.route(rt, self._reply_name) if rt.is_temporary
                      else self.remote_name(rt.name, rt.kind))
-        pairs, payload = message_to_stomp(msg, destination=self.remote_name(dest.name, TOPIC),
-                                          reply_to=reply)
+        to_stomp = self.wire_mapping(dest, "out", message_to_stomp)
+        pairs, payload = to_stomp(msg, destination=self.remote_name(dest.name, TOPIC),
+                                  reply_to=reply)
         headers: dict[str, str] = {}
         for name, value in pairs:
             name = escape_name(name)
@@ -645,8 +646,9 @@ class StompTransport(Transport):
             else:
                 dest = self._import_destination(headers.get("destination", ""), pattern, kind)
             reply = self._reply_to(headers.get("reply-to"))
-            msg = stomp_to_message(headers, body, has_length="content-length" in headers,
-                                   destination=dest, reply_to=reply, now_ms=self.broker.now())
+            to_message = self.wire_mapping(dest, "in", stomp_to_message)
+            msg = to_message(headers, body, has_length="content-length" in headers,
+                             destination=dest, reply_to=reply, now_ms=self.broker.now())
         except (GatewayError, ValueError) as exc:
             self.stats["failed"] += 1
             log.warning("transport %s: cannot import from %r: %s", self.name,

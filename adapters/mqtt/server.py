@@ -160,12 +160,19 @@ class MqttServer:
             except InvalidDestinationError:
                 return ReasonCode.TOPIC_NAME_INVALID, None
         now = self.broker.now()
-        msg = mqtt_to_message(payload=p.payload, qos=p.qos, retain=p.retain,
-                              properties=p.properties, level=level,
-                              destination=dest, reply_to=reply_to, now_ms=now)
         mappings = self.broker.mappings
-        if mappings is not None:
+        if mappings is None:  # raises PayloadFormatInvalid (the session answers 0x99)
+            msg = mqtt_to_message(payload=p.payload, qos=p.qos, retain=p.retain,
+                                  properties=p.properties, level=level,
+                                  destination=dest, reply_to=reply_to, now_ms=now)
+        else:
+            # The declarative mappings' wire side for this destination (mqtt_to_message itself
+            # unless a rule replaces or extends a default rule here), then the core-side rules.
+            to_message = mappings.wire_for(dest, protocol="mqtt", direction="in")
             try:
+                msg = to_message(payload=p.payload, qos=p.qos, retain=p.retain,
+                                 properties=p.properties, level=level,
+                                 destination=dest, reply_to=reply_to, now_ms=now)
                 msg = mappings.apply(msg, protocol="mqtt", direction="in")
             except GatewayError as exc:  # a declarative mapping refused it
                 log.info("mqtt %s: publish to %s refused by a mapping: %s",
@@ -224,11 +231,14 @@ class MqttServer:
         if key == self._map_key and self._map_msg is msg and self._map_out is not None:
             return self._map_out
         mapped = msg
+        to_mqtt = message_to_mqtt
         mappings = self.broker.mappings
-        if mappings is not None:  # raises MappingFailed: the caller refuses the delivery
+        if mappings is not None and msg.destination is not None:
+            # Raises MappingFailed: the caller refuses the delivery. The core-side rules, then
+            # the wire side (message_to_mqtt unless a rule changes the defaults here).
             mapped = mappings.apply(msg, protocol="mqtt", direction="out")
-        out = message_to_mqtt(mapped, level=level, now_ms=now,
-                              reply_topic=_reply_topic(mapped))
+            to_mqtt = mappings.wire_for(msg.destination, protocol="mqtt", direction="out")
+        out = to_mqtt(mapped, level=level, now_ms=now, reply_topic=_reply_topic(mapped))
         self._map_key, self._map_out, self._map_msg = key, out, msg
         return out
 

@@ -42,6 +42,7 @@ from adapters.stomp.codec import Frame, Parser, StompError, encode, escape
 from gateway.client import AckMode
 from gateway.errors import GatewayError, IllegalStateError, SecurityError
 from gateway.message import QUEUE, TEMP_PREFIX, TOPIC, Destination
+from mappings.engine import MappingFailed
 from mappings.stomp import stomp_to_message
 
 if TYPE_CHECKING:
@@ -438,17 +439,20 @@ class StompConnection:
         dest = self.destination(headers.get("destination"), frame)
         rt_text = headers.get("reply-to")
         reply_to = self.destination(rt_text, frame, header="reply-to") if rt_text else None
+        mappings = self.broker.mappings
+        # The default mapping, or the declarative mappings' wire side for this destination
+        # (the same function unless a rule replaces or extends a default rule here).
+        to_message = stomp_to_message if mappings is None else mappings.wire_for(
+            dest, protocol="stomp", direction="in")  # fmt: skip
         try:
-            msg = stomp_to_message(headers, frame.body, has_length="content-length" in headers,
-                                   destination=dest, reply_to=reply_to, now_ms=self.broker.now())
+            msg = to_message(headers, frame.body, has_length="content-length" in headers,
+                             destination=dest, reply_to=reply_to, now_ms=self.broker.now())
+            if mappings is not None:
+                msg = mappings.apply(msg, protocol="stomp", direction="in")
+        except MappingFailed as exc:
+            raise ProtocolError("message refused by a mapping", str(exc)) from None
         except GatewayError as exc:
             raise ProtocolError("malformed message", str(exc)) from None
-        mappings = self.broker.mappings
-        if mappings is not None:
-            try:
-                msg = mappings.apply(msg, protocol="stomp", direction="in")
-            except GatewayError as exc:
-                raise ProtocolError("message refused by a mapping", str(exc)) from None
         txn = headers.get("transaction")
         if txn is not None:
             self._transaction(txn, frame).send(msg)

@@ -62,13 +62,16 @@ class StompServer:
             return block, body
         original = msg
         mappings = self.broker.mappings
-        if mappings is not None:  # raises MappingFailed: the delivery is refused
-            msg = mappings.apply(msg, protocol="stomp", direction="out")
+        to_stomp = message_to_stomp
         dest = msg.destination
+        if mappings is not None and dest is not None:  # raises MappingFailed: refused
+            msg = mappings.apply(msg, protocol="stomp", direction="out")
+            # The default mapping, or the declarative mappings' wire side for this destination.
+            to_stomp = mappings.wire_for(dest, protocol="stomp", direction="out")
         rt = msg.reply_to
         temporary = (dest is not None and dest.name.startswith(TEMP_PREFIX)) or (
             rt is not None and rt.name.startswith(TEMP_PREFIX))
-        headers, body = message_to_stomp(
+        headers, body = to_stomp(
             msg, destination=conn.render_destination(dest) if dest is not None else "",
             reply_to=conn.render_destination(rt) if rt is not None else None,
         )

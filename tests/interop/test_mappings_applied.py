@@ -147,3 +147,123 @@ def test_a_bad_mapping_file_stops_the_gateway_naming_file_and_line(tmp_path):
     with pytest.raises(ConfigErrors, match=r"plant.yaml:4: .*explode"):
         g.start()
     time.sleep(0.1)
+
+
+STOMP_OVERRIDES = """\
+mappings:
+  - name: device header as JMSType
+    extends: stomp.in.type
+    match: {destination: "queue:plant.>"}
+    steps:
+      - copy: {from: wire.header.x-device, to: header.JMSType}
+      - drop: [property.x-device]
+  - name: lenient priority
+    replaces: stomp.in.priority
+    match: {destination: "queue:plant.>"}
+    steps:
+      - copy: {from: wire.header.priority, to: header.JMSPriority}
+  - name: kind as content type
+    match: {destination: "queue:plant.>", direction: out, protocol: stomp}
+    steps:
+      - copy: {from: property.kind, to: wire.header.content-type}
+"""
+
+
+def test_stomp_default_rules_overridden_for_one_destination(tmp_path):
+    g = with_mappings(tmp_path / "gw", STOMP_OVERRIDES,
+                      gateway="listen = stomp://127.0.0.1:0\n").start()
+    try:
+        s = stomp(g.port("stomp"))
+        s.sendall(b"SUBSCRIBE\nid:1\ndestination:/queue/plant.a\nreceipt:r\n\n\x00"
+                  b"SUBSCRIBE\nid:2\ndestination:/queue/office\nreceipt:r2\n\n\x00")
+        got = b""
+        while got.count(b"\x00") < 2:  # both receipts: the subscriptions are in place
+            got += s.recv(4096)
+        s.sendall(b"SEND\ndestination:/queue/plant.a\nx-device:press-4\npriority:07\n"
+                  b"kind:text/csv\ncontent-length:3\n\na,b\x00")
+        headers, body = read_frame(s)
+        assert headers["type"] == "press-4" and "x-device" not in headers
+        assert headers["priority"] == "7" and headers["content-type"] == "text/csv"
+        assert body == b"a,b"
+        # another destination keeps the defaults: "07" is refused as a malformed message
+        s.sendall(b"SEND\ndestination:/queue/office\nx-device:press-4\npriority:07\n\nx\x00")
+        headers, body = read_frame(s)
+        assert b"malformed message" in body or headers.get("message") == "malformed message"
+        s.close()
+    finally:
+        g.stop()
+
+
+MQTT_OVERRIDES = """\
+mappings:
+  - name: device as JMSType
+    extends: mqtt.in.user-headers
+    match: {destination: "topic:plant.>"}
+    steps:
+      - copy: {from: wire.user.device, to: header.JMSType}
+  - name: kind as content type
+    match: {destination: "topic:plant.>", direction: out, protocol: mqtt}
+    steps:
+      - copy: {from: property.kind, to: wire.content_type}
+"""
+
+
+def test_mqtt_default_rules_overridden_for_one_destination(tmp_path):
+    g = with_mappings(tmp_path / "gw", MQTT_OVERRIDES,
+                      gateway="listen = mqtt://127.0.0.1:0\n").start()
+    try:
+        got: list[Any] = []
+        sub = mqtt5(g.port("mqtt"))
+        subacks: list[Any] = []
+        sub.on_message = lambda cl, u, m: got.append(m)
+        sub.on_subscribe = lambda cl, u, mid, rc, p: subacks.append(mid)
+        sub.subscribe("plant/#", 1)
+        sub.subscribe("office/#", 1)
+        wait_for(lambda: len(subacks) == 2, what="both SUBACKs")
+        pub = mqtt5(g.port("mqtt"))
+        for topic in ("plant/a", "office/a"):
+            props = Properties(PacketTypes.PUBLISH)
+            props.UserProperty = [("device", "press-4"), ("kind", "text/csv")]
+            pub.publish(topic, b"a,b", 1, properties=props).wait_for_publish(5)
+        wait_for(lambda: len(got) == 2, what="both messages")
+        by_topic = {m.topic: m for m in got}
+        plant = dict(by_topic["plant/a"].properties.UserProperty)
+        assert plant["JMSType"] == "press-4"
+        assert by_topic["plant/a"].properties.ContentType == "text/csv"
+        office = by_topic["office/a"].properties
+        assert "JMSType" not in dict(office.UserProperty)
+        assert not hasattr(office, "ContentType")
+        for c in (sub, pub):
+            c.loop_stop()
+            c.disconnect()
+    finally:
+        g.stop()
+
+
+def test_a_transport_wire_rule_applies_to_its_exports_only(tmp_path):
+    rules = """\
+mappings:
+  - name: kind as content type, for far
+    match: {destination: "topic:out.>", direction: out, protocol: mqtt, transport: far}
+    steps:
+      - copy: {from: property.kind, to: wire.content_type}
+      - drop: [wire.user.kind]
+"""
+    with start_mosquitto(tmp_path / "mosq") as mosq:
+        g = with_mappings(
+            tmp_path / "gw", rules,
+            gateway="listen = http://127.0.0.1:0\nmqtt_transports = enabled\n",
+            transports=transports_conf(mosq.port), topics='out.> export="far"\n>\n').start()
+        remote = Remote(mosq.port)
+        try:
+            remote.subscribe("out/#")
+            wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+            g.call(lambda: g.broker.connect().session().producer(Destination.topic("out.a"))
+                   .send(Message.binary(b"\x01", properties={"kind": "application/cbor"})))
+            wait_for(lambda: remote.got, what="the export")
+            props = remote.got[0].properties
+            assert props.ContentType == "application/cbor"
+            assert "kind" not in dict(props.UserProperty)
+        finally:
+            remote.close()
+            g.stop()

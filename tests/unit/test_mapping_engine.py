@@ -561,8 +561,8 @@ def test_empty_files() -> None:
     ("mappings: {}\n", ["m.yaml:1: mappings: must be a list of rules"]),
     ("mappings:\n  - 3\n", ["m.yaml:2: mappings[0]: must be a mapping of keys to values"]),
     ("mappings:\n  - match: {destination: a, direction: in}\n    steps: []\n    extra: 1\n",
-     ["m.yaml:4: mappings[0]: unknown key 'extra' (known: match, steps, name)",
-      "m.yaml:3: mappings[0].steps: must be a list of one or more steps"]),
+     ["m.yaml:4: mappings[0]: unknown key 'extra' (known: match, steps, name, replaces, extends)",
+      "m.yaml:3: mappings[0].steps: must be a list of one or more steps (or [] with replaces)"]),
     ("mappings:\n  - steps: [decode_json: {}]\n",
      ["m.yaml:2: mappings[0]: missing 'match'"]),
     (one_rule("      - decode_json: {}\n", "{destination: a}"),
@@ -585,10 +585,11 @@ def test_empty_files() -> None:
      ["m.yaml:2: mappings[0].match.direction: given twice"]),
     (one_rule("      - decode: {}\n"),
      ["m.yaml:4: mappings[0].steps[0]: unknown step 'decode' (one of decode_json, encode_json, "
-      "lift, copy, move, rename, set, default, set_type, drop, require)"]),
+      "lift, copy, move, rename, set, default, set_type, drop, require, convert, copy_all)"]),
     (one_rule("      - {decode_json: {}, encode_json: {}}\n"),
      ["m.yaml:4: mappings[0].steps[0]: a step is one key, its kind (decode_json, encode_json, "
-      "lift, copy, move, rename, set, default, set_type, drop, require), with its arguments"]),
+      "lift, copy, move, rename, set, default, set_type, drop, require, convert, copy_all), "
+      "with its arguments"]),
     (one_rule("      - lift: {from: body.a, too: property.a}\n"),
      ["m.yaml:4: mappings[0].steps[0].lift: unknown key 'too' (known: from, to, type)",
       "m.yaml:4: mappings[0].steps[0].lift: missing 'to'"]),
@@ -598,7 +599,8 @@ def test_empty_files() -> None:
      ["m.yaml:4: mappings[0].steps[0].encode_json.as: must be text or bytes, not 'xml'"]),
     (one_rule("      - lift: {from: body.a, to: prop.a}\n"),
      ["m.yaml:4: mappings[0].steps[0].lift.to: bad field 'prop.a': a field is header.<JMS name>, "
-      "property.<name>, body or body.<key>..."]),
+      "property.<name>, property.*, body, body.<key>..., trace_id, expiry, body_kind or "
+      "wire.<field>"]),
     (one_rule("      - drop: [body.a..b, 'body.a[x]', 'body.\"a', property.]\n"),
      ["m.yaml:4: mappings[0].steps[0].drop: bad field 'body.a..b': cannot read a key or [index] "
       "at character 7",
@@ -683,7 +685,8 @@ def test_every_error_of_every_file_at_once(tmp_path: Path) -> None:
         "bytes, byte, short, int, long, float, double, String, byte[])",
         f"{a}:6: mappings[0].steps[1].drop: header.JMSRedelivered is read-only",
         f"{b}:3: mappings[0].steps[0]: unknown step 'frobnicate' (one of decode_json, "
-        "encode_json, lift, copy, move, rename, set, default, set_type, drop, require)",
+        "encode_json, lift, copy, move, rename, set, default, set_type, drop, require, convert, "
+        "copy_all)",
     ]
     assert lines[4].startswith(f"{missing}: cannot read: [Errno 2] No such file or directory")
     assert len(lines) == 5
