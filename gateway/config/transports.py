@@ -41,11 +41,12 @@ unlimited; ``spool_policy`` (``block`` | ``reject``) when the spool is full; ``t
 ``amqp``  ``url`` (required; ``amqp://`` or ``amqps://``), ``container_id``, ``username``,
           ``password``, ``settle`` (``at-most-once`` | ``at-least-once``; at-least-once),
           ``address_prefix_topic`` (``topic://``), ``address_prefix_queue`` (``queue://``),
-          ``idle_timeout`` (60 s)
+          ``idle_timeout`` (60 s), ``durable_subscriptions`` (false; topic imports)
 ``stomp`` ``url`` (``stomp://`` or ``stomps://``) or ``host`` and ``port`` (61613),
           ``login``, ``passcode``, ``vhost``, ``heartbeat`` (``cx,cy`` ms; 10000,10000),
           ``receipts`` (true), ``topic_prefix`` (``/topic/``), ``queue_prefix``
-          (``/queue/``). ``params["url"]``, ``["host"]`` and ``["port"]`` are always set
+          (``/queue/``), ``client_id``, ``durable_subscriptions`` (false; topic imports).
+          ``params["url"]``, ``["host"]`` and ``["port"]`` are always set
 ``rv``    ``service`` (UDP port; 7500), ``network`` (""), ``daemon`` (""),
           ``temp_destination_timeout`` (60 s; seed L16171-16177)
 ========  ===========================================================================
