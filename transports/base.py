@@ -67,6 +67,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("transports")
 
+# Resends held while the first copy of an import waits for its commit (None once it is in).
+Held = list[tuple[Message, Callable[[], None] | None]] | None
+
 IMPORT_WINDOW = 1000  # publishes of one transport waiting for the core before imports queue
 EXPORT_WINDOW = 1000  # exports of one binding waiting for the far side's confirmation
 READ_PAUSE = 10_000  # inbound-queue length at which a DISCARD_NONE transport stops reading
@@ -237,7 +240,7 @@ class Transport:
                       "duplicates": 0, "failed": 0, "connects": 0}
         # (trace id, destination) of recent imports, shared by every transport of the
         # gateway: a resend of one, or the same message by another path, is dropped.
-        self.recent_imports: OrderedDict[tuple[str, str], None] = manager.recent_imports
+        self.recent_imports: OrderedDict[tuple[str, str], Held] = manager.recent_imports
         self.core: Connection = self.broker.connect(
             client_id=CLIENT_PREFIX + self.name, kind="BRIDGE", authenticated=True,
             protocol=f"transport:{self.type}", address=self.name)
@@ -565,17 +568,24 @@ class Transport:
             # A message another gateway sent carries its trace id: one seen already on this
             # destination is a resend after a lost acknowledgement (at-least-once links,
             # AMQP and STOMP) or a second path to the same message. Drop it, counted.
+            # While the first copy waits for its commit, the resend's acknowledgement waits
+            # with it: should that commit fail, the resend is imported instead.
             key = (msg.trace_id, msg.destination.name)
             recent = self.recent_imports
             if key in recent:
                 self.stats["duplicates"] += 1
                 self._record("drop", msg, "duplicate")
-                if ack is not None:
+                held = recent[key]
+                if held is not None:
+                    held.append((msg, ack))
+                elif ack is not None:
                     ack()
                 return
-            recent[key] = None
+            recent[key] = []
             if len(recent) > DEDUP_WINDOW:
-                recent.popitem(last=False)
+                for _, held_ack in recent.popitem(last=False)[1] or ():
+                    if held_ack is not None:
+                        held_ack()  # long enough ago for the first copy to be in
         dest = msg.destination
         kind = dest.kind if dest is not None else TOPIC
         msg.delivery_mode = self.params[
@@ -627,14 +637,34 @@ class Transport:
         if fut is None or (fut.done() and fut.exception() is None):
             if ack is not None:
                 ack()
+            self._taken(msg)
             return
         self.unconfirmed += 1
         fut.add_done_callback(lambda f: self._published(f, msg, ack))
 
     def _forget(self, msg: Message) -> None:
-        """A message not taken after all: its resend must not count as a duplicate."""
+        """A message not taken after all: its resend must not count as a duplicate, and one
+        that arrived meanwhile (held by :meth:`imported`) is imported in its place."""
         if msg.trace_id is not None and msg.destination is not None:
-            self.recent_imports.pop((msg.trace_id, msg.destination.name), None)
+            key = (msg.trace_id, msg.destination.name)
+            held = self.recent_imports.pop(key, None)
+            if held:
+                self.stats["duplicates"] -= 1
+                first, ack = held[0]
+                self.recent_imports[key] = held[1:]
+                self._publish(first, ack)
+
+    def _taken(self, msg: Message) -> None:
+        """The core has ``msg``: resends of it that arrived meanwhile are acknowledged."""
+        if msg.trace_id is not None and msg.destination is not None:
+            key = (msg.trace_id, msg.destination.name)
+            recent = self.recent_imports
+            held = recent.get(key)
+            if held is not None:
+                recent[key] = None
+                for _, ack in held:
+                    if ack is not None:
+                        ack()
 
     def _published(self, fut: asyncio.Future[None], msg: Message,
                    ack: Callable[[], None] | None) -> None:
@@ -645,8 +675,10 @@ class Transport:
             self.stats["failed"] += 1
             log.warning("transport %s: import of %s not stored: %s", self.name,
                         msg.message_id, fut.exception() if not fut.cancelled() else "cancelled")
-        elif ack is not None:
-            ack()
+        else:
+            if ack is not None:
+                ack()
+            self._taken(msg)
         inbound = self.inbound
         while inbound and self.unconfirmed < IMPORT_WINDOW:
             m, a = inbound.popleft()
@@ -685,7 +717,7 @@ class TransportManager:
         self.broker = broker
         self.config = config
         self.transports: dict[str, Transport] = {}
-        self.recent_imports: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.recent_imports: OrderedDict[tuple[str, str], Held] = OrderedDict()
 
     async def start(self) -> None:
         config = self.config

@@ -229,3 +229,46 @@ async def test_a_resent_import_is_dropped_once_taken_but_not_when_it_was_refused
         assert t.stats["duplicates"] == 1 and sorted(acks) == ["first", "next", "refused",
                                                                "resend"]
         assert ("gw-a:3", "nowhere") not in m.recent_imports
+
+
+async def test_a_resend_arriving_during_the_first_copys_commit_waits_for_its_outcome(tmp_path):
+    """The resend of an import whose first copy is not yet stored is acknowledged only once
+    that copy is in; if its commit fails, the resend is imported in its place."""
+    async with running_broker(tmp_path, gateway="mqtt_transports = enabled\n",
+                              queues="q\n", transports=transports_conf(
+                                  queue_import_dm="PERSISTENT")) as b:
+        m, t = manager_with_stub(b)
+        held: list[Any] = []
+        commit = b.store.commit
+
+        def slow_commit(callback: Any = None, on_error: Any = None) -> None:
+            if on_error is not None:
+                held.append((callback, on_error))
+            commit(None, None)
+
+        b.store.commit = slow_commit  # type: ignore[method-assign]
+        acks: list[str] = []
+
+        def send(tag: str, trace: str) -> None:
+            msg = Message.text(tag, destination=Destination.queue("q"))
+            msg.trace_id = trace
+            t.imported(msg, "other-gw", 0, lambda: acks.append(tag))
+
+        send("first", "gw-a:1")
+        send("resend", "gw-a:1")
+        await settle()
+        assert acks == [] and t.stats["duplicates"] == 1
+        held.pop(0)[0]()  # the first copy's commit succeeds
+        await settle()
+        assert acks == ["first", "resend"]
+
+        send("lost", "gw-a:2")
+        send("again", "gw-a:2")
+        await settle()
+        held.pop(0)[1](OSError("disk full"))  # the first copy's commit fails
+        await settle()
+        assert acks == ["first", "resend"] and t.stats["duplicates"] == 1
+        held.pop(0)[0]()  # the resend, imported in its place, is stored
+        await settle()
+        assert acks == ["first", "resend", "again"]
+        assert [x.body for x in b.queues["q"].iter_pending()].count("again") == 1
