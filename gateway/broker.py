@@ -493,7 +493,9 @@ class Broker:
                 sub.flow_limit = spool[1] or 1 << 62
                 sub.flow_msgs = spool[0] or 1 << 62
                 blocked = sub
-        fut = self._commit_future(msg.store_id) if stored else None
+        # A listener may have consumed every stored copy already (dispatch is synchronous):
+        # then there is nothing left to wait for (see _commit_future).
+        fut = self._commit_future(msg.store_id) if stored and msg.refs > 0 else None
         if blocked is not None:
             flow: asyncio.Future[None] = self.loop.create_future()
             blocked.flow_waiters.append(flow)

@@ -77,6 +77,7 @@ DEDUP_WINDOW = 100_000  # recent imports remembered for duplicate detection
 CLIENT_PREFIX = "$transport:"
 EXPORT_SELECTOR = "JMS_GW_IMPORTED IS NULL"
 MAX_REPLY_ROUTES = 10_000  # temporary reply destinations with a far-side name, per transport
+STOP_WAIT = 5.0  # seconds stop() waits for imports still being stored
 REPLY_SWEEP = 5.0  # seconds between checks that the routes' temporary destinations exist
 
 
@@ -374,6 +375,12 @@ class Transport:
                     e.consumer.core.resume()
 
     async def stop(self) -> None:
+        # Imports waiting for their commit get their acknowledgement to the far side first
+        # (bounded): otherwise the far side sends them again after a restart, when the
+        # duplicate check no longer remembers them.
+        deadline = self.broker.loop.time() + STOP_WAIT
+        while self.unconfirmed and self.state == "up" and self.broker.loop.time() < deadline:
+            await asyncio.sleep(0.01)
         self.stopping = True
         self.replies.close()
         self._down.set()
