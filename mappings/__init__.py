@@ -4,10 +4,10 @@ declarative mapping engine.
 How this works. Adapters and transports call into this package, never the other way round,
 and it imports only the core's message model, typed values, subjects and errors (an
 import-linter contract keeps it so). :mod:`mappings.engine` compiles YAML rules into plain
-functions, per destination, protocol, direction and transport. The default mappings of STOMP
-and MQTT are such rules (``mappings/defaults/<protocol>.yaml``, one named rule per row of the
-tables in ``mappings/README.md``), which a user's rule can replace or extend; their
-hand-written fast paths (:mod:`mappings.stomp`, :mod:`mappings.mqtt`) run when the rules
-apply unchanged, and tests prove the two agree. AMQP's default mapping is Python
-(:mod:`mappings.amqp` with :mod:`mappings.amqp_fast`); user rules apply on top of it.
+functions, per destination, protocol, direction and transport. The default mappings of STOMP,
+MQTT and AMQP 1.0 are such rules (``mappings/defaults/<protocol>.yaml``, one named rule per
+row of the tables in ``mappings/README.md``), which a user's rule can replace or extend for
+some destinations and transports; their hand-written fast paths (:mod:`mappings.stomp`,
+:mod:`mappings.mqtt`, :mod:`mappings.amqp` with :mod:`mappings.amqp_fast` for the common
+AMQP shapes) run when the rules apply unchanged, and tests prove the two agree.
 """

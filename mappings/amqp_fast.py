@@ -64,14 +64,15 @@ from mappings.amqp import (  # the default mapping's own rules, where they are n
     PRIORITY_PROPERTY,
     REPLY_TO_GROUP_ID_PROPERTY,
     REPLY_TO_PROPERTY,
+    SPECIAL_ORDER,
     TYPES_PROPERTY,
     UINT_MAX,
-    _field_safe,
     _id_in,
     _id_out,
     _utf8,
     parse_address,
 )
+from mappings.amqp_values import _field_safe
 from mappings.mqtt import is_text_content_type
 
 __all__ = ["DATA_RECORD", "VALUE_RECORD", "decode", "encode"]
@@ -733,6 +734,11 @@ _SPECIAL = frozenset(
      CONTENT_ENCODING_PROPERTY, REPLY_TO_GROUP_ID_PROPERTY, REPLY_TO_PROPERTY, PRIORITY_PROPERTY)
 )  # fmt: skip
 _NULL = b"\x40"
+_SPECIAL_RANK = {name: i for i, name in enumerate(SPECIAL_ORDER)}
+
+
+def _rank(item: tuple[str, Any]) -> int:
+    return _SPECIAL_RANK[item[0]]
 
 
 def encode(msg: Message, *, delivery_count: int, now_ms: int) -> bytes | None:
@@ -848,6 +854,8 @@ def _encode(msg: Message, delivery_count: int, now_ms: int) -> bytes:
         pairs.append(_KEYS[TRACE_ID] + _field(msg.trace_id))
     group_id = False
     group_seq = 0
+    if special is not None and len(special) > 1:  # in their rows' order, as the mapping
+        special.sort(key=_rank)
     for name, value in special or ():
         t = type(value)
         if name == TYPES_PROPERTY:

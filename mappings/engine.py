@@ -49,8 +49,10 @@ from gateway.subject import matches as subject_matches
 from gateway.subject import validate as validate_subject
 from gateway.types import MAX_NESTING as _MAX_NESTING
 from gateway.types import Int64, UInt64
+from mappings import amqp as _amqp
 from mappings import mqtt as _mqtt
 from mappings import stomp as _stomp
+from mappings.amqp_values import _parse_record
 from mappings.converters import CONVERTERS
 from mappings.fields import (
     _ALWAYS_SET,
@@ -80,6 +82,8 @@ from mappings.fields import (
 from mappings.mqtt import MqttOut as MqttOutTuple
 from mappings.wire import (
     WIRE_PROTOCOLS,
+    AmqpIn,
+    AmqpOut,
     MqttIn,
     MqttOut,
     StompIn,
@@ -690,10 +694,40 @@ def _mqtt_out(run: Callable[[Message], None], into_body: bool) -> Callable[..., 
     return mqtt_out
 
 
+def _amqp_in(run: Callable[[Message], None]) -> Callable[..., Message]:
+    """The interpreted ``amqp_to_message``."""
+
+    def amqp_in(pm: Any, *, destination: Destination, default_kind: DestKind,
+                now_ms: int) -> Message:  # fmt: skip
+        m = Work()
+        m.destination = destination
+        m.w = AmqpIn(pm, default_kind, now_ms)
+        run(m)
+        m.expires_at = 0  # a new message: the broker sets the effective expiry on publish
+        return _copy_message(m)
+
+    return amqp_in
+
+
+def _amqp_out(run: Callable[[Message], None], into_body: bool) -> Callable[..., Any]:
+    """The interpreted ``message_to_amqp``: a ``proton.Message``."""
+
+    def amqp_out(msg: Message, *, delivery_count: int, now_ms: int) -> Any:
+        m = _work_copy(msg, into_body)
+        record = m.properties.get(_amqp.TYPES_PROPERTY)
+        m.w = AmqpOut(_parse_record(record) if type(record) is str else None,
+                      delivery_count, now_ms)  # fmt: skip
+        run(m)
+        return m.w.finish()
+
+    return amqp_out
+
+
 # protocol → (fast in, fast out, interpreted in, interpreted out)
 _PROTOCOLS: dict[str, tuple[Callable[..., Any], Callable[..., Any], Any, Any]] = {
     "stomp": (_stomp.stomp_to_message, _stomp.message_to_stomp, _stomp_in, _stomp_out),
     "mqtt": (_mqtt.mqtt_to_message, _mqtt.message_to_mqtt, _mqtt_in, _mqtt_out),
+    "amqp": (_amqp.amqp_to_message, _amqp.message_to_amqp, _amqp_in, _amqp_out),
 }
 
 

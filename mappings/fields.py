@@ -106,6 +106,7 @@ class _Field(NamedTuple):
     delete: Callable[[Message], None]  # nothing when absent
     unset: Callable[[Message], bool]  # what ``default`` fills: absent or null (headers: table)
     fixed: str = ""  # why the field cannot be written or removed ("" when it can)
+    core: Callable[[Any], Any] | None = None  # a wire value → a core value (copied off the wire)
 
 
 def _text_header(v: Any) -> Any:
@@ -135,8 +136,8 @@ def _int_header(lo: int, hi: int) -> Callable[[Any], int]:
 
 
 def _reply_to(v: Any) -> Destination | None:
-    if v is None:
-        return None
+    if v is None or type(v) is Destination:  # a converter's Destination is the protocol's own
+        return v  # type: ignore[no-any-return]
     d = Destination.parse(convert(v, "string"))  # ValueError without topic: / queue:
     validate_subject(d.name, system=True)
     return d
@@ -144,6 +145,14 @@ def _reply_to(v: Any) -> Destination | None:
 
 def _same(v: Any) -> Any:
     return v
+
+
+class Kept(NamedTuple):
+    """A converter's value that a protocol mapping keeps as it is, although a user rule could
+    not write it there: a property JMS has no type for (an AMQP binary ``user-id`` as
+    ``JMSXUserID``), a time before 1970 (AMQP times are signed), an AMQP body."""
+
+    value: Any
 
 
 def _header(get: Callable[[Message], Any], coerce: Callable[[Any], Any] | None,
@@ -154,7 +163,7 @@ def _header(get: Callable[[Message], Any], coerce: Callable[[Any], Any] | None,
     def write(m: Message, v: Any) -> None:
         if coerce is None:
             raise MessageFormatError("read-only")
-        v = coerce(v)
+        v = v.value if type(v) is Kept else coerce(v)  # Kept: a protocol mapping's own value
         for a in attrs:
             setattr(m, a, v)
 
@@ -209,6 +218,9 @@ _PROPERTY_TYPES = frozenset((str, bool, int, float, Float32, Char, type(None)))
 
 def _property_field(text: str, name: str) -> _Field:
     def write(m: Message, v: Any) -> None:
+        if type(v) is Kept:
+            m.properties[name] = v.value
+            return
         if type(v) not in _PROPERTY_TYPES:
             gt.check_value(v, nested=False)  # widths pass; bytes, maps, streams, arrays raise
         m.properties[name] = v
@@ -420,16 +432,21 @@ def _parse_body_path(s: str) -> tuple[str | int, ...]:
 
 def _step_copy(src: _Field, dst: _Field, coerce: Callable[[Any], Any] | None, move: bool) -> Step:
     read, write, delete = src.read, dst.write, src.delete
-    fresh = _deep if src.section == dst.section == "body" and not move else _same  # unshared
+    fresh: Callable[[Any], Any] = (
+        _deep if src.section == dst.section == "body" and not move else _same)  # unshared
+    if src.core is not None and dst.section != "wire":  # off the wire: a core value (AMQP)
+        fresh = src.core
 
     def step(m: Message) -> None:
         v = read(m)
         if v is not _MISSING:
+            if fresh is not _same:
+                v = fresh(v)
             if coerce is not None:
                 v = coerce(v)
             if move:
                 delete(m)
-            write(m, fresh(v))
+            write(m, v)
 
     return step
 
@@ -589,6 +606,8 @@ class Section(NamedTuple):
     items: Callable[[Message], Any]  # the (name, value) pairs, in order
     put: Callable[[Message, str, Any], None]  # one more; what "more" means is the section's
     fixed: str = ""  # why it cannot be written ("" when it can)
+    empty: bool = False  # the empty name is a name here (AMQP), not skipped
+    core: Callable[[Any], Any] | None = None  # a value as a core value (copied off the wire)
 
 
 def _put_property(m: Message, name: str, v: Any) -> None:
@@ -602,13 +621,18 @@ PROPERTIES = Section("property", lambda m: m.properties.items(), _put_property)
 def _step_copy_all(src: Section, dst: Section, skip: frozenset[str],
                    via: Callable[..., Any] | None) -> Step:
     """``copy_all``: every field of ``src`` not named in ``except`` (and not named ``""``)
-    into ``dst``, in order, by the item converter ``via`` if given."""
+    into ``dst``, in order, by the item converter ``via`` if given. (AMQP names are kept
+    when empty, and its annotation keys may be ulongs: ``0`` is a name.)"""
     items, put = src.items, dst.put
+    empty = src.empty or dst.empty
+    core = src.core if via is None and dst.core is None else None  # off the wire, as is
 
     def step(m: Message) -> None:
         for name, v in list(items(m)):
-            if name and name not in skip:
-                if via is None:
+            if (empty or name != "") and name not in skip:
+                if core is not None:  # an AMQP key (symbol, ulong) and value off the wire
+                    put(m, str(name), core(v))
+                elif via is None:
                     put(m, name, v)
                 else:
                     out = via(m, name, v)

@@ -5,8 +5,8 @@ core :class:`~gateway.message.Message` with one more slot, ``w``, holding the pr
 of the same message — what was received (``in``) or what is being built to send (``out``).
 The default mappings (``mappings/defaults/<protocol>.yaml``) are rules whose steps read one
 side and write the other; user rules may address both. This module defines the wire forms
-(:class:`StompIn`, :class:`StompOut`, :class:`MqttIn`, :class:`MqttOut`), the ``wire.…``
-field paths of each
+(:class:`StompIn`, :class:`StompOut`, :class:`MqttIn`, :class:`MqttOut`, :class:`AmqpIn`,
+:class:`AmqpOut`: AMQP values keep their AMQP types), the ``wire.…`` field paths of each
 (:func:`wire_parser`) and the sections ``copy_all`` walks (:func:`wire_section`).
 
 The form of an incoming message is the caller's (the adapter's parsed frame): it is read-only
@@ -19,15 +19,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from uuid import UUID
 
+import cproton
+import proton
+
+from gateway import types as gt
 from gateway.errors import MessageFormatError
-from gateway.message import Message
-from mappings.fields import _MISSING, Section, _Field
+from gateway.message import DestKind, Message
+from mappings import amqp as _amqp
+from mappings import amqp_values as _values
+from mappings.fields import _MISSING, Kept, Section, _Field
 
-__all__ = ["TYPES_MARK", "WIRE_PROTOCOLS", "MqttIn", "MqttOut", "StompIn", "StompOut", "Work",
-           "wire_parser", "wire_section"]  # fmt: skip
+__all__ = ["TYPES_MARK", "WIRE_PROTOCOLS", "AmqpIn", "AmqpOut", "MqttIn", "MqttOut", "StompIn",
+           "StompOut", "Work", "amqp_core", "amqp_value", "wire_parser", "wire_section"]  # fmt: skip
 
-WIRE_PROTOCOLS = ("stomp", "mqtt")  # protocols with a wire form (and default mapping rules)
+WIRE_PROTOCOLS = ("stomp", "mqtt", "amqp")  # protocols with a wire form (and default mapping rules)
 _IN_READ_ONLY = "is read-only: the wire form of an incoming message is what was received"
 
 
@@ -367,6 +374,342 @@ def _mqtt_out_field(rest: str) -> _Field:
                      f"wire.{', wire.'.join(MQTT_PROPERTIES)}")
 
 
+# -- AMQP 1.0 --------------------------------------------------------------------------------
+
+# The header and properties fields (AMQP 1.0 Part 3, 3.2.1 and 3.2.4), as wire.header.<f> and
+# wire.properties.<f>.
+AMQP_HEADER = ("durable", "priority", "ttl", "first-acquirer", "delivery-count")
+AMQP_PROPERTIES = ("message-id", "user-id", "to", "subject", "reply-to", "correlation-id",
+                   "content-type", "content-encoding", "absolute-expiry-time", "creation-time",
+                   "group-id", "group-sequence", "reply-to-group-id")  # fmt: skip
+_SECTION_NAMES = _amqp.SECTION_NAMES
+_NO_BODY = 0
+
+
+def _none_missing(v: Any) -> Any:
+    return _MISSING if v is None else v
+
+
+def _if_set(cls: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """proton gives 0 for an absent number: absent, else the value in its AMQP type."""
+    return lambda v: cls(v) if v else _MISSING
+
+
+# wire.header.<f> and wire.properties.<f> of an AMQP message received: read through cproton
+# (proton's Message turns times into float seconds), each in its AMQP type.
+_AMQP_READ: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "header.durable": (cproton.pn_message_is_durable, bool),
+    "header.priority": (cproton.pn_message_get_priority, proton.ubyte),
+    "header.ttl": (cproton.pn_message_get_ttl, _if_set(proton.uint)),
+    "header.first-acquirer": (cproton.pn_message_is_first_acquirer, bool),
+    "header.delivery-count": (cproton.pn_message_get_delivery_count, proton.uint),
+    "properties.message-id": (cproton.pn_message_get_id, _none_missing),
+    "properties.user-id": (cproton.pn_message_get_user_id, lambda v: bytes(v) if v else _MISSING),
+    "properties.to": (cproton.pn_message_get_address, _none_missing),
+    "properties.subject": (cproton.pn_message_get_subject, _none_missing),
+    "properties.reply-to": (cproton.pn_message_get_reply_to, _none_missing),
+    "properties.correlation-id": (cproton.pn_message_get_correlation_id, _none_missing),
+    "properties.content-type": (cproton.pn_message_get_content_type,
+                                lambda v: _MISSING if v is None else proton.symbol(v)),
+    "properties.content-encoding": (cproton.pn_message_get_content_encoding,
+                                    lambda v: _MISSING if v is None else proton.symbol(v)),
+    "properties.absolute-expiry-time": (cproton.pn_message_get_expiry_time,
+                                        _if_set(proton.timestamp)),
+    "properties.creation-time": (cproton.pn_message_get_creation_time, _if_set(proton.timestamp)),
+    "properties.group-id": (cproton.pn_message_get_group_id, _none_missing),
+    "properties.group-sequence": (cproton.pn_message_get_group_sequence, _if_set(proton.uint)),
+    "properties.reply-to-group-id": (cproton.pn_message_get_reply_to_group_id, _none_missing),
+}  # fmt: skip
+
+
+class AmqpIn:
+    """An AMQP message received (proton's decoded ``Message``) as the mapping reads it, with
+    the types record its application properties hold (parsed once) and the one being written
+    for the core message (``marks``)."""
+
+    __slots__ = ("ann", "app", "default_kind", "inst", "marks", "now", "pm", "raw", "section",
+                 "tree")  # fmt: skip
+
+    def __init__(self, pm: proton.Message, default_kind: DestKind, now: int) -> None:
+        self.pm, self.raw, self.default_kind, self.now = pm, pm._msg, default_kind, now
+        self.app: dict[Any, Any] = pm.properties or {}
+        self.ann: dict[Any, Any] = pm.annotations or {}
+        self.inst: dict[Any, Any] = pm.instructions or {}
+        self.section = _amqp.body_section(pm.body, cproton.pn_message_is_inferred(self.raw))
+        record = self.app.get(_amqp.TYPES_PROPERTY)
+        self.tree = _values._parse_record(record) if type(record) is str else None
+        self.marks: list[list[Any]] = []
+
+
+_AMQP_KEEP = frozenset((
+    type(None), bool, int, float, str, bytes, proton.byte, proton.short, proton.int32,
+    proton.ubyte, proton.ushort, proton.uint, proton.ulong, proton.float32, proton.char,
+    proton.timestamp, proton.symbol, UUID, proton.decimal32, proton.decimal64, proton.decimal128,
+    proton.Described, proton.Array,
+))  # fmt: skip  # values that are AMQP values already
+_AMQP_ONLY = _AMQP_KEEP - {type(None), bool, int, float, str, bytes}  # not core values too
+
+
+def amqp_value(v: Any) -> Any:
+    """A value written to an AMQP field: AMQP values as they are, core values (``Int8``,
+    ``Char``, typed arrays, maps and lists of them, …) in their AMQP type (README "Value
+    types"), or raise."""
+    if type(v) in _AMQP_KEEP:
+        return v
+    try:
+        return _values._out_value(v, None, ("wire",), [])
+    except TypeError as exc:
+        if type(v) is dict or type(v) is list:
+            return v  # it holds AMQP values already (a converter's answer)
+        raise MessageFormatError(str(exc)) from None
+
+
+def _checked(name: str, v: Any) -> Any:
+    """A value for wire.header.<f> / wire.properties.<f> of an AMQP message sent, or raise."""
+    def bad(what: str) -> MessageFormatError:
+        return MessageFormatError(f"{name} is {what}, not {v!r}")
+
+    t = type(v)
+    number = isinstance(v, int) and t is not bool
+    if name in ("header.durable", "header.first-acquirer"):
+        if t is not bool:
+            raise bad("a boolean")
+    elif name in ("header.priority", "header.ttl", "header.delivery-count",
+                  "properties.group-sequence", "properties.absolute-expiry-time",
+                  "properties.creation-time"):  # fmt: skip
+        lo, hi = {"header.priority": (0, 0xFF),  # timestamps: signed ms (AMQP 1.0 1.6.20)
+                  "properties.absolute-expiry-time": (-(2**63), 2**63 - 1),
+                  "properties.creation-time": (-(2**63), 2**63 - 1)}.get(name, (0, 0xFFFFFFFF))
+        if not number or not lo <= v <= hi:
+            raise bad(f"an integer in {lo}..{hi}")
+        return int(v)
+    elif name in ("properties.message-id", "properties.correlation-id"):
+        if t is gt.UInt64:
+            return proton.ulong(v)
+        if t not in (str, bytes, proton.ulong, UUID):
+            raise bad("a string, binary, ulong or uuid")
+    elif name == "properties.user-id":
+        if t is str:
+            return v.encode("utf-8", "surrogatepass")
+        if t is not bytes:
+            raise bad("binary")
+    elif t is not str and t is not proton.symbol or not _values._field_safe(v) or (
+            name in ("properties.content-type", "properties.content-encoding")
+            and not v.isascii()):  # fmt: skip
+        raise bad("a string with no U+0000 or lone surrogate (ASCII for a symbol)")
+    return v
+
+
+# wire.properties.<f> → how AmqpOut.finish() sets it on the proton Message
+_AMQP_SET: dict[str, Callable[[Any, Any, Any], None]] = {
+    "message-id": lambda pm, raw, v: cproton.pn_message_set_id(raw, v),
+    "user-id": lambda pm, raw, v: setattr(pm, "user_id", v),
+    "to": lambda pm, raw, v: cproton.pn_message_set_address(raw, v),
+    "subject": lambda pm, raw, v: setattr(pm, "subject", v),
+    "reply-to": lambda pm, raw, v: setattr(pm, "reply_to", v),
+    "correlation-id": lambda pm, raw, v: setattr(pm, "correlation_id", v),
+    "content-type": lambda pm, raw, v: cproton.pn_message_set_content_type(raw, v),
+    "content-encoding": lambda pm, raw, v: cproton.pn_message_set_content_encoding(raw, v),
+    "absolute-expiry-time": lambda pm, raw, v: cproton.pn_message_set_expiry_time(raw, v),
+    "creation-time": lambda pm, raw, v: cproton.pn_message_set_creation_time(raw, v),
+    "group-id": lambda pm, raw, v: cproton.pn_message_set_group_id(raw, v),
+    "group-sequence": lambda pm, raw, v: cproton.pn_message_set_group_sequence(raw, v),
+    "reply-to-group-id": lambda pm, raw, v: cproton.pn_message_set_reply_to_group_id(raw, v),
+}
+
+
+class AmqpOut:
+    """The AMQP message being built: header and properties fields, message and delivery
+    annotations (``carried``: the ``JMS_GW_AMQP_MA_`` properties, put in last), application
+    properties, the body and its section, and the types record being written (``marks``;
+    ``tree`` is the one the core message holds)."""
+
+    __slots__ = ("ann", "app", "body", "carried", "delivery_count", "header", "inst", "marks",
+                 "now", "props", "section", "tree")  # fmt: skip
+
+    def __init__(self, tree: Any, delivery_count: int, now: int) -> None:
+        self.tree, self.delivery_count, self.now = tree, delivery_count, now
+        self.header: dict[str, Any] = {}
+        self.props: dict[str, Any] = {}
+        self.ann: dict[Any, Any] = {}
+        self.carried: dict[Any, Any] = {}
+        self.inst: dict[Any, Any] = {}
+        self.app: dict[str, Any] = {}
+        self.body: Any = None
+        self.section = _NO_BODY
+        self.marks: list[list[Any]] = []
+
+    def finish(self) -> proton.Message:
+        """The ``proton.Message`` to send, as ``message_to_amqp`` builds it."""
+        pm = proton.Message()
+        raw = pm._msg
+        h = self.header
+        cproton.pn_message_set_durable(raw, h.get("durable", False))
+        if "ttl" in h:
+            cproton.pn_message_set_ttl(raw, h["ttl"])
+        if "delivery-count" in h:
+            cproton.pn_message_set_delivery_count(raw, h["delivery-count"])
+        if "first-acquirer" in h:
+            cproton.pn_message_set_first_acquirer(raw, h["first-acquirer"])
+        cproton.pn_message_set_priority(raw, h.get("priority", 4))
+        for name, value in self.props.items():
+            _AMQP_SET[name](pm, raw, value)
+        if self.section != _NO_BODY:
+            pm.body = self.body
+            if _SECTION_NAMES[self.section] != "amqp-value":
+                pm.inferred = True
+        ann = self.ann
+        if self.carried:  # last: a carried x-opt-jms-msg-type overrides the computed one
+            ann.update(self.carried)
+        app = self.app
+        if self.marks:
+            app[_amqp.TYPES_PROPERTY] = _amqp.types_json(self.marks)
+        if app:
+            pm.properties = app  # type: ignore[assignment]  # proton declares it None
+        pm.annotation_dict = ann  # type: ignore[assignment]
+        if self.inst:
+            pm.instructions = self.inst
+        return pm
+
+
+def amqp_core(v: Any) -> Any:
+    """An AMQP value copied off the wire into a core field: its core value (README "Value
+    types": a ubyte is a ``UInt8``, a timestamp ms, a symbol a string, …); its recorded type is
+    not kept."""
+    try:
+        return _values._in_value(v, None, ("wire",), [])
+    except TypeError as exc:
+        raise MessageFormatError(str(exc)) from None
+
+
+def _amqp_ro(text: str, read: Callable[[Any], Any], why: str, path: tuple[str, ...]) -> _Field:
+    def ro(m: Message, v: Any = None) -> None:
+        raise MessageFormatError(f"{text} {why}")
+
+    return _Field(text, "wire", path, read, ro, ro, lambda m: read(m) is _MISSING,
+                  f"{text} {why}", amqp_core)  # fmt: skip
+
+
+_AMQP_MAPS = {"annotation": "ann", "delivery_annotation": "inst", "application": "app"}
+
+
+def _amqp_in_field(rest: str) -> _Field:
+    text = "wire." + rest
+    if rest in _AMQP_READ:
+        get, wrap = _AMQP_READ[rest]
+        return _amqp_ro(text, lambda m: wrap(get(m.w.raw)), _IN_READ_ONLY,
+                        tuple(rest.split(".", 1)))  # fmt: skip
+    section, _, name = rest.partition(".")
+    if section in _AMQP_MAPS and name:
+        attr = _AMQP_MAPS[section]
+        return _amqp_ro(text, lambda m: getattr(m.w, attr).get(name, _MISSING), _IN_READ_ONLY,
+                        (section, name))  # fmt: skip
+    simple: dict[str, Callable[[Any], Any]] = {
+        "body": lambda m: _none_missing(m.w.pm.body),
+        "body_section": lambda m: _none_missing(_SECTION_NAMES[m.w.section]),
+        "now": lambda m: m.w.now,
+        "types": lambda m: m.w.marks,
+    }
+    if rest in simple:
+        return _amqp_ro(text, simple[rest], _IN_READ_ONLY, (rest,))
+    raise ValueError("an AMQP message received has wire.header.<field>, "
+                     "wire.properties.<field>, wire.annotation.<key>, "
+                     "wire.delivery_annotation.<key>, wire.application.<name>, wire.body, "
+                     "wire.body_section, wire.now and wire.types")
+
+
+def _amqp_app_put(m: Any, name: str, v: Any) -> None:
+    w = m.w
+    if type(v) in _AMQP_ONLY:
+        w.app[name] = v
+    else:  # a core value: in its AMQP type, recorded as message_to_amqp records it
+        _amqp.app_put(w.app, name, v, w.tree, w.marks)
+
+
+def _amqp_ann_put(m: Any, name: Any, v: Any) -> None:
+    m.w.ann[name if type(name) is proton.ulong else proton.symbol(name)] = amqp_value(v)
+
+
+def _amqp_inst_put(m: Any, name: Any, v: Any) -> None:
+    m.w.inst[name if type(name) is proton.ulong else proton.symbol(name)] = amqp_value(v)
+
+
+_AMQP_PUT = {"annotation": _amqp_ann_put, "delivery_annotation": _amqp_inst_put,
+             "application": _amqp_app_put}  # fmt: skip
+
+
+def _amqp_out_field(rest: str) -> _Field:
+    text = "wire." + rest
+    if rest in _AMQP_READ:
+        section, name = rest.split(".", 1)
+        attr = "header" if section == "header" else "props"
+
+        def read(m: Any) -> Any:
+            return getattr(m.w, attr).get(name, _MISSING)
+
+        def write(m: Any, v: Any) -> None:
+            getattr(m.w, attr)[name] = _checked(rest, v)
+
+        def delete(m: Any) -> None:
+            getattr(m.w, attr).pop(name, None)
+
+        return _Field(text, "wire", (section, name), read, write, delete,
+                      lambda m: read(m) is _MISSING, "", amqp_core)  # fmt: skip
+    section, _, key = rest.partition(".")
+    if section in _AMQP_MAPS and key:
+        attr, put = _AMQP_MAPS[section], _AMQP_PUT[section]
+        wire_key: Any = key if section == "application" else proton.symbol(key)
+
+        def read_map(m: Any) -> Any:
+            return getattr(m.w, attr).get(wire_key, _MISSING)
+
+        def write_map(m: Any, v: Any) -> None:
+            put(m, key, v)
+
+        def drop_map(m: Any) -> None:
+            getattr(m.w, attr).pop(wire_key, None)
+            if section == "annotation":
+                m.w.carried.pop(wire_key, None)
+
+        return _Field(text, "wire", (section, key), read_map, write_map, drop_map,
+                      lambda m: read_map(m) is _MISSING, "", amqp_core)  # fmt: skip
+    if rest == "body":
+        def write_body(m: Any, v: Any) -> None:
+            w = m.w
+            w.body = v.value if type(v) is Kept else amqp_value(v)  # Kept: AMQP already
+            if w.section == _NO_BODY:
+                w.section = _SECTION_NAMES.index("amqp-value")
+
+        def clear(m: Any) -> None:
+            m.w.body, m.w.section = None, _NO_BODY
+
+        return _Field(text, "wire", (rest,), lambda m: _none_missing(_w(m).body), write_body,
+                      clear, lambda m: _w(m).body is None, "", amqp_core)  # fmt: skip
+    if rest == "body_section":
+        def write_section(m: Any, v: Any) -> None:
+            if v not in _amqp.SECTION_CODES:
+                raise MessageFormatError(f"a body section is data, amqp-value or amqp-sequence, "
+                                         f"not {v!r}")
+            m.w.section = _amqp.SECTION_CODES[v]
+
+        return _Field(text, "wire", (rest,),
+                      lambda m: _none_missing(_SECTION_NAMES[_w(m).section]), write_section,
+                      lambda m: setattr(_w(m), "section", _NO_BODY),
+                      lambda m: _w(m).section == _NO_BODY)  # fmt: skip
+    fixed: dict[str, tuple[Callable[[Any], Any], str]] = {
+        "now": (lambda m: m.w.now, "is read-only (the time of the delivery)"),
+        "delivery_count": (lambda m: m.w.delivery_count,
+                           "is read-only (the core's JMSXDeliveryCount)"),
+        "types": (lambda m: m.w.marks, "is read-only (the types record entries so far)"),
+    }  # fmt: skip
+    if rest in fixed:
+        return _amqp_ro(text, fixed[rest][0], fixed[rest][1], (rest,))
+    raise ValueError("an AMQP message sent has wire.header.<field>, wire.properties.<field>, "
+                     "wire.annotation.<key>, wire.delivery_annotation.<key>, "
+                     "wire.application.<name>, wire.body, wire.body_section, wire.now, "
+                     "wire.delivery_count and wire.types")
+
+
 def _mqtt_out_put(m: Any, name: str, v: Any) -> None:
     m.w.user.append((name, v))  # MQTT 5 allows a name more than once [MQTT-3.3.2-17]
 
@@ -379,6 +722,11 @@ def _in_put(m: Message, name: str, v: Any) -> None:
     raise MessageFormatError(f"wire.header {_IN_READ_ONLY}")
 
 
+def _amqp_items(attr: str) -> Callable[[Any], Any]:
+    """The (key, value) pairs of an AMQP wire form's map ``attr`` (``copy_all``)."""
+    return lambda m: getattr(_w(m), attr).items()
+
+
 _SECTIONS: dict[tuple[str, str, str], Section] = {
     ("stomp", "in", "header"): Section("wire.header", lambda m: _w(m).headers.items(), _in_put,
                                        f"wire.header {_IN_READ_ONLY}"),
@@ -386,6 +734,12 @@ _SECTIONS: dict[tuple[str, str, str], Section] = {
     ("mqtt", "in", "user"): Section("wire.user", lambda m: _w(m).user, _in_put,
                                     f"wire.user {_IN_READ_ONLY}"),
     ("mqtt", "out", "user"): Section("wire.user", lambda m: _w(m).user, _mqtt_out_put),
+    **{("amqp", "in", s): Section(f"wire.{s}", _amqp_items(a), _in_put,
+                                  f"wire.{s} {_IN_READ_ONLY}", True, amqp_core)
+       for s, a in _AMQP_MAPS.items()},
+    **{("amqp", "out", s): Section(f"wire.{s}", _amqp_items(a), _AMQP_PUT[s], "", True,
+                                   amqp_core)
+       for s, a in _AMQP_MAPS.items()},
 }  # fmt: skip
 
 _PARSERS: dict[tuple[str, str], Callable[[str], _Field]] = {
@@ -393,6 +747,8 @@ _PARSERS: dict[tuple[str, str], Callable[[str], _Field]] = {
     ("stomp", "out"): _stomp_out_field,
     ("mqtt", "in"): _mqtt_in_field,
     ("mqtt", "out"): _mqtt_out_field,
+    ("amqp", "in"): _amqp_in_field,
+    ("amqp", "out"): _amqp_out_field,
 }
 
 

@@ -663,7 +663,7 @@ class AmqpTransport(Transport):
         pattern. Raises on what cannot be decoded or named."""
         now = self.broker.now()
         msg: Message | None = None
-        if dest is not None:
+        if dest is not None and self.wire_mapping(dest, "in", amqp_to_message) is amqp_to_message:
             msg = fast_decode(data, destination=dest, default_kind=QUEUE, now_ms=now)
         if msg is None:
             pm = ProtonMessage()
@@ -679,7 +679,8 @@ class AmqpTransport(Transport):
                         break
                 else:
                     return None
-            msg = amqp_to_message(pm, destination=dest, default_kind=QUEUE, now_ms=now)
+            to_message = self.wire_mapping(dest, "in", amqp_to_message)
+            msg = to_message(pm, destination=dest, default_kind=QUEUE, now_ms=now)
             if from_subject:
                 msg.type = None  # it was the routing key, not a JMSType
         msg.size = len(data)
@@ -762,11 +763,13 @@ class AmqpTransport(Transport):
         props[PROP_HOPS] = msg.hops
         now = self.broker.now()
         reply = out.reply_to
-        if reply is None:
+        to_amqp = message_to_amqp if out.destination is None else self.wire_mapping(
+            out.destination, "out", message_to_amqp)  # fmt: skip
+        if reply is None and to_amqp is message_to_amqp:
             data = fast_encode(out, delivery_count=count, now_ms=now)
             if data is not None:
                 return data
-        pm = message_to_amqp(out, delivery_count=count, now_ms=now)
+        pm = to_amqp(out, delivery_count=count, now_ms=now)
         if reply is not None:
             if reply.name.startswith(TEMP_PREFIX):  # a route back (EMS, seed L16440-16447)
                 pm.reply_to = self.replies.route(reply, self._reply_address)

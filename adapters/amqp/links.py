@@ -197,14 +197,22 @@ class IncomingLink:
         return msg
 
     def _decoded(self, data: bytearray) -> Any:
+        """The wire side of the mapping: ``amqp_fast`` first when the default rules apply
+        unchanged to the destination (``wire_for`` answers ``amqp_to_message``), else the
+        function ``wire_for`` gives (mappings/README.md, "Overriding the default mappings")."""
         conn = self.conn
         dest = self.dest
+        mappings = conn.broker.mappings
+        to_message: Any = amqp_to_message
         if dest is not None:
-            msg = fast_decode(data, destination=dest, default_kind=conn.default_kind,
-                              now_ms=conn.broker.now())
-            if msg is not None:
-                msg.size = len(data)
-                return msg
+            if mappings is not None:
+                to_message = mappings.wire_for(dest, protocol="amqp", direction="in")
+            if to_message is amqp_to_message:
+                msg = fast_decode(data, destination=dest, default_kind=conn.default_kind,
+                                  now_ms=conn.broker.now())
+                if msg is not None:
+                    msg.size = len(data)
+                    return msg
         pm = Message()
         pm.decode(data)  # type: ignore[arg-type]
         if dest is None:
@@ -213,8 +221,10 @@ class IncomingLink:
             ann = pm.annotations
             hint = ann.get(symbol("x-opt-jms-dest")) if ann else None
             dest = parse_address(pm.address, hint=hint, default=conn.default_kind)
-        msg = amqp_to_message(pm, destination=dest, default_kind=conn.default_kind,
-                              now_ms=conn.broker.now())
+            if mappings is not None:
+                to_message = mappings.wire_for(dest, protocol="amqp", direction="in")
+        msg = to_message(pm, destination=dest, default_kind=conn.default_kind,
+                         now_ms=conn.broker.now())
         msg.size = len(data)
         return msg
 
@@ -293,17 +303,26 @@ class OutgoingLink:
         now = conn.broker.now()
         msg = d.msg
         mappings = conn.broker.mappings
+        to_amqp: Any = message_to_amqp
         if mappings is not None:
             try:
                 msg = mappings.apply(msg, protocol="amqp", direction="out")
+                if msg.destination is not None:
+                    to_amqp = mappings.wire_for(msg.destination, protocol="amqp",
+                                                direction="out")
+                data = None if to_amqp is not message_to_amqp else fast_encode(
+                    msg, delivery_count=d.count, now_ms=now)  # fmt: skip
+                if data is None:
+                    data = to_amqp(msg, delivery_count=d.count, now_ms=now).encode()
             except GatewayError as exc:  # a declarative mapping refused it: undeliverable
                 log.warning("amqp %s: message %s not sent: %s", conn.address, msg.message_id,
                             exc)
                 self.session.reject(d, "mapping")
                 return
-        data = fast_encode(msg, delivery_count=d.count, now_ms=now)
-        if data is None:
-            data = message_to_amqp(msg, delivery_count=d.count, now_ms=now).encode()
+        else:
+            data = fast_encode(msg, delivery_count=d.count, now_ms=now)
+            if data is None:
+                data = message_to_amqp(msg, delivery_count=d.count, now_ms=now).encode()
         tag = str(d.tag).encode()
         dlv = lib.pn_delivery(raw, (len(tag), ffi.from_buffer(tag)))
         lib.pn_link_send(raw, ffi.from_buffer(data), len(data))

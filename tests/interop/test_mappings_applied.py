@@ -267,3 +267,45 @@ mappings:
         finally:
             remote.close()
             g.stop()
+
+
+AMQP_OVERRIDES = """\
+mappings:
+  - name: kind as subject
+    extends: amqp.in.subject
+    match: {destination: "queue:plant.>"}
+    steps:
+      - copy: {from: wire.application.kind, to: header.JMSType}
+      - drop: [property.kind]
+  - name: line annotation out
+    match: {destination: "queue:plant.>", direction: out, protocol: amqp}
+    steps:
+      - copy: {from: header.JMSType, to: wire.annotation.x-opt-line}
+"""
+
+
+def test_amqp_default_rules_overridden_for_one_destination(tmp_path):
+    from amqpclient import connect
+    from proton import Message as ProtonMessage
+    from proton import symbol
+
+    g = with_mappings(tmp_path / "gw", AMQP_OVERRIDES,
+                      gateway="listen = amqp://127.0.0.1:0\n").start()
+    try:
+        c = connect(g.port("amqp"))
+        receivers = {q: c.create_receiver(f"queue://{q}") for q in ("plant.a", "office")}
+        sender = c.create_sender(None)
+        for q in receivers:
+            sender.send(ProtonMessage(address=f"queue://{q}", body="a,b",
+                                      properties={"kind": "csv", "n": 1}))
+        plant = receivers["plant.a"].receive(timeout=10)
+        receivers["plant.a"].accept()
+        assert plant.subject == "csv" and plant.properties == {"n": 1}
+        assert plant.annotations[symbol("x-opt-line")] == "csv"
+        office = receivers["office"].receive(timeout=10)
+        receivers["office"].accept()
+        assert office.subject is None and office.properties == {"kind": "csv", "n": 1}
+        assert symbol("x-opt-line") not in office.annotations
+        c.close()
+    finally:
+        g.stop()

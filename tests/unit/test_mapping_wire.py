@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import cproton
+import proton
 import pytest
 
 from gateway.errors import ConfigErrors, MessageFormatError
-from gateway.message import BodyKind, DeliveryMode, Destination, Message
-from gateway.types import Int32
+from gateway.message import QUEUE, BodyKind, DeliveryMode, Destination, Message
+from gateway.types import Int32, UInt8
+from mappings.amqp import amqp_to_message
 from mappings.engine import MappingFailed, MappingSet
 from mappings.stomp import message_to_stomp, stomp_to_message
 
@@ -309,3 +312,135 @@ mappings:
     with pytest.raises(MappingFailed, match=r"wire.qos: qos is an integer in 0..2, not 7"):
         to_mqtt(ms, Message("x", destination=SENSORS, properties={"q": 7}))
     assert to_mqtt(ms, Message("x", destination=SENSORS, properties={"q": 0})).qos == 0
+
+
+# -- AMQP 1.0 -------------------------------------------------------------------------------------
+
+
+def amqp_in(ms: MappingSet, pm: Any, dest: Destination = PLANT,
+            transport: str | None = None) -> Message:
+    fn = ms.wire_for(dest, protocol="amqp", direction="in", transport=transport)
+    msg: Message = fn(pm, destination=dest, default_kind=QUEUE, now_ms=NOW)
+    return msg
+
+
+def amqp_out(ms: MappingSet, msg: Message, transport: str | None = None) -> Any:
+    assert msg.destination is not None
+    fn = ms.wire_for(msg.destination, protocol="amqp", direction="out", transport=transport)
+    sent = proton.Message()
+    sent.decode(fn(msg, delivery_count=1, now_ms=NOW).encode())
+    return sent
+
+
+AMQP_RULES = """\
+mappings:
+  - name: kind as subject
+    extends: amqp.in.subject
+    match: {destination: "queue:plant.>"}
+    steps:
+      - copy: {from: wire.application.kind, to: header.JMSType}
+      - drop: [property.kind]
+  - name: no creation time
+    replaces: amqp.in.creation-time
+    match: {destination: "queue:plant.>"}
+    steps: []
+  - name: reliable is persistent
+    replaces: amqp.in.durable
+    match: {destination: "queue:plant.>"}
+    steps:
+      - set: {field: header.JMSDeliveryMode, value: PERSISTENT}
+"""
+
+
+def test_amqp_rows_replaced_extended_and_removed_for_some_destinations() -> None:
+    ms = rules(AMQP_RULES)
+    pm = proton.Message(body="x", subject="orig", properties={"kind": "csv", "n": 1})
+    cproton.pn_message_set_creation_time(pm._msg, NOW - 5)
+    msg = amqp_in(ms, pm)
+    assert msg.type == "csv" and msg.properties == {"n": 1}
+    assert msg.timestamp == 0 and msg.delivery_mode is DeliveryMode.PERSISTENT
+    other = amqp_in(ms, pm, OTHER)  # the defaults, by the hand-written function
+    assert other.type == "orig" and other.properties == {"kind": "csv", "n": 1}
+    assert other.timestamp == NOW - 5 and other.delivery_mode is DeliveryMode.NON_PERSISTENT
+    assert ms.wire_for(OTHER, protocol="amqp", direction="in") is amqp_to_message
+
+
+def test_amqp_out_rows_and_a_wire_rule_for_one_transport_only() -> None:
+    ms = rules("""\
+mappings:
+  - name: no trace annotation
+    replaces: amqp.out.trace-id
+    match: {destination: ">"}
+    steps: []
+  - name: priority also as an annotation
+    extends: amqp.out.priority
+    match: {destination: ">"}
+    steps:
+      - copy: {from: header.JMSPriority, to: wire.annotation.x-opt-prio}
+  - name: subject and group for far
+    match: {destination: "queue:plant.>", direction: out, protocol: amqp, transport: far}
+    steps:
+      - copy: {from: property.kind, to: wire.properties.subject}
+      - copy: {from: property.kind, to: wire.properties.group-id}
+      - drop: [wire.application.kind]
+""")
+    msg = Message("t", destination=PLANT, priority=6, properties={"kind": "csv", "n": Int32(2)})
+    msg.trace_id = "tr"
+    far = amqp_out(ms, msg, "far")
+    assert far.subject == "csv" and far.group_id == "csv" and far.properties == {"n": 2}
+    assert far.annotations[proton.symbol("x-opt-prio")] == 6
+    assert proton.symbol("x-opt-gw-trace-id") not in far.annotations
+    near = amqp_out(ms, msg)
+    assert near.subject is None and near.properties == {"kind": "csv", "n": 2}
+    assert proton.symbol("x-opt-prio") in near.annotations
+    plain = amqp_out(MappingSet(), msg)
+    assert plain.annotations[proton.symbol("x-opt-gw-trace-id")] == "tr"
+    assert type(plain.properties["n"]) is proton.int32  # AMQP types kept on the wire side
+    assert type(far.properties["n"]) is proton.int32
+
+
+def test_an_amqp_wire_field_that_does_not_fit_fails_the_mapping() -> None:
+    ms = rules("""\
+mappings:
+  - match: {destination: ">", direction: out, protocol: amqp}
+    steps:
+      - copy: {from: property.p, to: wire.header.priority}
+""")
+    with pytest.raises(MappingFailed, match=r"wire.header.priority: header.priority is an "
+                                            r"integer in 0..255, not 300"):
+        amqp_out(ms, Message("x", destination=PLANT, properties={"p": 300}))
+    assert amqp_out(ms, Message("x", destination=PLANT, properties={"p": 200})).priority == 200
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("mappings:\n  - match: {destination: '>', direction: in, protocol: amqp}\n    steps:\n"
+     "      - set: {field: wire.properties.subject, value: x}\n",
+     "m.yaml:4: mappings[0].steps[0].set.field: wire.properties.subject is read-only"),
+    ("mappings:\n  - match: {destination: '>', direction: out, protocol: amqp}\n    steps:\n"
+     "      - copy: {from: wire.footer, to: property.a}\n",
+     "m.yaml:4: mappings[0].steps[0].copy.from: bad field 'wire.footer': an AMQP message sent has"),
+    ("mappings:\n  - replaces: amqp.in.subjekt\n    match: {destination: '>'}\n    steps: []\n",
+     "m.yaml:2: mappings[0].replaces: unknown default rule 'amqp.in.subjekt'"),
+])  # fmt: skip
+def test_amqp_config_errors(text: str, expected: str) -> None:
+    got = errors(text)
+    assert len(got) == 1 and got[0].startswith(expected), got
+
+
+def test_amqp_wire_values_copied_into_core_fields_become_core_values() -> None:
+    ms = rules("""\
+mappings:
+  - match: {destination: ">", direction: in, protocol: amqp}
+    steps:
+      - copy: {from: wire.header.priority, to: property.prio}
+      - copy: {from: wire.properties.creation-time, to: property.created}
+      - copy: {from: wire.annotation.x-k, to: property.k}
+      - copy: {from: wire.annotation.x-k, to: header.JMSType}
+""")
+    pm = proton.Message(body="x", priority=7)
+    cproton.pn_message_set_creation_time(pm._msg, NOW)
+    pm.annotations = {proton.symbol("x-k"): proton.symbol("v")}
+    props = amqp_in(ms, pm).properties
+    assert [(type(props[k]), props[k]) for k in ("prio", "created", "k")] == [
+        (UInt8, 7), (int, NOW), (str, "v")]
+    assert amqp_in(ms, pm).type == "v"
