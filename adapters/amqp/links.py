@@ -204,14 +204,18 @@ class IncomingLink:
         dest = self.dest
         mappings = conn.broker.mappings
         to_message: Any = amqp_to_message
+        # One clock reading for the ttl and the timestamp (JMSExpiration = timestamp + ttl).
+        now = conn.broker.now()
         if dest is not None:
             if mappings is not None:
                 to_message = mappings.wire_for(dest, protocol="amqp", direction="in")
             if to_message is amqp_to_message:
                 msg = fast_decode(data, destination=dest, default_kind=conn.default_kind,
-                                  now_ms=conn.broker.now())
+                                  now_ms=now)
                 if msg is not None:
                     msg.size = len(data)
+                    if not msg.timestamp:
+                        msg.timestamp = now
                     return msg
         pm = Message()
         pm.decode(data)  # type: ignore[arg-type]
@@ -223,9 +227,10 @@ class IncomingLink:
             dest = parse_address(pm.address, hint=hint, default=conn.default_kind)
             if mappings is not None:
                 to_message = mappings.wire_for(dest, protocol="amqp", direction="in")
-        msg = to_message(pm, destination=dest, default_kind=conn.default_kind,
-                         now_ms=conn.broker.now())
+        msg = to_message(pm, destination=dest, default_kind=conn.default_kind, now_ms=now)
         msg.size = len(data)
+        if not msg.timestamp:
+            msg.timestamp = now
         return msg
 
     def _confirmed(self, dlv: Any, presettled: bool, fut: Any) -> None:

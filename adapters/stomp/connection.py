@@ -444,9 +444,10 @@ class StompConnection:
         # (the same function unless a rule replaces or extends a default rule here).
         to_message = stomp_to_message if mappings is None else mappings.wire_for(
             dest, protocol="stomp", direction="in")  # fmt: skip
+        now = self.broker.now()  # one clock reading for the timestamp and a delivery delay
         try:
             msg = to_message(headers, frame.body, has_length="content-length" in headers,
-                             destination=dest, reply_to=reply_to, now_ms=self.broker.now())
+                             destination=dest, reply_to=reply_to, now_ms=now)
             if mappings is not None:
                 msg = mappings.apply(msg, protocol="stomp", direction="in")
         except MappingFailed as exc:
@@ -458,7 +459,7 @@ class StompConnection:
             self._transaction(txn, frame).send(msg)
             self.receipt(frame)
             return
-        fut = self.broker.publish(msg, core)
+        fut = self.broker.publish(msg, core, now)
         if fut is not None:
             if not fut.done():
                 self._wait_for(fut)
