@@ -123,6 +123,11 @@ class _Client(paho.Client):
         self.out += buf
         return len(buf)
 
+    def has_input(self) -> bool:
+        """Bytes read from the socket and not yet taken by paho: no readable event will come
+        for them."""
+        return self.inpos < len(self.inbuf)
+
     def _sock_close(self) -> None:
         self.buffered = False
         self.inbuf, self.inpos = b"", 0
@@ -323,14 +328,16 @@ class MqttTransport(Transport):
         again = MQTTErrorCode.MQTT_ERR_AGAIN
         c.drained = False
         for _ in range(READ_BATCH):
-            if c is not self.client or self.sock is None:
-                return
+            if c is not self.client or self.sock is None or self.reading_paused:
+                return  # (resume_reading comes back for what is buffered)
             rc = read()
             if rc == again:
                 return
             if rc > 0:
                 handle(rc)
                 return
+        if c.has_input():  # READ_BATCH packets taken; the rest is buffered here, not in the socket
+            self.loop.call_soon(self._readable)
 
     def _writable(self) -> None:
         self.write_soon = False
@@ -401,6 +408,9 @@ class MqttTransport(Transport):
     def resume_reading(self) -> None:
         if self.sock is not None:
             self.loop.add_reader(self.sock, self._readable)
+            c = self.client
+            if c is not None and c.has_input():
+                self.loop.call_soon(self._readable)
 
     # -- subscriptions ------------------------------------------------------------------------
 

@@ -328,3 +328,33 @@ def test_import_and_export_bound_at_run_time_through_the_admin_api(tmp_path, mos
     finally:
         remote.close()
         g.stop()
+
+
+def test_a_burst_read_in_one_go_is_imported_whole_a_few_packets_per_turn(tmp_path, mosq,
+                                                                          monkeypatch):
+    """The transport reads what the socket has at once and hands paho READ_BATCH packets per
+    loop turn: the rest, already out of the socket, must not wait for a readable event that
+    will not come."""
+    import transports.mqtt as mqtt_transport
+
+    monkeypatch.setattr(mqtt_transport, "READ_BATCH", 3)
+    g = gateway(tmp_path / "gw", mosq.port, ">\n", queues='burst import="far"\n>\n')
+    remote = Remote(mosq.port)
+    try:
+        wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+        wait_for(lambda: info(g)["far"]["imports"], what="the far-side subscription")
+        time.sleep(0.2)
+        infos = [remote.c.publish("burst", b"%04d" % i, qos=0) for i in range(300)]
+        for i in infos:
+            i.wait_for_publish(5)
+
+        def count() -> int:
+            q = g.broker.queues.get("burst")
+            return 0 if q is None else sum(1 for _ in q.iter_pending())
+
+        wait_for(lambda: g.call(count) == 300, timeout=10, what="all 300 imported")
+        assert g.call(lambda: [m.body for m in g.broker.queues["burst"].iter_pending()]) == [
+            b"%04d" % i for i in range(300)]
+    finally:
+        remote.close()
+        g.stop()
