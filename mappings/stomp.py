@@ -162,19 +162,8 @@ def stomp_to_message(
     trace = get(TRACE_HEADER)
     types = get(TYPES_HEADER)
     if types:
-        # The header fields that may be escaped or typed join the properties while gw-types
-        # is applied, then leave them.
-        for name, field in (("correlation-id", correlation), ("type", msg_type),
-                            (TRACE_HEADER, trace)):
-            if field is not None:
-                props[name] = field
-        props = _apply_types(props, types)
-        if correlation is not None:
-            correlation = _correlation_in(props.pop("correlation-id"), types)
-        if msg_type is not None:
-            msg_type = str(props.pop("type"))
-        if trace is not None:
-            trace = str(props.pop(TRACE_HEADER))
+        props, correlation, msg_type, trace = apply_header_types(
+            types, props, correlation, msg_type, trace)
     if content_type is not None and kind is not _OBJECT and not (
         kind is _TEXT and content_type == TEXT_CONTENT_TYPE
     ) and not (  # the type message_to_stomp gives every JSON body: implied, not kept
