@@ -314,6 +314,13 @@ class Session:
         if d is not None:
             d.consumer.endpoint.requeue(d, count_delivery=count_delivery)
 
+    def release_all(self, deliveries: list[Delivery], *, count_delivery: bool = True) -> None:
+        """Give several deliveries back in their order (a link or connection gone): each
+        returns to the front of its endpoint, so one by one they would come back reversed."""
+        unacked = self.unacked
+        live = [d for d in deliveries if unacked.pop(d.tag, None) is not None]
+        requeue_all(live, count_delivery=count_delivery)
+
     def reject(self, delivery: Delivery | int, reason: str = "rejected") -> None:
         """Refuse a delivery: it is undeliverable now (AMQP rejected)."""
         d = self.unacked.pop(delivery if isinstance(delivery, int) else delivery.tag, None)
@@ -601,11 +608,8 @@ class MessageConsumer:
         unseen = [d for d in self.buffer if session.unacked.pop(d.tag, None) is not None]
         requeue_all(unseen, count_delivery=False)
         self.buffer.clear()
-        if requeue:
-            for t, d in list(session.unacked.items()):
-                if d.consumer is core and session.tx is None and session.auto_ack:
-                    session.unacked.pop(t, None)
-                    endpoint.requeue(d)
+        if requeue and session.tx is None and session.auto_ack:
+            session.release_all([d for d in session.unacked.values() if d.consumer is core])
         if self in session.consumers:
             session.consumers.remove(self)
         if isinstance(endpoint, Subscription):

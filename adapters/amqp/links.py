@@ -403,11 +403,9 @@ class OutgoingLink:
         mc = self.consumer
         if mc is not None:
             mc.close()  # first, so that what returns is not delivered here again
-        for dlv, d in unsettled:
-            # A disposition may have come in the same read as the detach: proton reports
-            # the detach first. What the client settled counts; the rest returns.
-            if not self._settle(d, dlv):
-                session.release(d)
+        # A disposition may have come in the same read as the detach: proton reports the
+        # detach first. What the client settled counts; the rest returns, in its order.
+        session.release_all([d for dlv, d in unsettled if not self._settle(d, dlv)])
         if closed and self.durable_name is not None and not session.closed:
             try:
                 session.unsubscribe(self.durable_name, self.share_scope)

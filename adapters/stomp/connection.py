@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from adapters.stomp.codec import Frame, Parser, StompError, encode, escape
@@ -571,11 +571,11 @@ class StompConnection:
             tags = self._tags(sub, tag)
             if nack and tx is not None:
                 self.tx_nacks.setdefault(txn, []).extend((sub, t) for t in tags)  # type: ignore[arg-type]
+            elif nack:  # (a cumulative NACK gives them back in their order)
+                self._release((sub, t) for t in tags)
             else:
                 for t in tags:
-                    if nack:
-                        session.release(t)
-                    elif tx is not None:
+                    if tx is not None:
                         d = session.unacked.get(t)
                         if d is not None:
                             tx.ack(d)
@@ -667,8 +667,7 @@ class StompConnection:
         fut = tx.commit()
         session = self.client_session
         assert session is not None
-        for _sub, tag in nacks:
-            session.release(tag)
+        self._release(nacks)
         if fut is not None and not fut.done():
             self._wait_for(fut)
         self.receipt(frame)
@@ -681,9 +680,15 @@ class StompConnection:
         tx.rollback()
         session = self.client_session
         assert session is not None
-        for _sub, tag in self.tx_nacks.pop(txn, ()):
-            session.release(tag)
+        self._release(self.tx_nacks.pop(txn, ()))
         self.receipt(frame)
+
+    def _release(self, nacks: Iterable[tuple[StompSubscription, int]]) -> None:
+        """NACKed deliveries back for redelivery, in their order."""
+        session = self.client_session
+        assert session is not None
+        unacked = session.unacked
+        session.release_all([unacked[t] for _sub, t in nacks if t in unacked])
 
 
 _HANDLERS: dict[str, Callable[[StompConnection, Frame], None]] = {

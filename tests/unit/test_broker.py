@@ -646,3 +646,22 @@ async def test_producer_refuses_a_malformed_message(tmp_path):
         with pytest.raises(MessageFormatError):
             p.send(Message.text("x", properties={"bad": {"nested": 1}}))
         assert b.queues["v"].count == 0 if "v" in b.queues else True
+
+
+async def test_deliveries_given_back_together_return_in_their_order(tmp_path):
+    """A link or connection gone, or a cumulative NACK, returns several deliveries at once:
+    each goes back to the front of its queue, so they must be put back last to first."""
+    async with running_broker(tmp_path) as b:
+        s = b.connect().session(AckMode.EXPLICIT)
+        p = s.producer(Q("order.q"), delivery_mode=NP)
+        for i in range(5):
+            p.send(Message.text(str(i)))
+        got, listener = collect()
+        c = s.consumer(Q("order.q"), listener=listener)
+        assert texts(got) == ["0", "1", "2", "3", "4"]
+        c.close()
+        s.release_all(got[1:4])  # 1, 2, 3 back; 0 and 4 stay unacknowledged
+        again, listener2 = collect()
+        s.consumer(Q("order.q"), listener=listener2)
+        assert texts(again) == ["1", "2", "3"]
+        assert all(d.redelivered for d in again)
