@@ -105,6 +105,17 @@ def _stomp_out_value(w: StompOut, value: Any) -> Any:
     return value
 
 
+def _read_only(text: str, read: Callable[[Any], Any], why: str, path: tuple[str, ...],
+               *core: Callable[[Any], Any]) -> _Field:
+    """A wire field a rule may read but not write (``why`` says so in the error)."""
+
+    def ro(m: Message, v: Any = None) -> None:
+        raise MessageFormatError(f"{text} {why}")
+
+    return _Field(text, "wire", path, read, ro, ro, lambda m: read(m) is _MISSING,
+                  f"{text} {why}", *core)  # fmt: skip
+
+
 def _stomp_in_field(rest: str) -> _Field:
     def ro(m: Message, v: Any = None) -> None:
         raise MessageFormatError(f"wire.{rest} {_IN_READ_ONLY}")
@@ -179,12 +190,7 @@ def _stomp_out_field(rest: str) -> _Field:
     }  # fmt: skip
     if rest in fixed:
         read, why = fixed[rest]
-
-        def ro(m: Message, v: Any = None) -> None:
-            raise MessageFormatError(f"{text} is read-only ({why})")
-
-        return _Field(text, "wire", (rest,), read, ro, ro, lambda m: read(m) is _MISSING,
-                      f"{text} is read-only ({why})")  # fmt: skip
+        return _read_only(text, read, f"is read-only ({why})", (rest,))
     raise ValueError("a STOMP frame sent has wire.header.<name>, wire.body, wire.destination, "
                      "wire.reply_to and wire.types")
 
@@ -363,12 +369,7 @@ def _mqtt_out_field(rest: str) -> _Field:
     }  # fmt: skip
     if rest in fixed:
         read_fixed, why = fixed[rest]
-
-        def ro(m: Message, v: Any = None) -> None:
-            raise MessageFormatError(f"{text} is read-only ({why})")
-
-        return _Field(text, "wire", (rest,), read_fixed, ro, ro,
-                      lambda m: read_fixed(m) is _MISSING, f"{text} is read-only ({why})")
+        return _read_only(text, read_fixed, f"is read-only ({why})", (rest,))
     raise ValueError("a PUBLISH sent has wire.payload, wire.qos, wire.user.<name>, wire.level, "
                      "wire.now, wire.reply_topic, wire.types and "
                      f"wire.{', wire.'.join(MQTT_PROPERTIES)}")
@@ -583,11 +584,7 @@ def amqp_core(v: Any) -> Any:
 
 
 def _amqp_ro(text: str, read: Callable[[Any], Any], why: str, path: tuple[str, ...]) -> _Field:
-    def ro(m: Message, v: Any = None) -> None:
-        raise MessageFormatError(f"{text} {why}")
-
-    return _Field(text, "wire", path, read, ro, ro, lambda m: read(m) is _MISSING,
-                  f"{text} {why}", amqp_core)  # fmt: skip
+    return _read_only(text, read, why, path, amqp_core)
 
 
 _AMQP_MAPS = {"annotation": "ann", "delivery_annotation": "inst", "application": "app"}
