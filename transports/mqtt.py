@@ -40,6 +40,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from adapters.mqtt.packets import PUBLISH
@@ -123,6 +124,39 @@ class _Client(paho.Client):
         self.out += buf
         return len(buf)
 
+    def _handle_pubackcomp(self, cmd: Any) -> MQTTErrorCode:
+        """paho's PUBACK / PUBCOMP handler, without its cost for the usual acknowledgement.
+
+        A success with no properties (remaining length 2, MQTT 5.0 3.4.2.1; or 3 / 4 with
+        reason code 0 and an empty property block) is what nearly every acknowledgement is:
+        paho decodes each into a fresh ``ReasonCode`` (which copies a table of ~50 names) and
+        ``Properties``, and rescans every in-flight message afterwards; together that costs
+        more than the rest of an export. Here such an acknowledgement does what paho's
+        ``_do_on_publish`` does -- ``on_publish`` with a shared success code, then the
+        message leaves ``_out_messages`` and the in-flight count -- and paho's own handler
+        takes everything else (failures, properties, unknown ids).
+        """
+        packet = self._in_packet["packet"]
+        n = len(packet)
+        if n != 2 and (n > 4 or packet[2] or (n == 4 and packet[3])):
+            return super()._handle_pubackcomp(cmd)  # type: ignore[no-any-return]
+        mid = (packet[0] << 8) | packet[1]
+        with self._out_message_mutex:
+            out = self._out_messages
+            msg = out.get(mid)
+            if msg is None:
+                return MQTTErrorCode.MQTT_ERR_SUCCESS
+            on_publish: Any = self.on_publish  # the VERSION2 signature (the transport's)
+            if on_publish is not None:
+                on_publish(self, self._userdata, mid, _ACK_SUCCESS, _NO_PROPERTIES)
+            out.pop(mid, None)
+            msg.info._set_as_published()
+            if msg.qos > 0:
+                self._inflight_messages -= 1
+                if len(out) > self._inflight_messages:  # some wait for a free slot
+                    return self._update_inflight()  # type: ignore[no-any-return]
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
     def has_input(self) -> bool:
         """Bytes read from the socket and not yet taken by paho: no readable event will come
         for them."""
@@ -144,6 +178,11 @@ class _Client(paho.Client):
                 return False
             del out[:n]
         return True
+
+
+# What the fast acknowledgement path hands to ``on_publish`` (read-only, shared).
+_ACK_SUCCESS = ReasonCode(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
+_NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
 
 
 class _Packed:
