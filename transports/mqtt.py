@@ -7,6 +7,13 @@ so every callback runs on the gateway's loop and touches core state directly. On
 blocking TCP (and TLS) connect runs in an executor thread. Once connected, paho's socket I/O
 is buffered (:class:`_Client`): a read takes all the socket has, and what paho writes in one
 loop iteration goes out in one ``send`` (``add_writer`` only while the socket is full).
+Two per-message steps of paho cost more than everything else the transport does per
+message, and :class:`_Client` takes them over for the common case only: reading a plain
+success PUBACK / PUBCOMP (paho builds a ``ReasonCode``, which copies a table of names, and
+``Properties`` for each), and reading a QoS 0 / 1 PUBLISH (with the MQTT adapter's own codec
+helpers instead of paho's ``MQTTMessage`` and ``Properties``). paho keeps the session state
+either way (in-flight exports, packet ids, resends); anything unusual goes to paho's
+handlers.
 
 * Names: core subject ``a.b`` ↔ topic ``<remote_prefix>a/b`` (``adapters/mqtt/topics.py``,
   the same reversible escapes as the MQTT adapter); a wildcard entry ``a.*`` / ``a.>``
@@ -34,6 +41,7 @@ import logging
 import socket
 import ssl
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import paho.mqtt.client as paho
@@ -43,8 +51,8 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from adapters.mqtt.packets import PUBLISH
-from adapters.mqtt.properties import encode_properties
+from adapters.mqtt.packets import PUBLISH, MqttRemoteProtocolError
+from adapters.mqtt.properties import encode_properties, read_properties
 from adapters.mqtt.topics import _element_to_level, mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway import subject
 from gateway.errors import GatewayError
@@ -102,6 +110,8 @@ class _Client(paho.Client):
         self.inbuf = b""
         self.inpos = 0
         self.out = bytearray()
+        # Called for each QoS 0 / 1 PUBLISH instead of on_message (see _handle_publish).
+        self.on_publish_packet: Callable[..., None] | None = None
 
     def _sock_recv(self, bufsize: int) -> bytes:
         data, pos = self.inbuf, self.inpos
@@ -157,6 +167,43 @@ class _Client(paho.Client):
                     return self._update_inflight()  # type: ignore[no-any-return]
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
+    def _handle_publish(self) -> MQTTErrorCode:
+        """paho's PUBLISH handler, without its cost for a QoS 0 / 1 message.
+
+        paho decodes each PUBLISH into an ``MQTTMessage`` with a ``Properties`` object and
+        matches it against its callback filters: more than the transport's own import work.
+        A QoS 0 / 1 PUBLISH is read here with the MQTT adapter's codec helpers and handed to
+        :attr:`on_publish_packet` with its properties by the codec's names (the six a
+        message keeps, as the transport reads them from paho); with ``manual_ack`` on, as
+        the transport has it, paho would do nothing else for it. QoS 2 (paho keeps its
+        exchange state), a packet that does not parse (paho reports it its own way) and
+        one with properties a message does not keep (a Topic Alias the transport never
+        allowed) go to paho's handler.
+        """
+        deliver = self.on_publish_packet
+        command = self._in_packet["command"]
+        qos = (command >> 1) & 3
+        if deliver is None or qos > 1 or not self._manual_ack:
+            return super()._handle_publish()  # type: ignore[no-any-return]
+        data = bytes(self._in_packet["packet"])  # paho reads into a bytearray
+        end = len(data)
+        try:
+            p = 2 + ((data[0] << 8) | data[1])
+            topic = data[2:p].decode()
+            mid = 0
+            if qos:
+                mid = (data[p] << 8) | data[p + 1]
+                p += 2
+            props: dict[str, Any] = {}
+            if self._protocol == paho.MQTTv5:
+                props, p = read_properties(data, p, end, PUBLISH)
+        except (IndexError, UnicodeDecodeError, MqttRemoteProtocolError):
+            return super()._handle_publish()  # type: ignore[no-any-return]
+        if p > end or not topic or not _KEPT_PROPERTIES.issuperset(props):
+            return super()._handle_publish()  # type: ignore[no-any-return]
+        deliver(self, topic, data[p:], qos, bool(command & 1), mid, props)
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
     def has_input(self) -> bool:
         """Bytes read from the socket and not yet taken by paho: no readable event will come
         for them."""
@@ -179,6 +226,8 @@ class _Client(paho.Client):
             del out[:n]
         return True
 
+
+_KEPT_PROPERTIES = frozenset(_PAHO_NAMES)  # what an imported PUBLISH's properties may hold
 
 # What the fast acknowledgement path hands to ``on_publish`` (read-only, shared).
 _ACK_SUCCESS = ReasonCode(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
@@ -254,6 +303,7 @@ class MqttTransport(Transport):
         c.on_connect = self._on_connect
         c.on_disconnect = self._on_disconnect
         c.on_message = self._on_message
+        c.on_publish_packet = self._on_publish_packet
         c.on_publish = self._on_publish
         if log.isEnabledFor(logging.DEBUG):
             c.enable_logger(log)
@@ -547,9 +597,20 @@ class MqttTransport(Transport):
     # -- import -------------------------------------------------------------------------------
 
     def _on_message(self, client: paho.Client, userdata: Any, message: Any) -> None:
-        topic: str = message.topic
-        qos = message.qos
-        mid = message.mid
+        """paho's callback, for what the fast path (:meth:`_Client._handle_publish`) leaves
+        to paho: QoS 2, and PUBLISH packets paho itself must judge."""
+        props: dict[str, Any] = {}
+        pp = message.properties
+        if pp is not None and self.v5:
+            for codec_name, paho_name in _PAHO_NAMES.items():
+                if hasattr(pp, paho_name):
+                    props[codec_name] = getattr(pp, paho_name)
+        self._on_publish_packet(client, message.topic, bytes(message.payload), message.qos,
+                                bool(message.retain), message.mid, props)
+
+    def _on_publish_packet(self, client: paho.Client, topic: str, payload: bytes, qos: int,
+                           retain: bool, mid: int, props: dict[str, Any]) -> None:
+        """One PUBLISH from the far side (``props`` by the MQTT codec's names)."""
 
         def ack() -> None:
             if qos and self.client is client and self.sock is not None:
@@ -558,7 +619,6 @@ class MqttTransport(Transport):
         if not topic.startswith(self.prefix):
             ack()
             return
-        payload = bytes(message.payload)
         if not self.v5:
             key = (topic, payload)
             n = self.recent.get(key)
@@ -578,9 +638,9 @@ class MqttTransport(Transport):
             if dest is None:
                 ack()
                 return
-            props, origin, hops, reply = self._properties(message.properties)
+            origin, hops, reply = self._markers(props)
             msg = self.wire_mapping(dest, "in", mqtt_to_message)(
-                payload=payload, qos=qos, retain=bool(message.retain), properties=props,
+                payload=payload, qos=qos, retain=retain, properties=props,
                 level=5 if self.v5 else 4, destination=dest, reply_to=reply,
                 now_ms=self.broker.now())
         except Exception as exc:  # noqa: BLE001 - a message the core cannot take
@@ -601,16 +661,12 @@ class MqttTransport(Transport):
                 found = b
         return Destination.topic(name) if found is not None else None
 
-    def _properties(self, pp: Any) -> tuple[dict[str, Any], str | None, int, Destination | None]:
-        props: dict[str, Any] = {}
+    def _markers(self, props: dict[str, Any]) -> tuple[str | None, int, Destination | None]:
+        """Take the loop markers out of ``props``' user properties; the reply destination
+        of its response topic."""
         origin = None
         hops = 0
         reply = None
-        if pp is None or not self.v5:
-            return props, origin, hops, reply
-        for codec_name, paho_name in _PAHO_NAMES.items():
-            if hasattr(pp, paho_name):
-                props[codec_name] = getattr(pp, paho_name)
         user = props.get("user_property")
         if user:
             kept = []
@@ -628,7 +684,7 @@ class MqttTransport(Transport):
                 reply = Destination.topic(mqtt_topic_to_subject(rt[len(self.prefix):]))
             except GatewayError:
                 reply = None
-        return props, origin, hops, reply
+        return origin, hops, reply
 
 
 def start(manager: Any, tdef: Any) -> MqttTransport:

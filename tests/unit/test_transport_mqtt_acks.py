@@ -1,6 +1,6 @@
-"""transports/mqtt.py's acknowledgement fast path (``_Client._handle_pubackcomp``) against
-paho's own handler: the same callback arguments, the same bookkeeping, and anything but a
-plain success handed to paho. Packets are fed as paho's reader leaves them in
+"""transports/mqtt.py's fast paths (``_Client._handle_pubackcomp``, ``_Client._handle_publish``)
+against paho's own handlers: the same callback arguments, the same bookkeeping, and anything
+unusual handed to paho. Packets are fed as paho's reader leaves them in
 ``_in_packet``; no socket is needed (paho keeps a message published while disconnected)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
 
-from transports.mqtt import _ACK_SUCCESS, _Client
+from adapters.mqtt.encoding import encode_publish
+from transports.mqtt import _ACK_SUCCESS, _PAHO_NAMES, _Client
 
 PUBACK = 0x40
 PUBCOMP = 0x70
@@ -106,3 +107,91 @@ def test_a_freed_slot_sends_a_queued_message() -> None:
     ack(c, PUBACK, first.to_bytes(2, "big"))
     assert sent == [info.mid]
     assert queued.state == paho.mqtt_ms_wait_for_puback and c._inflight_messages == 1
+
+
+# -- the PUBLISH fast path ----------------------------------------------------------------------
+
+def publish_body(qos: int, props: dict[str, Any] | None, level: int = 5, topic: str = "a/b",
+                 payload: bytes = b"\x00payload\xff", retain: bool = False) -> tuple[int, bytes]:
+    """(first byte, what paho keeps as the packet) of a PUBLISH, encoded by the adapter."""
+    wire = encode_publish(topic, payload, qos, retain, False, 7 if qos else None, props, level)
+    i = 1
+    while wire[i] & 0x80:
+        i += 1
+    return wire[0], wire[i + 1:]
+
+
+def receive(c: _Client, first: int, body: bytes) -> MQTTErrorCode:
+    c._in_packet["command"] = first
+    c._in_packet["packet"] = bytearray(body)  # as paho's reader leaves it
+    c._in_packet["remaining_length"] = len(body)
+    return c._handle_publish()  # type: ignore[no-any-return]
+
+
+def importer(v5: bool = True) -> tuple[_Client, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """A client as the transport makes it: manual acks, both import callbacks recording."""
+    c = _Client(CallbackAPIVersion.VERSION2, client_id="t", manual_ack=True,
+                protocol=MQTTProtocolVersion.MQTTv5 if v5 else MQTTProtocolVersion.MQTTv311)
+    fast: list[tuple[Any, ...]] = []
+    slow: list[tuple[Any, ...]] = []
+    c.on_publish_packet = lambda _c, *args: fast.append(args)
+
+    def on_message(_c: Any, _u: Any, m: Any) -> None:  # the transport's conversion
+        props = {k: getattr(m.properties, v) for k, v in _PAHO_NAMES.items()
+                 if m.properties is not None and hasattr(m.properties, v)}
+        slow.append((m.topic, bytes(m.payload), m.qos, bool(m.retain), m.mid, props))
+
+    c.on_message = on_message
+    return c, fast, slow
+
+
+FULL = {
+    "payload_format_indicator": 1, "message_expiry_interval": 60, "content_type": "text/x",
+    "response_topic": "re/ply", "correlation_data": b"\x01\x02",
+    "user_property": [("k", "v"), ("k", "w"), ("gw-origin", "g1")],
+}
+
+
+@pytest.mark.parametrize("qos", [0, 1])
+@pytest.mark.parametrize("props", [None, {"content_type": "a"}, FULL])
+def test_publish_fast_path_gives_what_paho_gives(qos: int, props: dict[str, Any] | None) -> None:
+    first, body = publish_body(qos, props, retain=True)
+    c, fast, slow = importer()
+    assert receive(c, first, body) == MQTTErrorCode.MQTT_ERR_SUCCESS
+    paho_side, _, via_paho = importer()
+    paho_side.on_publish_packet = None  # paho's own handler and the transport's conversion
+    receive(paho_side, first, body)
+    assert slow == [] and len(fast) == 1
+    assert fast == via_paho
+    assert type(fast[0][1]) is bytes
+
+
+def test_publish_fast_path_mqtt311() -> None:
+    first, body = publish_body(1, None, level=4)
+    c, fast, slow = importer(v5=False)
+    receive(c, first, body)
+    assert fast == [("a/b", b"\x00payload\xff", 1, False, 7, {})] and slow == []
+
+
+def test_qos2_goes_to_paho_which_keeps_the_exchange() -> None:
+    first, body = publish_body(2, {"content_type": "a"})
+    c, fast, slow = importer()
+    sent: list[int] = []
+    c._send_pubrec = lambda mid: sent.append(mid) or MQTTErrorCode.MQTT_ERR_SUCCESS  # type: ignore[method-assign]
+    receive(c, first, body)
+    assert fast == [] and sent == [7] and 7 in c._in_messages
+
+
+def test_a_topic_alias_goes_to_paho() -> None:
+    first, body = publish_body(1, {"topic_alias": 3})
+    c, fast, slow = importer()
+    receive(c, first, body)
+    assert fast == [] and len(slow) == 1
+
+
+def test_a_packet_that_does_not_parse_goes_to_paho() -> None:
+    first, body = publish_body(1, {"content_type": "a"})
+    c, fast, _ = importer()
+    with pytest.raises(Exception):  # noqa: B017 - paho's own error, whatever it is
+        receive(c, first, body[:6])  # cut inside the properties
+    assert fast == []
