@@ -78,6 +78,7 @@ MISC_INTERVAL = 1.0  # seconds between paho's loop_misc calls (keepalive, retrie
 RECENT_EXPORTS = 10_000  # exports remembered for 3.1.1 loop detection
 READ_BATCH = 1000  # packets read per readable callback at most (then the loop runs others)
 READ_SIZE = 65536  # bytes asked of the socket at once
+IMPORT_DESTINATIONS = 10_000  # far-side topics whose core destination is remembered
 
 # MQTT 5 PUBLISH properties: the codec's names (mappings.mqtt) ↔ paho's.
 _PAHO_NAMES = {
@@ -276,6 +277,8 @@ class MqttTransport(Transport):
         self.loop = self.broker.loop
         self.receive_max = EXPORT_WINDOW  # the far side's Receive Maximum (MQTT 5)
         self.throttled = False  # export consumers paused: receive_max exports unconfirmed
+        # Far-side topic → core destination of its imports (cleared when an entry is bound).
+        self.import_dests: dict[str, Destination] = {}
         # Temporary reply destinations exported as a response topic, both ways.
 
     # -- connecting ---------------------------------------------------------------------------
@@ -634,7 +637,12 @@ class MqttTransport(Transport):
             if topic in self.replies:
                 dest = self.replies.target(topic)  # None: the temporary destination is gone
             else:
-                dest = self._import_destination(mqtt_topic_to_subject(topic[len(self.prefix):]))
+                dest = self.import_dests.get(topic)
+                if dest is None:
+                    dest = self._import_destination(
+                        mqtt_topic_to_subject(topic[len(self.prefix):]))
+                    if dest is not None and len(self.import_dests) < IMPORT_DESTINATIONS:
+                        self.import_dests[topic] = dest
             if dest is None:
                 ack()
                 return
@@ -649,6 +657,10 @@ class MqttTransport(Transport):
             ack()
             return
         self.imported(msg, origin, hops, ack if qos else None)
+
+    def bind_import(self, pattern: str, kind: Any) -> bool:
+        self.import_dests.clear()  # a new entry may send a topic elsewhere (a queue)
+        return super().bind_import(pattern, kind)
 
     def _import_destination(self, name: str) -> Destination | None:
         """The destination an imported subject goes to: a queue entry's (a wildcard entry's
