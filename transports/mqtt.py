@@ -10,10 +10,11 @@ loop iteration goes out in one ``send`` (``add_writer`` only while the socket is
 Two per-message steps of paho cost more than everything else the transport does per
 message, and :class:`_Client` takes them over for the common case only: reading a plain
 success PUBACK / PUBCOMP (paho builds a ``ReasonCode``, which copies a table of names, and
-``Properties`` for each), and reading a QoS 0 / 1 PUBLISH (with the MQTT adapter's own codec
-helpers instead of paho's ``MQTTMessage`` and ``Properties``). paho keeps the session state
-either way (in-flight exports, packet ids, resends); anything unusual goes to paho's
-handlers.
+``Properties`` for each), reading a QoS 0 / 1 PUBLISH (with the MQTT adapter's own codec
+helpers instead of paho's ``MQTTMessage`` and ``Properties``), and encoding a QoS 1 / 2
+export (with the adapter's encoder; the message is entered in paho's session as paho's
+``publish`` enters it). paho keeps the session state either way (in-flight exports,
+packet ids, resends after a reconnect); anything unusual goes to paho's own code.
 
 * Names: core subject ``a.b`` ↔ topic ``<remote_prefix>a/b`` (``adapters/mqtt/topics.py``,
   the same reversible escapes as the MQTT adapter); a wildcard entry ``a.*`` / ``a.>``
@@ -51,6 +52,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from adapters.mqtt.encoding import encode_publish
 from adapters.mqtt.packets import PUBLISH, MqttRemoteProtocolError
 from adapters.mqtt.properties import encode_properties, read_properties
 from adapters.mqtt.topics import _element_to_level, mqtt_topic_to_subject, subject_to_mqtt_topic
@@ -205,6 +207,44 @@ class _Client(paho.Client):
         deliver(self, topic, data[p:], qos, bool(command & 1), mid, props)
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
+    def publish_fields(self, topic: str, payload: bytes, qos: int,
+                       fields: dict[str, Any] | None) -> int | None:
+        """paho's ``publish`` of a QoS 1 / 2 message, with the PUBLISH encoded by the MQTT
+        adapter's encoder (``fields``: MQTT 5 properties by the codec's names).
+
+        The message is entered in paho's ``_out_messages`` and in-flight count exactly as
+        paho's ``publish`` enters it, so paho acknowledges it, and resends it after a
+        reconnect, as its own; only the per-message objects paho builds on the way (a topic
+        check on bytes, a packet built byte by byte, its logging calls) are not made.
+        Returns the packet id, or None when paho's ``publish`` must take the message (QoS 0,
+        not connected, paho's window full: paho queues or refuses it its own way).
+
+        Raises:
+            MqttLocalProtocolError: the topic is not a valid topic name.
+        """
+        if (qos == 0 or self._sock is None or not self.buffered
+                or self._inflight_messages >= self._max_inflight_messages > 0):
+            return None
+        v5 = self._protocol == paho.MQTTv5
+        mid = self._mid_generate()
+        data = encode_publish(topic, payload, qos, False, False, mid, fields if v5 else None,
+                              5 if v5 else 4)
+        message = paho.MQTTMessage(mid, topic.encode())
+        message.timestamp = paho.time_func()
+        message.payload = payload
+        message.qos = qos
+        message.properties = _Packed(fields) if v5 and fields else None  # type: ignore[assignment]
+        with self._out_message_mutex:
+            out = self._out_messages
+            if mid in out:  # 65,535 unconfirmed: paho refuses it (MQTT_ERR_QUEUE_SIZE)
+                return None
+            out[mid] = message
+            self._inflight_messages += 1
+            message.state = (paho.mqtt_ms_wait_for_puback if qos == 1
+                             else paho.mqtt_ms_wait_for_pubrec)
+            self._packet_queue(data[0], data, mid, qos, message.info)
+        return mid
+
     def has_input(self) -> bool:
         """Bytes read from the socket and not yet taken by paho: no readable event will come
         for them."""
@@ -236,18 +276,20 @@ _NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
 
 
 class _Packed:
-    """PUBLISH properties already encoded (what paho's ``Properties.pack`` would return)."""
+    """PUBLISH properties by the codec's names, encoded by the MQTT adapter's codec when paho
+    asks (``pack()``, which is all paho does with PUBLISH properties: its own ``Properties``
+    class costs more than the rest of an export)."""
 
-    __slots__ = ("data",)
+    __slots__ = ("fields",)
 
-    def __init__(self, data: bytes) -> None:
-        self.data = data
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
 
     def pack(self) -> bytes:
-        return self.data
+        return encode_properties(self.fields, PUBLISH)
 
     def __repr__(self) -> str:
-        return f"<{len(self.data)} bytes of properties>"
+        return f"<properties {self.fields!r}>"
 
 
 def pattern_to_filter(pattern: str) -> str:
@@ -540,29 +582,29 @@ class MqttTransport(Transport):
         out = to_mqtt(msg, level=5 if self.v5 else 4, now_ms=self.broker.now(),
                       reply_topic=reply_topic)
         topic = self.prefix + subject_to_mqtt_topic(dest.name)
-        props: Any = None
+        fields = None
         if self.v5:
-            # Encoded by the MQTT adapter's codec, handed to paho already packed: paho only
-            # calls pack() on PUBLISH properties, and its Properties class costs more than
-            # the rest of an export.
             fields = dict(out.properties)
             marks = [(ORIGIN, msg.origin or self.broker.id), (HOPS, str(msg.hops))]
             user = fields.get("user_property")
             fields["user_property"] = (list(user) if user else []) + marks
-            props = _Packed(encode_properties(fields, PUBLISH))
         else:
             key = (topic, out.payload)
             self.recent[key] = self.recent.get(key, 0) + 1
             if len(self.recent) > RECENT_EXPORTS:
                 self.recent.popitem(last=False)
-        info = c.publish(topic, out.payload, qos=self.qos, properties=props)
-        if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
-            raise RetryLater("not connected")
-        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-            raise GatewayError(f"publish failed: {paho.error_string(info.rc)}")
-        if self.qos == 0:
-            return True
-        self.pending[info.mid] = (d, binding)
+        mid = c.publish_fields(topic, out.payload, self.qos, fields)
+        if mid is None:
+            info = c.publish(topic, out.payload, qos=self.qos,
+                             properties=_Packed(fields) if fields else None)  # type: ignore[arg-type]
+            if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
+                raise RetryLater("not connected")
+            if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                raise GatewayError(f"publish failed: {paho.error_string(info.rc)}")
+            if self.qos == 0:
+                return True
+            mid = info.mid
+        self.pending[mid] = (d, binding)
         if len(self.pending) >= self.receive_max and not self.throttled:
             self.throttled = True
             for b in self.exports.values():

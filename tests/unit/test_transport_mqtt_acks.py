@@ -12,7 +12,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
 
 from adapters.mqtt.encoding import encode_publish
-from transports.mqtt import _ACK_SUCCESS, _PAHO_NAMES, _Client
+from adapters.mqtt.properties import encode_properties
+from transports.mqtt import _ACK_SUCCESS, _PAHO_NAMES, _Client, _Packed
 
 PUBACK = 0x40
 PUBCOMP = 0x70
@@ -195,3 +196,60 @@ def test_a_packet_that_does_not_parse_goes_to_paho() -> None:
     with pytest.raises(Exception):  # noqa: B017 - paho's own error, whatever it is
         receive(c, first, body[:6])  # cut inside the properties
     assert fast == []
+
+
+# -- the PUBLISH sending fast path ---------------------------------------------------------------
+
+class _Sock:
+    """Stands in for the connected socket: paho only checks it is there (writes go to the
+    client's buffer while ``buffered``)."""
+
+    def fileno(self) -> int:
+        return -1
+
+    def close(self) -> None:
+        pass
+
+
+def connected(v5: bool = True, window: int = 20) -> _Client:
+    c, _ = client(v5, window)
+    c._sock = _Sock()  # type: ignore[assignment]
+    c.buffered = True
+    return c
+
+
+@pytest.mark.parametrize("v5", [True, False])
+@pytest.mark.parametrize("qos", [1, 2])
+def test_publish_fields_writes_what_paho_publish_writes(v5: bool, qos: int) -> None:
+    fields = {"content_type": "text/x", "user_property": [("k", "v"), ("gw-hops", "1")]}
+    fast, slow = connected(v5), connected(v5)
+    mid = fast.publish_fields("a/b", b"payload", qos, fields if v5 else None)
+    info = slow.publish("a/b", b"payload", qos=qos,
+                        properties=_Packed(fields) if v5 else None)  # type: ignore[arg-type]
+    assert mid == info.mid == 1
+    assert bytes(fast.out) == bytes(slow.out) and fast.out
+    for c in (fast, slow):
+        m = c._out_messages[1]
+        assert (m.topic, m.payload, m.qos, c._inflight_messages) == ("a/b", b"payload", qos, 1)
+        assert m.state == (paho.mqtt_ms_wait_for_puback if qos == 1 else paho.mqtt_ms_wait_for_pubrec)
+    if v5:  # what paho would send again after a reconnect
+        assert fast._out_messages[1].properties.pack() == encode_properties(fields, 0x3)
+
+
+def test_publish_fields_leaves_to_paho_what_paho_must_decide() -> None:
+    assert connected().publish_fields("a/b", b"x", 0, None) is None  # QoS 0
+    c, _ = client()
+    assert c.publish_fields("a/b", b"x", 1, None) is None  # not connected
+    full = connected(window=1)
+    assert full.publish_fields("a/b", b"x", 1, None) == 1
+    assert full.publish_fields("a/b", b"y", 1, None) is None  # paho's window is full
+
+
+def test_publish_fields_then_the_fast_ack() -> None:
+    c = connected()
+    seen: list[int] = []
+    c.on_publish = lambda _c, _u, mid, _r, _p: seen.append(mid)
+    mid = c.publish_fields("a/b", b"x", 1, {})
+    assert mid is not None
+    ack(c, PUBACK, mid.to_bytes(2, "big"))
+    assert seen == [mid] and c._out_messages == {} and c._inflight_messages == 0
