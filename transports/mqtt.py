@@ -7,7 +7,7 @@ so every callback runs on the gateway's loop and touches core state directly. On
 blocking TCP (and TLS) connect runs in an executor thread. Once connected, paho's socket I/O
 is buffered (:class:`_Client`): a read takes all the socket has, and what paho writes in one
 loop iteration goes out in one ``send`` (``add_writer`` only while the socket is full).
-Two per-message steps of paho cost more than everything else the transport does per
+Three per-message steps of paho cost more than everything else the transport does per
 message, and :class:`_Client` takes them over for the common case only: reading a plain
 success PUBACK / PUBCOMP (paho builds a ``ReasonCode``, which copies a table of names, and
 ``Properties`` for each), reading a QoS 0 / 1 PUBLISH (with the MQTT adapter's own codec
