@@ -140,18 +140,26 @@ class _Client(paho.Client):
     def _handle_pubackcomp(self, cmd: Any) -> MQTTErrorCode:
         """paho's PUBACK / PUBCOMP handler, without its cost for the usual acknowledgement.
 
-        A success with no properties (remaining length 2, MQTT 5.0 3.4.2.1; or 3 / 4 with
-        reason code 0 and an empty property block) is what nearly every acknowledgement is:
-        paho decodes each into a fresh ``ReasonCode`` (which copies a table of ~50 names) and
-        ``Properties``, and rescans every in-flight message afterwards; together that costs
-        more than the rest of an export. Here such an acknowledgement does what paho's
-        ``_do_on_publish`` does -- ``on_publish`` with a shared success code, then the
-        message leaves ``_out_messages`` and the in-flight count -- and paho's own handler
-        takes everything else (failures, properties, unknown ids).
+        An acknowledgement without properties (remaining length 2: success, MQTT 5.0
+        3.4.2.1; or 3 / 4 with a reason code and an empty property block -- mosquitto says
+        0x10 "No matching subscribers" for a topic nobody reads) is what nearly every
+        acknowledgement is: paho decodes each into a fresh ``ReasonCode`` (which copies a
+        table of ~50 names) and ``Properties``, and rescans every in-flight message
+        afterwards; together that costs more than the rest of an export. Here such an
+        acknowledgement does what paho's ``_do_on_publish`` does -- ``on_publish`` with a
+        shared reason code object of the same value, then the message leaves
+        ``_out_messages`` and the in-flight count -- and paho's own handler takes everything
+        else (properties, a code the packet type does not allow).
         """
         packet = self._in_packet["packet"]
         n = len(packet)
-        if n != 2 and (n > 4 or packet[2] or (n == 4 and packet[3])):
+        codes = _ACK_REASONS[cmd]
+        reason: ReasonCode | None = None
+        if n == 2:
+            reason = codes[0]
+        elif n == 3 or (n == 4 and not packet[3]):
+            reason = codes.get(packet[2])
+        if reason is None:  # properties, or a code this packet type does not have
             return super()._handle_pubackcomp(cmd)  # type: ignore[no-any-return]
         mid = (packet[0] << 8) | packet[1]
         with self._out_message_mutex:
@@ -161,7 +169,7 @@ class _Client(paho.Client):
                 return MQTTErrorCode.MQTT_ERR_SUCCESS
             on_publish: Any = self.on_publish  # the VERSION2 signature (the transport's)
             if on_publish is not None:
-                on_publish(self, self._userdata, mid, _ACK_SUCCESS, _NO_PROPERTIES)
+                on_publish(self, self._userdata, mid, reason, _NO_PROPERTIES)
             out.pop(mid, None)
             msg.info._set_as_published()
             if msg.qos > 0:
@@ -270,8 +278,15 @@ class _Client(paho.Client):
 
 _KEPT_PROPERTIES = frozenset(_PAHO_NAMES)  # what an imported PUBLISH's properties may hold
 
-# What the fast acknowledgement path hands to ``on_publish`` (read-only, shared).
-_ACK_SUCCESS = ReasonCode(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
+# What the fast acknowledgement path hands to ``on_publish`` (read-only, shared): a reason
+# code object per value the packet type allows (MQTT 5.0 3.4.2.1, 3.7.2.1).
+_ACK_REASONS: dict[str, dict[int, ReasonCode]] = {
+    name: {code: ReasonCode(packet_type, identifier=code)  # type: ignore[no-untyped-call]
+           for code, names in ReasonCode.names.items()
+           if any(packet_type in types for types in names.values())}
+    for name, packet_type in (("PUBACK", PacketTypes.PUBACK), ("PUBCOMP", PacketTypes.PUBCOMP))
+}
+_ACK_SUCCESS = _ACK_REASONS["PUBACK"][0]
 _NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
 
 

@@ -70,13 +70,35 @@ def test_mqtt311_ack() -> None:
     assert [m for m, _ in seen] == [mid]
 
 
-def test_a_refusal_goes_through_paho_with_its_reason_code() -> None:
+def test_a_refusal_keeps_its_reason_code() -> None:
     c, seen = client()
     mid = in_flight(c)
     ack(c, PUBACK, mid.to_bytes(2, "big") + b"\x87\x00")  # Not authorized, no properties
     assert len(seen) == 1 and seen[0][0] == mid
     assert seen[0][1].is_failure and seen[0][1].value == 0x87 and seen[0][1] is not _ACK_SUCCESS
     assert mid not in c._out_messages and c._inflight_messages == 0
+
+
+@pytest.mark.parametrize("command", [PUBACK, PUBCOMP])
+@pytest.mark.parametrize("code", [0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x92, 0x97, 0x99])
+@pytest.mark.parametrize("length", [3, 4])
+def test_every_reason_code_as_paho_reads_it(command: int, code: int, length: int) -> None:
+    body_tail = bytes([code]) + (b"\x00" if length == 4 else b"")
+    results = []
+    for fast in (True, False):
+        c, seen = client()
+        mid = in_flight(c, qos=1 if command == PUBACK else 2)
+        if not fast:  # paho's own handler
+            c._handle_pubackcomp = super(_Client, c)._handle_pubackcomp  # type: ignore[method-assign]
+        try:
+            ack(c, command, mid.to_bytes(2, "big") + body_tail)
+        except Exception as exc:  # noqa: BLE001 - paho refuses a code the type does not have
+            results.append(type(exc))
+            continue
+        (got_mid, reason), = seen
+        results.append((got_mid, reason.value, reason.packetType, reason.is_failure,
+                        mid in c._out_messages, c._inflight_messages))
+    assert results[0] == results[1]
 
 
 def test_a_success_with_properties_goes_through_paho() -> None:
