@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from adapters.amqp.connection import AmqpConnection
     from gateway.client import MessageConsumer, Session
     from gateway.endpoint import Delivery as CoreDelivery
+    from gateway.message import Message as CoreMessage
 
 log = logging.getLogger("adapters.amqp")
 
@@ -305,29 +306,16 @@ class OutgoingLink:
         """The core consumer's listener: send one message (the link has credit)."""
         raw = self.raw
         conn = self.conn
-        now = conn.broker.now()
-        msg = d.msg
-        mappings = conn.broker.mappings
-        to_amqp: Any = message_to_amqp
-        if mappings is not None:
-            try:
-                msg = mappings.apply(msg, protocol="amqp", direction="out")
-                if msg.destination is not None:
-                    to_amqp = mappings.wire_for(msg.destination, protocol="amqp",
-                                                direction="out")
-                data = None if to_amqp is not message_to_amqp else fast_encode(
-                    msg, delivery_count=d.count, now_ms=now)  # fmt: skip
-                if data is None:
-                    data = to_amqp(msg, delivery_count=d.count, now_ms=now).encode()
-            except GatewayError as exc:  # a declarative mapping refused it: undeliverable
-                log.warning("amqp %s: message %s not sent: %s", conn.address, msg.message_id,
-                            exc)
-                self.session.reject(d, "mapping")
-                return
-        else:
-            data = fast_encode(msg, delivery_count=d.count, now_ms=now)
-            if data is None:
-                data = message_to_amqp(msg, delivery_count=d.count, now_ms=now).encode()
+        try:
+            data = encode_outgoing(conn, d.msg, d.count, conn.broker.now())
+        except GatewayError as exc:
+            if conn.broker.mappings is None:
+                raise
+            # a declarative mapping refused it: undeliverable
+            log.warning("amqp %s: message %s not sent: %s", conn.address, d.msg.message_id,
+                        exc)
+            self.session.reject(d, "mapping")
+            return
         tag = str(d.tag).encode()
         dlv = lib.pn_delivery(raw, (len(tag), ffi.from_buffer(tag)))
         lib.pn_link_send(raw, ffi.from_buffer(data), len(data))
@@ -418,6 +406,31 @@ class OutgoingLink:
             self.consumer.core.pause()
 
 
+def encode_outgoing(conn: AmqpConnection, msg: CoreMessage, delivery_count: int,
+                    now: int) -> bytes:
+    """The transfer payload of ``msg`` for a receiving link (consumer or browser): through
+    the declarative mappings (direction ``out``) when there are any, then the default
+    mapping -- ``amqp_fast`` when the default rules apply unchanged to the destination,
+    else the wire function the rules give (mappings/README.md, "Overriding the default
+    mappings"). The delivered message itself is never changed.
+
+    Raises:
+        GatewayError: a mapping rule refused the message (MappingFailed).
+    """
+    mappings = conn.broker.mappings
+    to_amqp: Any = message_to_amqp
+    if mappings is not None:
+        msg = mappings.apply(msg, protocol="amqp", direction="out")
+        if msg.destination is not None:
+            to_amqp = mappings.wire_for(msg.destination, protocol="amqp", direction="out")
+    data = None
+    if to_amqp is message_to_amqp:
+        data = fast_encode(msg, delivery_count=delivery_count, now_ms=now)
+    if data is None:
+        data = to_amqp(msg, delivery_count=delivery_count, now_ms=now).encode()
+    return data  # type: ignore[no-any-return]
+
+
 class BrowseLink:
     """A queue browser: a snapshot of the queue, sent as credit allows, nothing consumed."""
 
@@ -436,9 +449,18 @@ class BrowseLink:
         pending = self.pending
         while link.credit > 0 and pending and not self.conn.write_paused:
             msg = pending.pop(0)
+            try:
+                data = encode_outgoing(self.conn, msg, 1, now)
+            except GatewayError as exc:
+                if self.conn.broker.mappings is None:
+                    raise
+                # a declarative mapping refused it: a browser skips it (nothing to settle)
+                log.warning("amqp %s: browsed message %s not sent: %s", self.conn.address,
+                            msg.message_id, exc)
+                continue
             self.next_tag += 1
             dlv = link.delivery(str(self.next_tag))
-            link.send(message_to_amqp(msg, delivery_count=1, now_ms=now).encode())
+            link.send(data)
             link.advance()
             dlv.settle()
         if link.drain_mode and link.credit > 0:

@@ -309,3 +309,50 @@ def test_amqp_default_rules_overridden_for_one_destination(tmp_path):
         c.close()
     finally:
         g.stop()
+
+
+BROWSE_RULES = """\
+mappings:
+  - name: tagged out
+    match: {destination: "queue:stock.>", direction: out, protocol: amqp}
+    steps:
+      - set: {field: property.seen, value: mapped}
+      - drop: [property.secret]
+  - name: type as annotation
+    match: {destination: "queue:stock.>", direction: out, protocol: amqp}
+    steps:
+      - copy: {from: header.JMSType, to: wire.annotation.x-opt-kind}
+  - name: refused
+    match: {destination: "queue:stock.>", direction: out, protocol: amqp}
+    steps:
+      - require: [property.n]
+"""
+
+
+def test_an_amqp_browser_gets_messages_as_a_consumer_would(tmp_path):
+    from amqpclient import connect
+    from proton import Message as ProtonMessage
+    from proton import symbol
+    from proton.reactor import Copy
+
+    g = with_mappings(tmp_path / "gw", BROWSE_RULES,
+                      gateway="listen = amqp://127.0.0.1:0\n").start()
+    try:
+        c = connect(g.port("amqp"))
+        sender = c.create_sender("queue://stock.a")
+        sender.send(ProtonMessage(body="kept", subject="csv",
+                                  properties={"n": 1, "secret": "x"}))
+        sender.send(ProtonMessage(body="refused", properties={"secret": "y"}))  # no n
+        sender.send(ProtonMessage(body="last", properties={"n": 3}))
+        browser = c.create_receiver("queue://stock.a", credit=10, options=Copy(), name="b")
+        browsed = [browser.receive(timeout=10) for _ in range(2)]
+        consumer = c.create_receiver("queue://stock.a", credit=10)
+        consumed = [consumer.receive(timeout=10) for _ in range(2)]
+        consumer.accept()
+        for got in (browsed, consumed):
+            assert [m.body for m in got] == ["kept", "last"]
+            assert got[0].properties == {"n": 1, "seen": "mapped"}
+            assert got[0].annotations[symbol("x-opt-kind")] == "csv"
+        c.close()
+    finally:
+        g.stop()
