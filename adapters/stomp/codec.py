@@ -85,6 +85,9 @@ class StompError(RemoteProtocolError):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.frames: list[Frame] = []
+        # The bad frame's ``receipt`` header, when its header block parsed (the body did
+        # not): the ERROR frame carries it as ``receipt-id`` (1.2 "ERROR").
+        self.receipt: str | None = None
 
 
 class FrameTooLarge(StompError):
@@ -328,27 +331,33 @@ class Parser:
                     if name == "content-length" and length is None:
                         length = value
                     headers.append((name, value))
-            if length is None:
-                z = find(b"\0", end, end + max_body + 1)
-                if z < 0:
-                    if n - end > max_body:
-                        raise FrameTooLarge(f"frame body over the limit of {max_body} octets")
-                    self._need, self._wait = n - p + 1, b"\0"
-                    self._limit = end - p + max_body + 1
-                    break
-            else:
-                size = lengths.get(length)
-                if size is None:
-                    size = _content_length(length)
-                if size > max_body:
-                    raise FrameTooLarge(
-                        f"content-length {length[:40]} over the limit of {max_body} octets")
-                z = end + size
-                if z >= n:
-                    self._need, self._wait = z - p + 1, None
-                    break
-                if data[z]:
-                    raise StompError("frame body longer than content-length (no NUL after it)")
+            try:
+                if length is None:
+                    z = find(b"\0", end, end + max_body + 1)
+                    if z < 0:
+                        if n - end > max_body:
+                            raise FrameTooLarge(
+                                f"frame body over the limit of {max_body} octets")
+                        self._need, self._wait = n - p + 1, b"\0"
+                        self._limit = end - p + max_body + 1
+                        break
+                else:
+                    size = lengths.get(length)
+                    if size is None:
+                        size = _content_length(length)
+                    if size > max_body:
+                        raise FrameTooLarge(
+                            f"content-length {length[:40]} over the limit of {max_body} octets")
+                    z = end + size
+                    if z >= n:
+                        self._need, self._wait = z - p + 1, None
+                        break
+                    if data[z]:
+                        raise StompError(
+                            "frame body longer than content-length (no NUL after it)")
+            except StompError as exc:  # the headers parsed: the ERROR can name the receipt
+                exc.receipt = next((v for k, v in headers if k == "receipt"), None)
+                raise
             frame = _new_frame(Frame)
             frame.command = command
             frame.headers = headers

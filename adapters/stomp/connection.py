@@ -197,7 +197,7 @@ class StompConnection:
             except GatewayError as exc:
                 self.error(_refusal_title(frame.command, exc), str(exc), frame.get("receipt"))
         if bad is not None:
-            self.error(_malformed_title(bad), str(bad))
+            self.error(_malformed_title(bad), str(bad), bad.receipt)
 
     def shutdown(self) -> None:
         """End the connection now (DISCONNECT, ERROR): its consumers stop at once, so nothing

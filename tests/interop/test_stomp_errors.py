@@ -294,6 +294,17 @@ CASES = [
     Case("body-longer-than-content-length",
          b"SEND\ndestination:/queue/errors.x\ncontent-length:2\n\nxyz\0",
          "malformed frame", "frame body longer than content-length (no NUL after it)"),
+    # the header block parsed, the body did not: the ERROR still names the receipt
+    Case("body-longer-than-content-length-with-receipt",
+         b"SEND\ndestination:/queue/errors.x\nreceipt:r-b\ncontent-length:2\n\nxyz\0",
+         "malformed frame", "frame body longer than content-length (no NUL after it)", "r-b"),
+    Case("content-length-not-a-number-with-receipt",
+         b"SEND\ndestination:/queue/errors.x\nreceipt:r\\cn\ncontent-length:x\n\nx\0",
+         "malformed frame", "content-length is not a decimal number: 'x'", "r:n"),
+    Case("declared-body-over-max-size-with-receipt",
+         f"SEND\ndestination:/queue/errors.x\nreceipt:r-big\ncontent-length:{OVER}\n\n".encode(),
+         "frame too large", f"content-length {OVER} over the limit of {MAX_MSG} octets",
+         "r-big"),
     # a header block that never ends: refused once it is over the limit, not at its end
     Case("header-block-over-64KiB", b"SEND\ndestination:/queue/errors.x\nh:" + b"a" * 70000,
          "frame too large", "header block longer than 65536 octets"),
