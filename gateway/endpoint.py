@@ -155,6 +155,7 @@ class Endpoint:
         self.broker = broker
         self.key = key  # store key
         self.dest = dest
+        self.log_dest = str(dest)  # ``topic:name`` / ``queue:name``, as the delivery log writes it
         self.durable = durable
         self.pending: list[deque[Message]] = [deque() for _ in range(PRIORITIES)]
         self.npending = 0
@@ -322,7 +323,7 @@ class Endpoint:
             d.settled = True
         if broker.log_enabled:
             broker.dlog.record("deliver" if count == 1 else "redeliver", msg,
-                               broker.dest_text(self.dest), session.connection.id, count)
+                               self.log_dest, session.connection.id, count)
         consumer.listener(d)
 
     def claim(self, store_id: int, consumer: Consumer) -> Delivery | None:
@@ -348,7 +349,7 @@ class Endpoint:
                     broker = self.broker
                     if broker.log_enabled:
                         broker.dlog.record("deliver" if count == 1 else "redeliver", msg,
-                                           broker.dest_text(self.dest), session.connection.id,
+                                           self.log_dest, session.connection.id,
                                            count)
                     return d
         return None
@@ -365,7 +366,7 @@ class Endpoint:
         broker = self.broker
         if broker.log_enabled:
             broker.dlog.record(
-                "ack", d.msg, broker.dest_text(self.dest), d.consumer.session.connection.id, d.count
+                "ack", d.msg, self.log_dest, d.consumer.session.connection.id, d.count
             )
         self._remove(d.msg)
         if self.npending and not self.dispatching:
@@ -454,7 +455,7 @@ class Endpoint:
         self._remove(oldest)
         broker = self.broker
         if broker.log_enabled:
-            broker.dlog.record("discard", oldest, broker.dest_text(self.dest), None, 0, "discarded")
+            broker.dlog.record("discard", oldest, self.log_dest, None, 0, "discarded")
         return True
 
     def purge(self) -> int:
