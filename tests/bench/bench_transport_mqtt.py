@@ -66,7 +66,8 @@ Scenarios (QoS 1 everywhere):
    reached the subscriber (proving bridge and subscriptions are in place); the clock runs
    from starting the publisher until the N-th distinct message arrives; the figure is N /
    elapsed, the median of --runs runs; runs alternate mosquitto, gateway, mosquitto, ... so
-   a machine that drifts moves both alike. A run that loses or duplicates fails.
+   a machine that drifts moves both alike; each gateway run's ratio to the mosquitto run
+   just before it is printed too, with their median. A run that loses or duplicates fails.
 3. ``loss``: the export scenario with a far-side restart. The far mosquitto runs with
    ``persistence true``, ``persistence_location``, ``autosave_interval 1`` and
    ``max_queued_messages 0`` (so the far broker itself, holding the subscriber's session
@@ -577,6 +578,13 @@ def report(results: dict[str, Result], args: argparse.Namespace, info: dict[str,
                 if s in r.runs:
                     print(f"  {r.system} {s} runs: "
                           + ", ".join(f"{x:,.0f}" for x in r.runs[s]))
+            pairs = list(zip(mosq.runs.get(s, []), gw.runs.get(s, []), strict=False))
+            if pairs:
+                # Each gateway run against the mosquitto run just before it: a machine whose
+                # speed drifts between runs moves both sides of a pair alike.
+                ratios = [g / m for m, g in pairs]
+                print(f"  {s} per-pair ratios: " + ", ".join(f"{x:.2f}" for x in ratios)
+                      + f" (median {statistics.median(ratios):.2f})")
     if "loss" in args.scenario_names:
         pace = (f"at {args.loss_rate:g} msgs/s" if args.loss_rate > 0
                 else "as fast as the publisher goes")
