@@ -37,7 +37,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gateway import subject
@@ -177,6 +177,18 @@ class Broker:
                 ep.sweep_expired(now)
         if not self.closed:
             self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+
+    def stored_messages(self) -> Iterator[Message]:
+        """Every stored message waiting in an endpoint (pending, or held for its delivery
+        time), once per endpoint that holds it: at start, what the store recovered."""
+        for ep in self._all_endpoints():
+            if ep.durable:
+                for msg in ep.iter_pending():
+                    if msg.store_id:
+                        yield msg
+                for _, _, msg in ep.held:
+                    if msg.store_id:
+                        yield msg
 
     def _all_endpoints(self) -> list[Endpoint]:
         eps: list[Endpoint] = list(self.queues.values())

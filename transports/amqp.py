@@ -643,6 +643,14 @@ class AmqpTransport(Transport):
                 recent.popitem(last=False)
         self.imported(msg, origin, hops, ack)
 
+    def seed_duplicate(self, msg: Message) -> None:
+        # Stored with a trace id this gateway gave it; its resend comes without one.
+        if msg.message_id is not None and msg.destination is not None:
+            recent = self.recent_ids
+            recent[(msg.message_id, msg.destination.name)] = None
+            if len(recent) > DEDUP_WINDOW:
+                recent.popitem(last=False)
+
     def _forget(self, msg: Message) -> None:
         super()._forget(msg)
         if msg.message_id is not None and msg.destination is not None:

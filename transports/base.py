@@ -32,6 +32,10 @@ the far side made by its subclass (paho-mqtt, proton, stomp.py). EMS's rules (em
 * **Duplicates**: the (trace id, destination) of the last :data:`DEDUP_WINDOW` imports of
   gateway-originated messages, shared by all transports: a second copy is dropped and counted
   (a resend after a lost acknowledgement, or a second path); a refused import is forgotten.
+  At start the window is seeded with the imports the store kept from before a restart, so
+  a crash between storing an import and acknowledging it does not deliver it twice
+  (:meth:`TransportManager.seed_duplicates`; the amqp transport also seeds its
+  (message-id, destination) check for messages no gateway sent).
 * **Inbound queue** (``inbound_queue_policy``, EMS's ``rv_queue_policy``): imports wait here
   while more than :data:`IMPORT_WINDOW` publishes are unconfirmed; ``DISCARD_FIRST`` /
   ``DISCARD_LAST`` drop from it when it reaches ``max_msgs`` (counted); with
@@ -281,6 +285,11 @@ class Transport:
 
     def reply_unsubscribe(self, name: str) -> None:
         """End the far-side subscription of a dropped reply route."""
+
+    def seed_duplicate(self, msg: Message) -> None:
+        """A stored message this transport imported before a restart (see
+        :meth:`TransportManager.seed_duplicates`): a transport that recognises resends by
+        something other than the trace id remembers it here."""
 
     def pause_reading(self) -> None:
         """Stop taking messages from the far side (the inbound queue is full)."""
@@ -745,6 +754,7 @@ class TransportManager:
             for entry in table.entries():
                 self.bind_entry(kind_name, entry)
         self.broker.subscription_listeners.append(self._subscription_changed)
+        self.seed_duplicates()
         for t in self.transports.values():
             t.start()
         required = [t for t in self.transports.values()
@@ -757,6 +767,30 @@ class TransportManager:
                 raise TransportRequiredError(
                     f"{t.tdef.where()}: transport {t.name!r} is required and could not "
                     f"connect in {limit:g} s: {t.last_error}") from None
+
+    def seed_duplicates(self) -> None:
+        """Remember the imports the store kept from before a restart (still waiting in a
+        queue or durable subscription), so that their resends are dropped as duplicates.
+
+        A crash between storing an import and the far side getting its acknowledgement
+        leaves the far side to send the message again after the restart; without this the
+        copy in the store and the resend would both be delivered. What a consumer had
+        already taken and acknowledged before the crash is no longer stored and is not seen
+        here.
+        """
+        recent = self.recent_imports
+        for msg in self.broker.stored_messages():
+            via = msg.properties.get(PROP_IMPORTED)
+            dest = msg.destination
+            if via is None or dest is None:
+                continue
+            if msg.trace_id is not None:
+                recent[(msg.trace_id, dest.name)] = None
+            t = self.transports.get(str(via))
+            if t is not None:
+                t.seed_duplicate(msg)
+        while len(recent) > DEDUP_WINDOW:
+            recent.popitem(last=False)
 
     def bind_entry(self, kind_name: str, entry: Any) -> None:
         """Bind the transports a topics.conf / queues.conf entry names (at start, or when

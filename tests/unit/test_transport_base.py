@@ -272,3 +272,66 @@ async def test_a_resend_arriving_during_the_first_copys_commit_waits_for_its_out
         await settle()
         assert acks == ["first", "resend", "again"]
         assert [x.body for x in b.queues["q"].iter_pending()].count("again") == 1
+
+
+async def test_imports_stored_before_a_restart_make_their_resends_duplicates(tmp_path):
+    """A crash between storing an import and acknowledging it to the far side: after the
+    restart the far side sends it again, and the stored copy is the only one delivered."""
+    files = dict(gateway="mqtt_transports = enabled\n", queues="q\n",
+                 transports=transports_conf(queue_import_dm="PERSISTENT"))
+    async with running_broker(tmp_path, **files) as b:
+        m, t = manager_with_stub(b)
+        msg = Message.text("stored", destination=Destination.queue("q"))
+        msg.trace_id = "gw-a:1"
+        t.imported(msg, "other-gw", 0, None)  # its acknowledgement never reaches the far side
+        await settle()
+    async with running_broker(tmp_path) as b:  # the restart: what the store kept
+        assert [x.body for x in b.queues["q"].iter_pending()] == ["stored"]
+        m, t = manager_with_stub(b)
+        m.seed_duplicates()
+        acks: list[str] = []
+        for tag, trace in (("stored", "gw-a:1"), ("new", "gw-a:2")):
+            msg = Message.text(tag, destination=Destination.queue("q"))
+            msg.trace_id = trace
+            t.imported(msg, "other-gw", 0, lambda tag=tag: acks.append(tag))
+        for _ in range(500):  # "new" is acknowledged after its group commit
+            if len(acks) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert [x.body for x in b.queues["q"].iter_pending()] == ["stored", "new"]
+        assert t.stats["duplicates"] == 1 and sorted(acks) == ["new", "stored"]
+
+
+async def test_seeding_skips_what_no_transport_imported(tmp_path):
+    async with running_broker(tmp_path, gateway="mqtt_transports = enabled\n", queues="q\n",
+                              transports=transports_conf()) as b:
+        p = b.connect().session().producer(Destination.queue("q"))
+        msg = Message.text("local")
+        msg.trace_id = "gw-a:9"
+        await p.send_async(msg)
+    async with running_broker(tmp_path) as b:
+        m, _ = manager_with_stub(b)
+        m.seed_duplicates()
+        assert not m.recent_imports
+
+
+async def test_the_amqp_transport_seeds_its_message_id_check(tmp_path):
+    """A message no gateway sent is recognised by (message-id, destination) over AMQP; the
+    stored copy's far message-id is remembered at start (its trace id is this gateway's)."""
+    import transports.amqp as amqp_transport
+
+    conf = "[far]\ntype = amqp\nurl = amqp://127.0.0.1:1\nqueue_import_dm = PERSISTENT\n"
+    files = dict(gateway="amqp_transports = enabled\n", queues="q\n", transports=conf)
+    async with running_broker(tmp_path, **files) as b:
+        m = TransportManager(b, b.config)
+        t = amqp_transport.start(m, b.config.transports["far"])
+        msg = Message.text("foreign", destination=Destination.queue("q"))
+        msg.message_id = "ID:far-1"
+        t.imported(msg, None, 0, None)
+        await settle()
+    async with running_broker(tmp_path) as b:
+        m = TransportManager(b, b.config)
+        t = amqp_transport.start(m, b.config.transports["far"])
+        m.transports["far"] = t
+        m.seed_duplicates()
+        assert ("ID:far-1", "q") in t.recent_ids
