@@ -632,24 +632,24 @@ class AmqpTransport(Transport):
             # marks what it requeued so) is the resend of a transfer whose settlement was
             # lost: taken and dropped. Forgotten again when the core refused the first copy.
             key = (mid, msg.destination.name)
-            recent = self.recent_ids
-            if key in recent and maybe_redelivered(data):
+            if key in self.recent_ids and maybe_redelivered(data):
                 self.stats["duplicates"] += 1
                 self._record("drop", msg, "duplicate")
                 ack()
                 return
-            recent[key] = None
-            if len(recent) > DEDUP_WINDOW:
-                recent.popitem(last=False)
+            self._remember_id(key)
         self.imported(msg, origin, hops, ack)
+
+    def _remember_id(self, key: tuple[Any, str]) -> None:
+        recent = self.recent_ids
+        recent[key] = None
+        if len(recent) > DEDUP_WINDOW:
+            recent.popitem(last=False)
 
     def seed_duplicate(self, msg: Message) -> None:
         # Stored with a trace id this gateway gave it; its resend comes without one.
         if msg.message_id is not None and msg.destination is not None:
-            recent = self.recent_ids
-            recent[(msg.message_id, msg.destination.name)] = None
-            if len(recent) > DEDUP_WINDOW:
-                recent.popitem(last=False)
+            self._remember_id((msg.message_id, msg.destination.name))
 
     def _forget(self, msg: Message) -> None:
         super()._forget(msg)
