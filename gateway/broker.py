@@ -404,6 +404,7 @@ class Broker:
                 self._apply_props(msg, conn, dest, target.props, now)
             self.published += 1
             if self.log_enabled:
+                msg.log_head = None  # logged as published (a producer may send it again)
                 self.dlog.record("publish", msg, dest._text or str(dest),
                                  conn.id if conn else None)
             if is_topic:

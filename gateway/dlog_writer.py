@@ -46,7 +46,18 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from gateway.dlog import WIDTH, Counters, LogFiles, Stats, _float, _int, _Record, _str, records
+from gateway.dlog import (
+    WIDTH,
+    Counters,
+    LogFiles,
+    Stats,
+    _coerce,
+    _float,
+    _int,
+    _Record,
+    _str,
+    records,
+)  # fmt: skip
 
 log = logging.getLogger("gateway.dlog")
 
@@ -102,18 +113,16 @@ def encode_batch(flat: list[Any]) -> bytes:
     except ValueError:
         out: list[Any] = []
         for r in records(flat):
-            out += r if all(type(v) in _PLAIN for v in r) else _plain(r)
+            out += _plain(r)
         return marshal.dumps(out)
 
 
 def _plain(r: _Record) -> _Record:
-    t, event, trace_id, msg_id, mode, size, dest, client, count, reason = r
-    if type(mode) not in _PLAIN:
-        mode = int(mode) if isinstance(mode, int) else _str(mode)
+    t, event, head, dest, client, count, reason = r
+    if type(head) is not tuple or len(head) != 4 or not all(type(v) in _PLAIN for v in head):
+        return _coerce(r)
     return (
-        t if type(t) is float else _float(t),
-        _text(event), _text(trace_id), _text(msg_id), mode,
-        size if type(size) in _PLAIN else _int(size), _text(dest), _text(client),
+        t if type(t) is float else _float(t), _text(event), head, _text(dest), _text(client),
         count if type(count) in _PLAIN else _int(count), _text(reason),
     )  # fmt: skip
 
@@ -273,7 +282,7 @@ class WriterProcess:
                 pass
         return code
 
-    def recover(self, files: LogFiles) -> list[_Record]:
+    def recover(self, files: LogFiles) -> list[Any]:
         """After :meth:`stop`: the records it did not write, in order; ``files`` continues.
 
         Counts the records it wrote without reporting them into ``stats`` and leaves
@@ -284,10 +293,10 @@ class WriterProcess:
         lines, last = unreported_lines(touched)
         self.stats.records_written += lines
         done = self._written + lines
-        left: list[_Record] = []
+        left: list[Any] = []  # flat, WIDTH values a record
         for first, count, payload in self._retained:
             if first + count > done:
-                left.extend(records(marshal.loads(payload))[max(0, done - first) :])
+                left.extend(marshal.loads(payload)[max(0, done - first) * WIDTH :])
         files.seq = self._seq
         if last is not None:
             files.adopt(*last)
@@ -369,7 +378,7 @@ class _Writer:
                 return 0
             kind, payload = frame
             if kind == _BATCH:
-                self._write(records(marshal.loads(payload)))
+                self._write(marshal.loads(payload))
             elif kind == _FLUSH:
                 self._reply(_ACK, (marshal.loads(payload), self.error))
             elif kind == _CLOSE:
@@ -379,9 +388,9 @@ class _Writer:
             else:
                 raise ValueError(f"delivery log writer: unknown frame {kind!r}")
 
-    def _write(self, batch: list[_Record]) -> None:
+    def _write(self, flat: list[Any]) -> None:
         try:
-            self.files.write(batch)
+            self.files.write(flat)
             self.error = None
         except OSError as e:
             self.error = (e.errno, e.strerror or str(e))

@@ -504,6 +504,7 @@ def _decode_message(data: bytes) -> Message:
     if flags & ~_F_KNOWN:
         raise MessageFormatError(f"unknown message flags 0x{flags:08x}")
     m = Message.__new__(Message)
+    m.log_head = None
     delivery_mode = _DELIVERY_MODES.get(mode)
     if delivery_mode is None:
         raise MessageFormatError(f"unknown delivery mode {mode}")

@@ -612,6 +612,34 @@ async def test_delivery_log_records_every_step_of_a_message(tmp_path):
     assert all(r["dest"] in ("queue:dl", "topic:nobody") for r in records)
 
 
+async def test_delivery_log_takes_a_message_as_each_send_has_it(tmp_path):
+    """The log keeps a message's head (ids, mode, size) on it; a producer that sends the
+    same object again, changed, is logged with the new values, its deliveries too."""
+    import json
+
+    async with running_broker(tmp_path) as b:
+        s = b.connect().session(AckMode.NONE)
+        got, listener = collect()
+        s.consumer(T("again"), listener=listener)
+        msg = Message.text("one")
+        s.producer(T("again"), delivery_mode=NP).send(msg)
+        msg.body = "a longer body than before, so a bigger size"
+        msg.size = 0
+        s.producer(T("again")).send(msg)
+        assert len(got) == 2
+        b.dlog.flush()
+        records = []
+        for f in sorted((tmp_path / "data" / "delivery-log").glob("*.jsonl")):
+            records += [json.loads(line) for line in f.read_text().splitlines()]
+    mine = [(r["event"], r["mode"], r["size"]) for r in records if r["dest"] == "topic:again"]
+    small, big = mine[0][2], mine[2][2]
+    assert small < big
+    assert mine == [
+        ("publish", "NON_PERSISTENT", small), ("deliver", "NON_PERSISTENT", small),
+        ("publish", "PERSISTENT", big), ("deliver", "PERSISTENT", big),
+    ]  # fmt: skip
+
+
 async def test_max_connections(tmp_path):
     async with running_broker(tmp_path, gateway="max_connections = 2\n") as b:
         b.connect()

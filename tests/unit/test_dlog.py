@@ -109,6 +109,67 @@ def test_every_field_is_written(tmp_path: Path, make_log: MakeLog) -> None:
     log.close()
 
 
+def test_a_message_head_is_made_once_and_shared(tmp_path: Path, make_log: MakeLog) -> None:
+    """The head (trace id, message id, mode, size) is made at a message's first record and
+    kept on it; a copy starts without one."""
+    log = make_log(str(tmp_path), "gw1")
+    m = make_msg(1)
+    log.record("publish", m, "topic:a", "p")
+    head = m.log_head
+    assert head == ("trace-1", "ID:gw1-1", 2, 101) and type(head[2]) is int
+    log.record("deliver", m, "topic:a", "c1", 1)
+    log.record("deliver", m, "topic:a", "c2", 1)
+    assert m.log_head is head
+    assert m.copy().log_head is None
+    other = make_msg(2)
+    log.record("ack", other, "topic:a", "c1", 1)
+    log.flush()
+    recs = read_lines(tmp_path)
+    assert [(r["event"], r["client"], r["msg_id"], r["trace_id"], r["size"]) for r in recs] == [
+        ("publish", "p", "ID:gw1-1", "trace-1", 101), ("deliver", "c1", "ID:gw1-1", "trace-1", 101),
+        ("deliver", "c2", "ID:gw1-1", "trace-1", 101), ("ack", "c1", "ID:gw1-2", "trace-2", 102),
+    ]  # fmt: skip
+    log.close()
+
+
+@pytest.mark.parametrize("t, ts", [
+    (1795753077.436842, "1795753077436.842"), (1795753077.0, "1795753077000.000"),
+    (1795753077.4369996, "1795753077437.000"), (0.0, "0.000"), (12.000001, "12000.001"),
+])  # fmt: skip
+def test_ts_is_milliseconds_with_three_decimals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, t: float, ts: str
+) -> None:
+    monkeypatch.setattr(dlog, "_time", lambda: t)
+    log = DeliveryLog(str(tmp_path), "gw1", in_process=True)
+    log.record("publish", make_msg(1), "topic:a", "p")
+    log.close()
+    (line,) = all_lines(tmp_path)
+    assert line.startswith('{"v":1,"ts":' + ts + ',"gw":"gw1",')
+    assert json.loads(line)["ts"] == float(ts)
+
+
+def test_format_records_matches_json_for_every_line() -> None:
+    """Pieces the formatter reuses within a batch (heads, destination and client, the
+    millisecond) never leak into a line they do not belong to."""
+    heads = [(f"t{i}", f"ID:{i}", [1, 2, 22][i % 3], i * 7) for i in range(50)]
+    flat: list[object] = []
+    expected = []
+    for i in range(600):
+        t = 1795753077.0 + i * 0.0003
+        head = heads[(i * 7) % 50]
+        event = dlog.EVENTS[i % len(dlog.EVENTS)]
+        dest, client = f"topic:d{i % 4}", (None if i % 5 == 0 else f"c{i % 3}")
+        count, reason = i % 4, (None if i % 6 else "why")
+        flat += (t, event, head, dest, client, count, reason)
+        expected.append({
+            "v": 1, "ts": round(t * 1000, 3), "gw": "gw9", "event": event, "trace_id": head[0],
+            "msg_id": head[1], "dest": dest, "client": client, "count": count,
+            "mode": DeliveryMode(head[2]).name, "size": head[3], "reason": reason,
+        })  # fmt: skip
+    lines = dlog.format_records(flat, "gw9").decode("ascii").splitlines()
+    assert [json.loads(line) for line in lines] == expected
+
+
 def test_constants_match_the_schema() -> None:
     assert SCHEMA_VERSION == 1
     assert list(FIELDS) == EXPECTED_KEYS

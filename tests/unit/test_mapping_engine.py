@@ -446,7 +446,7 @@ def test_copy_message_copies_every_slot() -> None:
     for i, slot in enumerate(Message.__slots__):
         setattr(msg, slot, {"properties": {"p": i}}.get(slot, f"v{i}"))
     out = _copy_message(msg)
-    reset = {"wire": None, "store_id": 0, "refs": 0}
+    reset = {"wire": None, "store_id": 0, "refs": 0, "log_head": None}
     for slot in Message.__slots__:
         assert getattr(out, slot) == reset.get(slot, getattr(msg, slot)), slot
     assert out.properties is not msg.properties

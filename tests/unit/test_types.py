@@ -103,6 +103,20 @@ def test_property_values_cannot_be_bytes_or_containers_but_bodies_can_nest():
         check_value(deep)
 
 
+@pytest.mark.parametrize("make, body, kind", [
+    (Message.text, "t", BodyKind.TEXT), (Message.binary, b"b", BodyKind.BYTES),
+    (Message.map, {"k": 1}, BodyKind.MAP), (Message.stream, [1], BodyKind.STREAM),
+])  # fmt: skip
+def test_body_constructors_make_what_the_class_makes(make, body, kind):
+    """Without keywords they skip the class call; every slot must still be as __init__ sets it."""
+    fast, full = make(body), Message(body, body_kind=kind)
+    for slot in Message.__slots__:
+        a, b = getattr(fast, slot), getattr(full, slot)
+        assert a == b and type(a) is type(b), slot
+    assert fast.properties is not make(body).properties
+    assert make(body, priority=7).priority == 7
+
+
 def test_message_validate_checks_body_kind_and_properties():
     Message.text("x", properties={"a": Int8(1)}).validate()
     with pytest.raises(MessageFormatError):
