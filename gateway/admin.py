@@ -6,7 +6,8 @@ request; nothing here runs on the message path.
 
 ==========================================  ===========================================
 ``GET /health``                             ``{"status": "ok"}`` once the broker runs
-``GET /api/v1/server``                      ``show server``: counts, memory, statistics
+``GET /api/v1/server``                      ``show server``: counts, memory, statistics,
+                                            the garbage collector's settings and counts
 ``GET /api/v1/queues``                      ``show queues``: one row per queue
 ``GET /api/v1/topics``                      ``show topics``
 ``GET /api/v1/durables``                    ``show durables``
@@ -23,6 +24,7 @@ request; nothing here runs on the message path.
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from aiohttp import web
@@ -46,6 +48,15 @@ def _props(props: Any) -> dict[str, Any]:
     return out
 
 
+def _gc_info() -> dict[str, Any]:
+    """The garbage collector's settings (see ``gateway.server.tune_gc``) and counts."""
+    return {
+        "threshold": list(gc.get_threshold()),
+        "frozen": gc.get_freeze_count(),
+        "collections": [g["collections"] for g in gc.get_stats()],
+    }
+
+
 def make_app(broker: Any) -> web.Application:
     routes = web.RouteTableDef()
 
@@ -55,7 +66,7 @@ def make_app(broker: Any) -> web.Application:
 
     @routes.get("/api/v1/server")
     async def server(_: web.Request) -> web.Response:
-        return web.json_response(broker.info())
+        return web.json_response({**broker.info(), "gc": _gc_info()})
 
     async def define(request: web.Request, kind: str) -> web.Response:
         """Define or redefine a topic or queue at run time (EMS ``setprop``)."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from gateway.errors import MessageFormatError
 from gateway.types import check_value
 
 # Vendor property names (EMS equivalents in the module docstring).
@@ -250,8 +251,6 @@ class Message:
 
     def validate(self) -> None:
         """Check body and property values against the model (raises MessageFormatError)."""
-        from gateway.errors import MessageFormatError
-
         for name, value in self.properties.items():
             if not isinstance(name, str) or not name:
                 raise MessageFormatError(f"property name {name!r} is not a non-empty string")
@@ -259,13 +258,13 @@ class Message:
         kind, body = self.body_kind, self.body
         if not isinstance(self.priority, int) or not 0 <= self.priority <= 9:
             raise MessageFormatError(f"priority {self.priority!r} is not in 0..9")
-        if kind is BodyKind.NONE:
-            ok = body is None
-        elif kind is BodyKind.TEXT:
-            ok = isinstance(body, str)
-        elif kind in (BodyKind.BYTES, BodyKind.OBJECT):
+        if kind is _BYTES or kind is _OBJECT:
             ok = isinstance(body, bytes)
-        elif kind is BodyKind.MAP:
+        elif kind is _TEXT:
+            ok = isinstance(body, str)
+        elif kind is _NONE:
+            ok = body is None
+        elif kind is _MAP:
             ok = isinstance(body, dict)
         else:
             ok = isinstance(body, list)
@@ -273,7 +272,7 @@ class Message:
             raise MessageFormatError(
                 f"a {kind.name} body cannot be {builtin_type(body).__name__}"
             )
-        if kind in (BodyKind.MAP, BodyKind.STREAM):
+        if kind is _MAP or kind is _STREAM:
             check_value(body)
 
     def copy(self) -> Message:
@@ -329,6 +328,7 @@ _TEXT = BodyKind.TEXT
 _BYTES = BodyKind.BYTES
 _MAP = BodyKind.MAP
 _STREAM = BodyKind.STREAM
+_OBJECT = BodyKind.OBJECT
 _PERSISTENT = DeliveryMode.PERSISTENT
 _new = object.__new__
 
@@ -365,8 +365,6 @@ def infer_body_kind(body: Any) -> BodyKind:
         return _MAP
     if isinstance(body, list):
         return _STREAM
-    from gateway.errors import MessageFormatError
-
     raise MessageFormatError(f"cannot infer a body kind for {builtin_type(body).__name__}")
 
 

@@ -7,11 +7,14 @@ flushes the store's last group commit and the delivery log, and returns 0.
 
 The gateway's identity (``Broker.id``) is kept in the store, so the origin id that loop
 prevention stamps on exported messages stays the same across restarts.
+
+Once started, :func:`serve` tunes CPython's cyclic garbage collector (:func:`tune_gc`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -132,6 +135,30 @@ def _gateway_id(store: Any, recovered: Any, name: str) -> str:
     return gid
 
 
+GC_THRESHOLD = 20_000  # container allocations between young collections (CPython: 700)
+
+
+def tune_gc() -> None:
+    """Freeze what start-up made and collect the young generation less often.
+
+    A gateway holds many long-lived objects: messages waiting in queues, durable
+    subscriptions and export spools, with their property dicts and confirmation futures.
+    CPython's collector looks for reference cycles after every 700 net allocations of
+    container objects and walks the older generations as they fill, so its work grows with
+    what the gateway holds: measured, 9% of the instructions of a persistent send into a
+    queue 15,000 messages deep, and 15-60% of the throughput on this project's 2-CPU test
+    machine (``tests/bench/bench_core.py``, persistent sends, in alternating runs). The
+    message paths make no cycles; the few that others make (an exception's traceback, a
+    closure) are still collected, after 20,000 allocations instead of 700. Everything that
+    exists once the gateway has started (modules, configuration, recovered state) is
+    frozen: never walked again, still freed when its last reference goes.
+    """
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_THRESHOLD, gen1, gen2)
+
+
 async def serve(config_dir: str | None) -> int:
     """Run until SIGTERM or SIGINT; return the exit status."""
     config = load_config(config_dir)
@@ -141,6 +168,7 @@ async def serve(config_dir: str | None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await gateway.start()
+    tune_gc()
     print("gateway ready", flush=True)
     try:
         await stop.wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import weakref
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,8 @@ def test_serve_logs_its_listener_answers_and_stops_on_signal(tmp_path, sig):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/server", timeout=5) as r:
             info = json.load(r)
         assert info["queues"] >= 1 and "published" in info
+        # serve tuned the collector once started (gateway.server.tune_gc)
+        assert info["gc"]["threshold"][0] == 20_000 and info["gc"]["frozen"] > 0
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=30)
     finally:
@@ -100,3 +104,26 @@ def test_a_listener_of_an_unknown_protocol_refuses_to_start(tmp_path):
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 2, out
     assert "gateway.conf:2" in out and "unknown listener protocol 'xmpp'" in out
+
+
+def test_tune_gc_freezes_start_up_and_raises_the_young_threshold():
+    from gateway.server import GC_THRESHOLD, tune_gc
+
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_threshold() == (GC_THRESHOLD, before[1], before[2])
+        assert gc.get_freeze_count() > 0
+
+        class Node:
+            pass
+
+        node = Node()
+        node.self = node  # type: ignore[attr-defined]  # a cycle, made after tuning
+        ref = weakref.ref(node)
+        del node
+        gc.collect()
+        assert ref() is None  # still collected
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
