@@ -36,7 +36,16 @@ import proton
 from proton import symbol, ulong
 
 from gateway import types as gt
-from gateway.message import QUEUE, TOPIC, BodyKind, DeliveryMode, Destination, DestKind, Message
+from gateway.message import (
+    QUEUE,
+    TOPIC,
+    BodyKind,
+    DeliveryMode,
+    Destination,
+    DestKind,
+    Message,
+    new_message,
+)
 from mappings.amqp_values import (
     _BODY,
     _ESCAPED,
@@ -534,21 +543,18 @@ def amqp_to_message(
             props[REPLY_TO_PROPERTY] = unnamed
     if marks:
         props[TYPES_PROPERTY] = types_json(marks)
-    msg = Message(
-        body,
-        body_kind=kind,
-        properties=props,
-        destination=destination,
-        delivery_mode=mode,
-        priority=priority,
-        correlation_id=correlation_id,
-        reply_to=reply_to,
-        type=_unescape(tree, "subject", cproton.pn_message_get_subject(raw)),
-        expiration=expiration,
-        delivery_time=delivery_time,
-        timestamp=cproton.pn_message_get_creation_time(raw),
-        message_id=message_id,
-    )
+    msg = new_message(body, kind)
+    msg.properties = props
+    msg.destination = destination
+    msg.delivery_mode = mode
+    msg.priority = priority
+    msg.correlation_id = correlation_id
+    msg.reply_to = reply_to
+    msg.type = _unescape(tree, "subject", cproton.pn_message_get_subject(raw))
+    msg.expiration = expiration
+    msg.delivery_time = delivery_time
+    msg.timestamp = cproton.pn_message_get_creation_time(raw)
+    msg.message_id = message_id
     if trace_id is not None:
         msg.trace_id = trace_id
     return msg

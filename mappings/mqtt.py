@@ -42,6 +42,7 @@ from gateway.message import (
     DeliveryMode,
     Destination,
     Message,
+    new_message,
 )
 from gateway.types import SCALAR_TYPES, Char, Float32, Int8, Int64, TypedArray
 
@@ -395,19 +396,16 @@ def mqtt_to_message(
     props[QOS_PROPERTY] = _QOS_INT8[qos]
     if retain:
         props[RETAIN_PROPERTY] = True
-    msg = Message(
-        body,
-        body_kind=kind,
-        properties=props,
-        destination=destination,
-        delivery_mode=_MODE_BY_QOS[qos],
-        priority=priority,
-        correlation_id=correlation_id,
-        reply_to=reply_to,
-        type=msg_type,
-        expiration=expiration,
-        timestamp=now_ms,
-    )
+    msg = new_message(body, kind)
+    msg.properties = props
+    msg.destination = destination
+    msg.delivery_mode = _MODE_BY_QOS[qos]
+    msg.priority = priority
+    msg.correlation_id = correlation_id
+    msg.reply_to = reply_to
+    msg.type = msg_type
+    msg.expiration = expiration
+    msg.timestamp = now_ms
     # Size for limits: the payload plus a flat allowance per property (no walk needed).
     msg.size = len(payload) + 64 + 48 * len(props)
     if trace_id is not None:

@@ -36,7 +36,14 @@ import json
 from typing import Any
 
 from gateway.errors import MessageFormatError
-from gateway.message import DEFAULT_PRIORITY, BodyKind, DeliveryMode, Destination, Message
+from gateway.message import (
+    DEFAULT_PRIORITY,
+    BodyKind,
+    DeliveryMode,
+    Destination,
+    Message,
+    new_message,
+)
 from gateway.types import Int64, UInt64
 from mappings.mqtt import (
     CONTENT_TYPE_PROPERTY,
@@ -179,20 +186,17 @@ def stomp_to_message(
     expiration = 0 if text is None else _millis("expires", text)
     text = get(SCHEDULED_DELAY)
     delivery_time = 0 if text is None else delivery_time_in(text, now_ms)
-    msg = Message(
-        value,
-        body_kind=kind,
-        properties=props,
-        destination=destination,
-        delivery_mode=mode,
-        priority=priority,
-        correlation_id=correlation,
-        reply_to=reply_to,
-        type=msg_type,
-        expiration=expiration,
-        delivery_time=delivery_time,
-        timestamp=now_ms,
-    )
+    msg = new_message(value, kind)
+    msg.properties = props
+    msg.destination = destination
+    msg.delivery_mode = mode
+    msg.priority = priority
+    msg.correlation_id = correlation
+    msg.reply_to = reply_to
+    msg.type = msg_type
+    msg.expiration = expiration
+    msg.delivery_time = delivery_time
+    msg.timestamp = now_ms
     msg.size = len(body) + 64 + 48 * len(props)
     if trace is not None:
         msg.trace_id = trace

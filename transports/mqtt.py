@@ -41,6 +41,7 @@ import asyncio
 import logging
 import socket
 import ssl
+import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -81,6 +82,7 @@ RECENT_EXPORTS = 10_000  # exports remembered for 3.1.1 loop detection
 READ_BATCH = 1000  # packets read per readable callback at most (then the loop runs others)
 READ_SIZE = 65536  # bytes asked of the socket at once
 IMPORT_DESTINATIONS = 10_000  # far-side topics whose core destination is remembered
+_PUBACK = struct.Struct("!BBH")  # fixed header, remaining length 2, packet id
 
 # MQTT 5 PUBLISH properties: the codec's names (mappings.mqtt) ↔ paho's.
 _PAHO_NAMES = {
@@ -252,6 +254,18 @@ class _Client(paho.Client):
                              else paho.mqtt_ms_wait_for_pubrec)
             self._packet_queue(data[0], data, mid, qos, message.info)
         return mid
+
+    def send_puback(self, mid: int) -> None:
+        """paho's ``ack(mid, 1)``: the PUBACK of an imported QoS 1 message (success, no
+        properties: four bytes in both versions, MQTT 5.0 3.4.2.1) put straight into
+        :attr:`out`, without the packet record and log call paho makes for it. paho's own
+        path when something of paho's still waits to be written (the order is kept) or the
+        buffer is off."""
+        if self.buffered and self._sock is not None and not self._out_packet:
+            self.out += _PUBACK.pack(0x40, 2, mid)
+            self._call_socket_register_write()
+            return
+        self.ack(mid, 1)
 
     def has_input(self) -> bool:
         """Bytes read from the socket and not yet taken by paho: no readable event will come
@@ -674,7 +688,10 @@ class MqttTransport(Transport):
 
         def ack() -> None:
             if qos and self.client is client and self.sock is not None:
-                client.ack(mid, qos)
+                if qos == 1:
+                    client.send_puback(mid)
+                else:
+                    client.ack(mid, qos)
 
         if not topic.startswith(self.prefix):
             ack()

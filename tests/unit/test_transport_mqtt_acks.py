@@ -275,3 +275,24 @@ def test_publish_fields_then_the_fast_ack() -> None:
     assert mid is not None
     ack(c, PUBACK, mid.to_bytes(2, "big"))
     assert seen == [mid] and c._out_messages == {} and c._inflight_messages == 0
+
+
+@pytest.mark.parametrize("v5", [True, False])
+def test_send_puback_writes_what_paho_ack_writes(v5: bool) -> None:
+    fast, slow = connected(v5), connected(v5)
+    for c in (fast, slow):
+        c._manual_ack = True
+    fast.send_puback(0x1234)
+    assert slow.ack(0x1234, 1) == MQTTErrorCode.MQTT_ERR_SUCCESS
+    assert bytes(fast.out) == bytes(slow.out) == b"\x40\x02\x12\x34"
+
+
+def test_send_puback_leaves_to_paho_what_waits_before_it() -> None:
+    c, _ = client()
+    c._manual_ack = True
+    c.send_puback(7)  # not connected: paho queues it
+    assert [p["packet"] for p in c._out_packet] == [b"\x40\x02\x00\x07"] and not c.out
+    c._sock = _Sock()  # type: ignore[assignment]
+    c.buffered = True
+    c.send_puback(8)  # paho's packet still waits: this one goes behind it, through paho
+    assert bytes(c.out) == b"\x40\x02\x00\x07\x40\x02\x00\x08" and not c._out_packet

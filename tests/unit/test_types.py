@@ -6,7 +6,7 @@ import pytest
 
 from gateway import subject
 from gateway.errors import InvalidDestinationError, MessageFormatError
-from gateway.message import BodyKind, Destination, Message
+from gateway.message import BodyKind, Destination, Message, new_message
 from gateway.types import (
     Char,
     Float32,
@@ -115,6 +115,9 @@ def test_body_constructors_make_what_the_class_makes(make, body, kind):
         assert a == b and type(a) is type(b), slot
     assert fast.properties is not make(body).properties
     assert make(body, priority=7).priority == 7
+    blank = new_message(body, kind)
+    for slot in Message.__slots__:
+        assert getattr(blank, slot) == getattr(full, slot), slot
 
 
 def test_message_validate_checks_body_kind_and_properties():
