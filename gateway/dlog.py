@@ -2,16 +2,16 @@
 
 How this works. Every publish, delivery, acknowledgement, redelivery, expiry, drop, discard,
 dead-lettering, rejection, import and export calls :meth:`DeliveryLog.record`, which
-extends a list by the record's seven values and returns -- no formatting, no lock, no I/O.
-A background thread wakes every ``flush_interval`` (or as soon as 10,000 records are
-pending) and takes the pending records out of the list. By default it hands them,
-``marshal``-ed (about 0.1 µs a record, in C), through a pipe to a writer process
-(:mod:`gateway.dlog_writer`), which formats them as JSON lines and writes them with one
-``write()`` per batch: formatting costs about 1 µs a record (:func:`format_records`), and
-done in a thread of this process it held the GIL the event loop needs (on two cores it
-cost the gateway 60% of its throughput). With ``in_process=True``, or if the writer
-process cannot start or dies, the thread formats and writes the records itself -- the same
-:class:`LogFiles` code, the same files. Files rotate past ``max_file_bytes``; :meth:`close`
+extends a list by the record's seven values and returns -- no formatting, no I/O; every
+500 records the list is *sealed* into a ``marshal``-ed chunk (about 0.1 µs a record, in
+C). A background thread wakes every ``flush_interval`` (or as soon as 10,000 records are
+sealed), seals what is left, and hands the chunks through a pipe to a writer process
+(:mod:`gateway.dlog_writer`) with one ``writev``; the process formats them as JSON lines
+and writes them with one ``write()`` per chunk: formatting costs about 1 µs a record
+(:func:`format_records`), and done in a thread of this process it held the GIL the event
+loop needs (on two cores it cost the gateway 60% of its throughput). With
+``in_process=True``, or if the writer process cannot start or dies, the thread formats and
+writes the records itself -- the same :class:`LogFiles` code, the same files. Files rotate past ``max_file_bytes``; :meth:`close`
 writes what is left and fsyncs. A Spark job (``spark/``) reads these files from every gateway
 and reconciles them message by message on ``trace_id``. The schema is documented in
 ``docs/delivery-log.md``.
@@ -37,19 +37,23 @@ strings and numbers, so the first collection that sees it stops tracking it: mea
 the collector costs the gateway under 0.5% more with the log on than off. The writer
 process reads the records straight from the flat list.
 
-Taking the batch. The hot path extends one list that is never replaced. The writer copies
-the first ``n`` items and deletes them (``batch = p[:n]; del p[:n]``), each a single C-level
-list operation under the GIL, as is the hot path's ``+=`` of a tuple, so ``n`` is always a
-whole number of records and a record racing with the writer lands after the ``n`` taken
-items and is kept for the next batch. (Swapping in a new list would let a thread that had
-already loaded the old list append to it after the writer had finished with it.)
+Sealing. The thread that records the 500th pending record seals them: under a lock, it
+copies the pending items out and deletes them (``flat = p[:n]; del p[:n]``, each a single
+C-level list operation under the GIL, as is the hot path's ``+=`` of a tuple, so ``n`` is
+always a whole number of records and a record racing with it lands after them), marshals
+them and appends the bytes to a queue of chunks; the writer thread seals a partial list the
+same way, so chunks queue in the order their records were made. Sealing in the recording
+thread, in small chunks, keeps the pending list in the CPU's caches and keeps ``marshal``
+off the writer thread, which would otherwise take the GIL from the event loop once per
+batch; the writer thread only needs the GIL to take the queue and call ``writev`` (released
+while the pipe is full). A sealed record costs about 50 bytes instead of its Python objects.
 
 Bounded memory. If records come faster than they can be written (a slow or stuck disk: the
-writer process falls behind, its pipe fills, and the thread blocks writing to it), the list
-grows. Past ``max_pending`` records (default 1,000,000, some 200 MB), :meth:`record` still
-appends its record but then waits, in the calling thread, until the writer has taken a batch:
-the gateway slows to the speed of its log rather than dropping records or running out of
-memory. Each such wait counts in ``stalls``; the first is logged as a warning.
+writer process falls behind, its pipe fills, and the thread blocks writing to it), sealed
+chunks pile up. Past ``max_pending`` sealed records (default 1,000,000, some 50 MB), the
+thread that seals waits, until the writer has sent what was sealed: the gateway slows to
+the speed of its log rather than dropping records or running out of memory. Each such wait
+counts in ``stalls``; the first is logged as a warning.
 
 Threads: :meth:`record` may be called from any thread; the writer thread (or the writer
 process) owns the files; :meth:`flush` and :meth:`close` may be called from any thread and
@@ -59,10 +63,12 @@ serialise with the writer.
 from __future__ import annotations
 
 import logging
+import marshal
 import os
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii
 from typing import TYPE_CHECKING, Any, Protocol
@@ -98,13 +104,12 @@ FIELDS = (
 )  # fmt: skip
 """The keys of every record, in the order they are written."""
 
-BATCH_RECORDS = 10_000  # wake the writer early past this many pending records
+CHUNK_RECORDS = 500  # the recording thread seals (marshals) the pending list this often
+BATCH_RECORDS = 10_000  # wake the writer early past this many sealed records
 DEFAULT_FLUSH_INTERVAL = 0.2  # seconds; bounds how stale the file is behind the gateway
 DEFAULT_MAX_FILE_BYTES = 64 << 20  # rotate past 64 MiB: one Spark input split per file or so
-SEND_RECORDS = 2 * BATCH_RECORDS  # at most this many records to the writer process at once
 WIDTH = 7  # values per record in the pending list (see "The hot path" above)
-BATCH_ITEMS = BATCH_RECORDS * WIDTH
-SEND_ITEMS = SEND_RECORDS * WIDTH
+CHUNK_ITEMS = CHUNK_RECORDS * WIDTH
 MAX_PENDING = 1_000_000  # record() waits past this many pending records (~200 MB, ~3 s at
 #                          full speed: far more than a healthy writer ever lets pile up)
 CLOSE_TIMEOUT = 30.0  # seconds close() waits for the writer process before taking over
@@ -113,6 +118,7 @@ _MODE_JSON: dict[Any, str] = {m: '"' + m.name + '"' for m in DeliveryMode}
 _EVENT_JSON: dict[str, str] = {e: '"' + e + '"' for e in EVENTS}
 _FILE_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _BYTES = (bytes, bytearray, memoryview)
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None)})  # what marshal takes as is
 _time = time.time
 
 # One record: (time.time(), event, head, dest, client, count, reason), where head is the
@@ -255,6 +261,36 @@ def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
             "null}\n" if reason is None else _s(reason) + "}\n",
         )  # fmt: skip
     return "".join(out).encode("ascii")
+
+
+def encode_batch(flat: list[Any]) -> bytes:
+    """A flat batch (``WIDTH`` values a record) as ``marshal`` bytes, formatted as it would be.
+
+    ``marshal`` takes exact str, int, float, bytes, None and containers of them. A value it
+    does not take (a Destination object, an enum member, a caller's bug) is replaced, in
+    that record only, by what the formatter would have written for it.
+    """
+    try:
+        return marshal.dumps(flat)
+    except ValueError:
+        out: list[Any] = []
+        for r in records(flat):
+            out += _plain(r)
+        return marshal.dumps(out)
+
+
+def _plain(r: _Record) -> _Record:
+    t, event, head, dest, client, count, reason = r
+    if type(head) is not tuple or len(head) != 4 or not all(type(v) in _PLAIN for v in head):
+        return _coerce(r)
+    return (
+        t if type(t) is float else _float(t), _text(event), head, _text(dest), _text(client),
+        count if type(count) in _PLAIN else _int(count), _text(reason),
+    )  # fmt: skip
+
+
+def _text(v: Any) -> Any:
+    return v if type(v) in _PLAIN else _str(v)
 
 
 def records(flat: list[Any]) -> list[_Record]:
@@ -444,15 +480,17 @@ class DeliveryLog:
         self.max_file_bytes = max_file_bytes
         self.enabled = enabled
         self.in_process = in_process
-        self.max_pending = max(max_pending, BATCH_RECORDS + 1)
+        self.max_pending = max(max_pending, BATCH_RECORDS + CHUNK_RECORDS)
         self.records_written = 0
         self.write_errors = 0
         self.stalls = 0
         self.files: list[str] = []  # every file this log has opened, oldest first
         self._pending: list[Any] = []  # WIDTH values per record, flat (see record())
-        self._max_items = self.max_pending * WIDTH
+        self._chunks: deque[tuple[int, bytes]] = deque()  # sealed: (records, marshal bytes)
+        self._sealed = 0  # records in _chunks
+        self._seal_lock = threading.Lock()  # one seal at a time: chunks stay in order
         self._wake = threading.Event()
-        self._room = threading.Event()  # set by the writer each time it takes a batch
+        self._room = threading.Event()  # set by the writer each time it sends chunks
         self._io_lock = threading.Lock()  # the writer thread vs flush()/close()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -494,27 +532,44 @@ class DeliveryLog:
                 )  # fmt: skip
             p = self._pending
             p += (_time(), event, head, dest, client, count, reason)
-            n = len(p)
-            if n >= BATCH_ITEMS and (n == BATCH_ITEMS or n >= self._max_items):
-                self._full(n)
+            if len(p) >= CHUNK_ITEMS:
+                self._seal()
 
-    def _full(self, n: int) -> None:
-        """Wake the writer; past ``max_pending``, wait until it has taken a batch."""
-        self._wake.set()
+    def _seal(self) -> None:
+        """Marshal the pending records into a chunk for the writer (see "Sealing" above);
+        wake the writer past a batch, and past ``max_pending`` wait until it has sent some."""
+        with self._seal_lock:
+            p = self._pending
+            n = len(p)
+            if not n:
+                return
+            flat = p[:n]
+            del p[:n]
+            records_n = n // WIDTH
+            self._chunks.append((records_n, encode_batch(flat)))
+            self._sealed += records_n
+            sealed = self._sealed
+        if sealed >= BATCH_RECORDS:
+            self._wake.set()
+            if sealed >= self.max_pending:
+                self._full()
+
+    def _full(self) -> None:
+        """Past ``max_pending``: wait until the writer has sent some."""
         thread = self._thread
-        if n < self._max_items or thread is None or thread is threading.current_thread():
+        if thread is None or thread is threading.current_thread():
             return  # without a writer thread, flush() and close() write everything
         self.stalls += 1
         if self.stalls == 1:
             log.warning(
                 "delivery log: %d records pending; record() waits for the writer (the log "
                 "is written slower than the gateway works)",
-                n // WIDTH,
+                self._sealed,
             )
-        limit = self._max_items
-        while len(self._pending) >= limit and not self._stop and thread.is_alive():
+        limit = self.max_pending
+        while self._sealed >= limit and not self._stop and thread.is_alive():
             self._room.clear()
-            if len(self._pending) < limit:
+            if self._sealed < limit:
                 break
             self._wake.set()
             self._room.wait(0.05)
@@ -522,7 +577,7 @@ class DeliveryLog:
     @property
     def pending(self) -> int:
         """Records appended and not yet taken by the writer."""
-        return len(self._pending) // WIDTH
+        return len(self._pending) // WIDTH + self._sealed
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -604,27 +659,22 @@ class DeliveryLog:
 
     def _drain(self) -> None:
         """Send or write every pending record; caller holds ``_io_lock``."""
-        p = self._pending
+        self._seal()
+        chunks = self._chunks
         if not self.in_process:
             child = self._child
             if child is None:
-                if not p:
+                if not chunks:
                     return
                 child = self._spawn()
             if child is not None:
                 try:
                     if child.dead:
                         raise BrokenPipeError
-                    if not p and child.retry:
+                    if not chunks and child.retry:
                         child.send([])  # let it retry what a failed write left over
-                    while p:
-                        n = len(p)
-                        batch = p[:SEND_ITEMS]  # bounds the GIL time of one send
-                        del p[:SEND_ITEMS]
-                        self._room.set()
-                        child.send(batch)
-                        if n <= SEND_ITEMS and len(p) < BATCH_ITEMS:
-                            break  # all were sent; fewer than a batch came meanwhile
+                    while chunks:
+                        child.send_encoded(self._take_chunks())  # kept until reported written
                     return
                 except OSError:
                     self._take_over(child)
@@ -633,14 +683,21 @@ class DeliveryLog:
             files = self._files = LogFiles(
                 self.directory, self.gateway_id, self.max_file_bytes, self
             )
-        while p or files.unwritten:
-            n = len(p)
-            batch = p[:n]
-            del p[:n]
-            self._room.set()
-            files.write(batch)
-            if len(p) < BATCH_ITEMS:
-                break
+        flat: list[Any] = []
+        while chunks:
+            for _, payload in self._take_chunks():
+                flat += marshal.loads(payload)
+        if flat or files.unwritten:
+            files.write(flat)
+
+    def _take_chunks(self) -> list[tuple[int, bytes]]:
+        """Every sealed chunk, oldest first, taken out (caller holds ``_io_lock``)."""
+        with self._seal_lock:
+            chunks = list(self._chunks)
+            self._chunks.clear()
+            self._sealed = 0
+        self._room.set()
+        return chunks
 
     def _spawn(self) -> WriterProcess | None:
         """Start the writer process; on failure, write in-process from now on."""

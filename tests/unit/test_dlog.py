@@ -519,9 +519,9 @@ def test_flush_is_a_barrier(tmp_path: Path) -> None:
     log.close()
 
 
-@pytest.mark.parametrize("n", [dlog.SEND_RECORDS + 1, 25_000, 3 * dlog.SEND_RECORDS - 1])
+@pytest.mark.parametrize("n", [dlog.CHUNK_RECORDS + 1, 25_000, 3 * dlog.BATCH_RECORDS - 1])
 def test_flush_and_close_without_a_writer_thread(tmp_path: Path, make_log: MakeLog, n: int) -> None:
-    """More records than one send takes: flush() and close() still write them all."""
+    """Many sealed chunks and a partial one: flush() and close() still write them all."""
     log = make_log(str(tmp_path / "a"), "gw1")
     m = make_msg(1)
     for i in range(n):
@@ -749,7 +749,7 @@ def test_record_waits_past_max_pending(tmp_path: Path) -> None:
         wait_for(lambda: log.stalls >= 1)
         time.sleep(0.2)
         assert not done.is_set()  # record() is waiting
-        assert log.pending <= bound + 1
+        assert log.pending <= bound + dlog.CHUNK_RECORDS  # checked as each chunk is sealed
     finally:
         os.kill(child.pid, signal.SIGCONT)
     t.join()
