@@ -535,9 +535,10 @@ class DeliveryLog:
             if len(p) >= CHUNK_ITEMS:
                 self._seal()
 
-    def _seal(self) -> None:
+    def _seal(self, wait: bool = True) -> None:
         """Marshal the pending records into a chunk for the writer (see "Sealing" above);
-        wake the writer past a batch, and past ``max_pending`` wait until it has sent some."""
+        wake the writer past a batch, and past ``max_pending`` wait until it has sent some
+        (unless ``wait`` is False: the caller holds ``_io_lock`` and is the one to send)."""
         with self._seal_lock:
             p = self._pending
             n = len(p)
@@ -551,7 +552,7 @@ class DeliveryLog:
             sealed = self._sealed
         if sealed >= BATCH_RECORDS:
             self._wake.set()
-            if sealed >= self.max_pending:
+            if sealed >= self.max_pending and wait:
                 self._full()
 
     def _full(self) -> None:
@@ -659,7 +660,7 @@ class DeliveryLog:
 
     def _drain(self) -> None:
         """Send or write every pending record; caller holds ``_io_lock``."""
-        self._seal()
+        self._seal(wait=False)
         chunks = self._chunks
         if not self.in_process:
             child = self._child

@@ -758,6 +758,31 @@ def test_record_waits_past_max_pending(tmp_path: Path) -> None:
     assert log.records_written == n and log.write_errors == 0
 
 
+def test_flush_past_max_pending_does_not_wait_for_itself(tmp_path: Path) -> None:
+    """flush() holds the I/O lock while it sends: sealing the rest there must not wait for
+    the writer thread (which would need that lock to send), however much is sealed."""
+    bound = dlog.BATCH_RECORDS + dlog.CHUNK_RECORDS
+    log = DeliveryLog(str(tmp_path), "gw1", max_pending=bound)
+    n = bound + 2 * dlog.CHUNK_RECORDS + 7
+    m = make_msg(1)
+    for i in range(n):  # no writer thread yet: nothing waits
+        log.record("deliver", m, "topic:t", "c", i)
+    assert log.pending == n and log._sealed >= bound
+    idle = threading.Event()
+    writer = threading.Thread(target=idle.wait, daemon=True)  # alive, not the caller
+    writer.start()
+    log._thread = writer
+    flushed = threading.Event()
+    threading.Thread(target=lambda: (log.flush(), flushed.set()), daemon=True).start()
+    try:
+        assert flushed.wait(30), "flush() waited for itself"
+    finally:
+        idle.set()
+        log._thread = None
+    log.close()
+    assert [json.loads(line)["count"] for line in all_lines(tmp_path)] == list(range(n))
+
+
 def test_record_never_waits_without_a_writer_thread(tmp_path: Path) -> None:
     log = DeliveryLog(str(tmp_path), "gw1", max_pending=dlog.BATCH_RECORDS + 1)
     m = make_msg(1)
