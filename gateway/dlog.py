@@ -11,10 +11,10 @@ and writes them with one ``write()`` per chunk: formatting costs about 1 µs a r
 (:func:`format_records`), and done in a thread of this process it held the GIL the event
 loop needs (on two cores it cost the gateway 60% of its throughput). With
 ``in_process=True``, or if the writer process cannot start or dies, the thread formats and
-writes the records itself -- the same :class:`LogFiles` code, the same files. Files rotate past ``max_file_bytes``; :meth:`close`
-writes what is left and fsyncs. A Spark job (``spark/``) reads these files from every gateway
-and reconciles them message by message on ``trace_id``. The schema is documented in
-``docs/delivery-log.md``.
+writes the records itself -- the same :class:`LogFiles` code, the same files. Files rotate
+past ``max_file_bytes``; :meth:`close` writes what is left and fsyncs. A Spark job
+(``spark/``) reads these files from every gateway and reconciles them message by message on
+``trace_id``. The schema is documented in ``docs/delivery-log.md``.
 
 Why JSON Lines. A line is a complete record, so the file is appendable by a writer that may
 crash at any moment: at worst the last line is cut short, and a reader in ``PERMISSIVE`` or
@@ -110,7 +110,7 @@ DEFAULT_FLUSH_INTERVAL = 0.2  # seconds; bounds how stale the file is behind the
 DEFAULT_MAX_FILE_BYTES = 64 << 20  # rotate past 64 MiB: one Spark input split per file or so
 WIDTH = 7  # values per record in the pending list (see "The hot path" above)
 CHUNK_ITEMS = CHUNK_RECORDS * WIDTH
-MAX_PENDING = 1_000_000  # record() waits past this many pending records (~200 MB, ~3 s at
+MAX_PENDING = 1_000_000  # sealing waits past this many sealed records (~50 MB, ~3 s at
 #                          full speed: far more than a healthy writer ever lets pile up)
 CLOSE_TIMEOUT = 30.0  # seconds close() waits for the writer process before taking over
 
@@ -684,7 +684,7 @@ class DeliveryLog:
             files = self._files = LogFiles(
                 self.directory, self.gateway_id, self.max_file_bytes, self
             )
-        flat: list[Any] = []
+        flat: list[Any] = []  # written here: the chunks back into records, in order
         while chunks:
             for _, payload in self._take_chunks():
                 flat += marshal.loads(payload)

@@ -20,8 +20,9 @@ from it     ``C`` error                            closed; it exits next
 
 The parent marshals records in chunks of 500 as they are made (``marshal.dumps``, C code,
 about 0.1 µs a record against 1 µs to format one); its writer thread writes the chunks, a
-frame each, with one ``os.writev``, which releases the GIL while the pipe is full. The formatting, the files, rotation and fsync
-are :class:`LogFiles`, the same code the in-process mode runs, so the files are the same.
+frame each, with one ``os.writev``, which releases the GIL while the pipe is full. The
+formatting, the files, rotation and fsync are :class:`LogFiles`, the same code the
+in-process mode runs, so the files are the same.
 
 Failure. The writer ignores SIGINT and SIGTERM and ends when its input ends: if the gateway
 is killed, it reads what is left in the pipe, writes it, fsyncs and exits. If the writer
