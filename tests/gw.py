@@ -21,8 +21,13 @@ from gateway.server import Gateway
 
 
 class GatewayThread:
-    def __init__(self, directory: Path, **files: str) -> None:
+    """A gateway on an event loop in a thread of the test process: asyncio's own loop, or
+    uvloop's (``uvloop=True``, the loop ``gateway serve`` runs on) where a test is about
+    what the loop does with sockets."""
+
+    def __init__(self, directory: Path, *, uvloop: bool = False, **files: str) -> None:
         self.directory = directory
+        self.uvloop = uvloop
         gw = files.pop("gateway", "")
         if "listen" not in gw:
             gw += "\nlisten = mqtt://127.0.0.1:0\nlisten = http://127.0.0.1:0\n"
@@ -48,7 +53,13 @@ class GatewayThread:
             await self._stop.wait()
             await self.gateway.stop()
 
-        self.thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+        if self.uvloop:
+            import uvloop
+
+            run: Any = uvloop.run
+        else:
+            run = asyncio.run
+        self.thread = threading.Thread(target=lambda: run(main()), daemon=True)
         self.thread.start()
         ready.result(timeout=30)
         return self

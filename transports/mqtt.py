@@ -117,9 +117,26 @@ class _Client(paho.Client):
         self.out = bytearray()
         # Called for each QoS 0 / 1 PUBLISH instead of on_message (see _handle_publish).
         self.on_publish_packet: Callable[..., None] | None = None
+        # The event loop's transport over the socket (plain TCP), when it does the I/O.
+        self.wire: asyncio.Transport | None = None
+        self.wire_loop: asyncio.AbstractEventLoop | None = None
+        self.eof = False  # the wire's connection is gone: reads end once the input is taken
+
+    def feed(self, data: bytes) -> None:
+        """Bytes the wire received: paho reads them through :meth:`_sock_recv`."""
+        pos = self.inpos
+        if pos >= len(self.inbuf):
+            self.inbuf = data
+        else:
+            self.inbuf = self.inbuf[pos:] + data
+        self.inpos = 0
 
     def _sock_recv(self, bufsize: int) -> bytes:
         data, pos = self.inbuf, self.inpos
+        if pos >= len(data) and self.wire is not None:
+            if self.eof:
+                return b""
+            raise BlockingIOError
         if pos >= len(data):
             if self.drained:  # the last recv took less than asked: the socket is empty
                 raise BlockingIOError
@@ -163,7 +180,10 @@ class _Client(paho.Client):
             reason = codes.get(packet[2])
         if reason is None:  # properties, or a code this packet type does not have
             return super()._handle_pubackcomp(cmd)  # type: ignore[no-any-return]
-        mid = (packet[0] << 8) | packet[1]
+        return self._settle((packet[0] << 8) | packet[1], reason)
+
+    def _settle(self, mid: int, reason: ReasonCode) -> MQTTErrorCode:
+        """What paho's ``_do_on_publish`` does for a plain acknowledgement of ``mid``."""
         with self._out_message_mutex:
             out = self._out_messages
             msg = out.get(mid)
@@ -179,6 +199,41 @@ class _Client(paho.Client):
                 if len(out) > self._inflight_messages:  # some wait for a free slot
                     return self._update_inflight()  # type: ignore[no-any-return]
         return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def take_acks(self) -> MQTTErrorCode | None:
+        """Settle the plain PUBACK / PUBCOMP packets (four bytes each: success, MQTT 5.0
+        3.4.2.1) that open the buffered input, without paho's packet reader (a dict of read
+        state and three ``recv`` calls for each: on an export stream most of what arrives).
+
+        Only between packets (paho is not half-way through one) and only while buffered.
+        Returns None when it took none, else the result of the last settlement (an error
+        from resending what waited for a free slot is for paho's loop to handle).
+        """
+        if self._in_packet["command"]:
+            return None
+        data = self.inbuf
+        pos = start = self.inpos
+        last = len(data) - 4
+        rc = MQTTErrorCode.MQTT_ERR_SUCCESS
+        while pos <= last and data[pos + 1] == 2:
+            first = data[pos]
+            if first == 0x40:
+                reason = _ACK_SUCCESS
+            elif first == 0x70:
+                reason = _COMP_SUCCESS
+            else:
+                break
+            mid = (data[pos + 2] << 8) | data[pos + 3]
+            pos += 4
+            self.inpos = pos
+            rc = self._settle(mid, reason)
+            if rc or self.inbuf is not data:  # an error, or the socket went with its buffer
+                break
+        if pos == start:
+            return None
+        with self._msgtime_mutex:
+            self._last_bytes_received = paho.time_func()
+        return rc
 
     def _handle_publish(self) -> MQTTErrorCode:
         """paho's PUBLISH handler, without its cost for a QoS 0 / 1 message.
@@ -239,7 +294,7 @@ class _Client(paho.Client):
         mid = self._mid_generate()
         data = encode_publish(topic, payload, qos, False, False, mid, fields if v5 else None,
                               5 if v5 else 4)
-        message = paho.MQTTMessage(mid, topic.encode())
+        message = _OutMessage(mid, topic.encode())
         message.timestamp = paho.time_func()
         message.payload = payload
         message.qos = qos
@@ -276,11 +331,31 @@ class _Client(paho.Client):
         self.buffered = False
         self.inbuf, self.inpos = b"", 0
         self.out.clear()
+        wire, self.wire = self.wire, None
+        if wire is not None:
+            # The wire holds a reference on the socket: paho's close below leaves the file
+            # descriptor to it, and closing the wire closes it (on the loop's thread).
+            loop = self.wire_loop
+            assert loop is not None
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                wire.close()
+            else:
+                loop.call_soon_threadsafe(wire.close)
         super()._sock_close()
 
     def flush(self) -> bool:
         """Send what is buffered; False while some is left (the socket is full)."""
         out = self.out
+        wire = self.wire
+        if wire is not None:
+            if out:
+                wire.write(bytes(out))  # the loop's transport keeps what the socket refuses
+                out.clear()
+            return True
         while out:
             try:
                 n = super()._sock_send(out)
@@ -301,7 +376,49 @@ _ACK_REASONS: dict[str, dict[int, ReasonCode]] = {
     for name, packet_type in (("PUBACK", PacketTypes.PUBACK), ("PUBCOMP", PacketTypes.PUBCOMP))
 }
 _ACK_SUCCESS = _ACK_REASONS["PUBACK"][0]
+_COMP_SUCCESS = _ACK_REASONS["PUBCOMP"][0]
 _NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
+
+
+class _Info(paho.MQTTMessageInfo):
+    """paho's record of a message's progress, for the exports :meth:`_Client.publish_fields`
+    enters: nobody waits on one (paho's ``wait_for_publish``), so there is no
+    ``threading.Condition`` a message to make and notify, only the flag."""
+
+    __slots__ = ()
+
+    def __init__(self, mid: int) -> None:
+        self.mid = mid
+        self._published = False
+        self.rc = MQTTErrorCode.MQTT_ERR_SUCCESS
+        self._iterpos = 0
+
+    def _set_as_published(self) -> None:
+        self._published = True
+
+    def is_published(self) -> bool:
+        return self._published
+
+    def wait_for_publish(self, timeout: float | None = None) -> None:
+        raise RuntimeError("an export's publication is reported through on_publish")
+
+
+class _OutMessage(paho.MQTTMessage):
+    """paho's ``MQTTMessage`` with an :class:`_Info`."""
+
+    __slots__ = ()
+
+    def __init__(self, mid: int, topic: bytes) -> None:
+        self.timestamp = 0.0
+        self.state = paho.mqtt_ms_invalid
+        self.dup = False
+        self.mid = mid
+        self._topic = topic
+        self.payload = b""
+        self.qos = 0
+        self.retain = False
+        self.info = _Info(mid)
+        self.properties = None
 
 
 class _Packed:
@@ -319,6 +436,46 @@ class _Packed:
 
     def __repr__(self) -> str:
         return f"<properties {self.fields!r}>"
+
+
+class _Wire(asyncio.Protocol):
+    """The event loop's protocol over a plain TCP connection of the paho client.
+
+    A ``send`` / ``recv`` made from Python releases the GIL; when another thread of the
+    gateway (the store's writer, the delivery log's) is waiting for it, the loop thread then
+    waits in turn until that thread lets go (measured on an export stream: 255 µs a send, 56
+    of them in the system call). The loop's own transport (uvloop) reads and writes without
+    letting go, so with plain TCP paho's I/O goes through it: what arrives is handed to
+    paho's reader (:meth:`_Client.feed`, then the transport's read loop), what paho writes
+    leaves with ``transport.write``. TLS sockets (paho's ``SSLSocket``) stay with the loop's
+    reader callbacks.
+    """
+
+    def __init__(self, owner: MqttTransport, client: _Client) -> None:
+        self.owner = owner
+        self.client = client
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.client.wire = transport  # type: ignore[assignment]  # (uvloop's is no subclass)
+
+    def data_received(self, data: bytes) -> None:
+        c = self.client
+        if c.wire is None:  # paho closed the socket: the rest is for nobody
+            return
+        c.feed(data)
+        if self.owner.client is c and not self.owner.reading_paused:
+            self.owner._readable()
+
+    def eof_received(self) -> bool | None:
+        return None  # close: paho reads the end of the stream and reports the disconnect
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        c = self.client
+        if c.wire is None:
+            return
+        c.eof = True
+        if self.owner.client is c:
+            self.owner._readable()
 
 
 def pattern_to_filter(pattern: str) -> str:
@@ -341,6 +498,7 @@ class MqttTransport(Transport):
         self.write_soon = False  # a _writable call is scheduled
         self.write_waits = False  # the socket was full: the writer callback is registered
         self.sock: int | None = None  # the socket's file descriptor while connected
+        self.polled = False  # the loop watches the socket (TLS); plain TCP goes through a _Wire
         self.pending: dict[int, tuple[Delivery, ExportBinding]] = {}
         self.recent: OrderedDict[tuple[str, bytes], int] = OrderedDict()
         self.connack: asyncio.Future[None] | None = None
@@ -422,7 +580,13 @@ class MqttTransport(Transport):
             c.on_socket_close = self._socket_closed
             c.buffered = True
             c.tls = bool(url.tls)
-            self.loop.add_reader(sock, self._readable)
+            if url.tls:
+                self.polled = True
+                self.loop.add_reader(sock, self._readable)
+            else:
+                c.eof = False
+                c.wire_loop = self.loop
+                await self.loop.connect_accepted_socket(lambda: _Wire(self, c), sock=paho_sock)
             if c.want_write():
                 self._register_write(c, None, None)
             self.misc = self.loop.call_later(MISC_INTERVAL, self._tick)
@@ -459,8 +623,10 @@ class MqttTransport(Transport):
         sock = self.sock
         self.write_waits = False
         if sock is not None:
-            self.loop.remove_reader(sock)
-            self.loop.remove_writer(sock)
+            if self.polled:
+                self.loop.remove_reader(sock)
+                self.loop.remove_writer(sock)
+                self.polled = False
             self.sock = None
         if self.misc is not None:
             self.misc.cancel()
@@ -496,6 +662,8 @@ class MqttTransport(Transport):
             rc = read()
             if rc == again:
                 return
+            if rc == 0:
+                rc = c.take_acks() or 0  # those that follow, if plain
             if rc > 0:
                 handle(rc)
                 return
@@ -565,15 +733,24 @@ class MqttTransport(Transport):
         self.pending.clear()
 
     def pause_reading(self) -> None:
-        if self.sock is not None:
+        c = self.client
+        if self.sock is None or c is None:
+            return
+        if c.wire is not None:
+            c.wire.pause_reading()
+        elif self.polled:
             self.loop.remove_reader(self.sock)
 
     def resume_reading(self) -> None:
-        if self.sock is not None:
+        c = self.client
+        if self.sock is None or c is None:
+            return
+        if c.wire is not None:
+            c.wire.resume_reading()
+        elif self.polled:
             self.loop.add_reader(self.sock, self._readable)
-            c = self.client
-            if c is not None and c.has_input():
-                self.loop.call_soon(self._readable)
+        if c.has_input() or c.eof:
+            self.loop.call_soon(self._readable)
 
     # -- subscriptions ------------------------------------------------------------------------
 

@@ -394,6 +394,27 @@ def _encode_value(spec: PropertySpec, value: Any) -> bytes:
     return _encode_int(spec, value)
 
 
+def _ascii_pairs(items: list[Any] | tuple[Any, ...]) -> bytes | None:
+    """User Properties (identifier 0x26, name, value) for pairs of ASCII strings, the usual
+    kind, written as one Latin-1 string (an ASCII character and a length byte below 256 are
+    one byte each in it) instead of two :func:`encode_utf8` calls a pair. None when any pair
+    needs the general path: not a pair of strings, not ASCII, a NUL, over 65,535 bytes."""
+    parts = []
+    for item in items:
+        if type(item) is not tuple or len(item) != 2:
+            return None
+        k, v = item
+        if (type(k) is not str or type(v) is not str or not k.isascii() or not v.isascii()
+                or "\x00" in k or "\x00" in v):
+            return None
+        nk = len(k)
+        nv = len(v)
+        if nk > MAX_UINT16 or nv > MAX_UINT16:
+            return None
+        parts.append(f"\x26{chr(nk >> 8)}{chr(nk & 0xFF)}{k}{chr(nv >> 8)}{chr(nv & 0xFF)}{v}")
+    return "".join(parts).encode("latin-1")
+
+
 def encode_properties(props: Mapping[str, Any] | None, context: int) -> bytes:
     """Write a Property Length and the properties (MQTT 5.0 2.2.2), in the dict's order.
 
@@ -421,6 +442,10 @@ def encode_properties(props: Mapping[str, Any] | None, context: int) -> bytes:
             if len(value) > 1 and context not in spec.repeatable_in:
                 raise MqttLocalProtocolError(
                     f"{name} may appear only once in {_context_name(context)}")
+            block = _ascii_pairs(value) if spec.type is _PAIR else None
+            if block is not None:
+                parts.append(block)
+                continue
             for item in value:
                 parts.append(ident)
                 parts.append(_encode_value(spec, item))

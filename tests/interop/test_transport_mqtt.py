@@ -71,10 +71,13 @@ def transports_conf(port: int, **extra: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def gateway(tmp, port: int, topics: str, queues: str = ">\n", **extra: str) -> GatewayThread:
+def gateway(tmp, port: int, topics: str, queues: str = ">\n", uvloop: bool = True,
+            **extra: str) -> GatewayThread:
+    """The gateway under test on uvloop, as ``gateway serve`` runs it (paho's I/O goes
+    through the loop's transport, which differs between the two loops)."""
     return GatewayThread(
         tmp, gateway="listen = http://127.0.0.1:0\nmqtt_transports = enabled\n",
-        transports=transports_conf(port, **extra), topics=topics, queues=queues,
+        transports=transports_conf(port, **extra), topics=topics, queues=queues, uvloop=uvloop,
     ).start()
 
 
@@ -90,8 +93,9 @@ def mosq(tmp_path):
         yield m
 
 
-def test_export_keeps_payload_properties_and_types(tmp_path, mosq):
-    g = gateway(tmp_path / "gw", mosq.port, 'out.> export="far"\n>\n')
+@pytest.mark.parametrize("uvloop", [True, False], ids=["uvloop", "asyncio"])
+def test_export_keeps_payload_properties_and_types(tmp_path, mosq, uvloop):
+    g = gateway(tmp_path / "gw", mosq.port, 'out.> export="far"\n>\n', uvloop=uvloop)
     remote = Remote(mosq.port)
     try:
         remote.subscribe("out/#")
@@ -111,6 +115,8 @@ def test_export_keeps_payload_properties_and_types(tmp_path, mosq):
         assert "n:int16" in user["gw-types"]
         assert user["gw-origin"] == g.broker.id and user["gw-hops"] == "0"
         wait_for(lambda: info(g)["far"]["exported"] == 1, what="export counted")
+        client = g.gateway.transports.transports["far"].client  # type: ignore[union-attr]
+        assert client.wire is not None  # plain TCP: paho's I/O through the loop's transport
     finally:
         remote.close()
         g.stop()
@@ -358,3 +364,50 @@ def test_a_burst_read_in_one_go_is_imported_whole_a_few_packets_per_turn(tmp_pat
     finally:
         remote.close()
         g.stop()
+
+
+def test_mqtts_to_another_gateway_both_ways(tmp_path):
+    """Over TLS the transport keeps paho's socket on the loop's reader callbacks (a plain TCP
+    link goes through the loop's own transport): export and import both work there."""
+    from test_mqtt_tls_and_cli import make_cert
+
+    cert, key = make_cert(tmp_path)
+    far = GatewayThread(tmp_path / "far", gateway=(
+        f"listen = mqtts://127.0.0.1:0\nlisten = http://127.0.0.1:0\n"
+        f"tls_cert = {cert}\ntls_key = {key}\n")).start()
+    got_far: list[Any] = []
+    far.call(lambda: far.broker.connect().session().consumer(
+        Destination.topic("tls.out"), listener=got_far.append))
+    g = GatewayThread(
+        tmp_path / "gw", uvloop=True,
+        gateway="listen = http://127.0.0.1:0\nmqtt_transports = enabled\n",
+        transports=(f"[far]\ntype = mqtt\nurl = mqtts://127.0.0.1:{far.port('mqtts')}\n"
+                    f"tls_ca = {cert}\nreconnect_min = 100msec\nreconnect_max = 500msec\n"),
+        topics='tls.out export="far"\ntls.in import="far"\n>\n').start()
+    try:
+        wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up over TLS")
+        got: list[Any] = []
+        g.call(lambda: g.broker.connect().session().consumer(
+            Destination.topic("tls.in"), listener=got.append))
+        wait_for(lambda: info(g)["far"]["imports"] == {"tls.in": ["tls.in"]},
+                 what="the import's subscription")
+
+        def send(gw: GatewayThread, name: str, n: int) -> None:
+            p = gw.broker.connect().session().producer(Destination.topic(name))
+            for i in range(n):
+                p.send(Message.text(f"m{i}", properties={"n": Int16(i)}))
+
+        g.call(lambda: send(g, "tls.out", 50))
+        wait_for(lambda: len(got_far) == 50, what="the exports over TLS")
+        assert [d.msg.body for d in got_far] == [f"m{i}" for i in range(50)]
+        assert type(got_far[7].msg.properties["n"]) is Int16
+        wait_for(lambda: info(g)["far"]["exported"] == 50, what="the PUBACKs over TLS")
+        t = g.gateway.transports.transports["far"]  # type: ignore[union-attr]
+        assert t.client.wire is None and t.polled  # TLS: the loop watches paho's socket
+        time.sleep(0.2)  # the far-side SUBSCRIBE is asynchronous
+        far.call(lambda: send(far, "tls.in", 50))
+        wait_for(lambda: len(got) == 50, what="the imports over TLS")
+        assert [d.msg.body for d in got] == [f"m{i}" for i in range(50)]
+    finally:
+        g.stop()
+        far.stop()

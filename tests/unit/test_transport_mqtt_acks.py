@@ -296,3 +296,68 @@ def test_send_puback_leaves_to_paho_what_waits_before_it() -> None:
     c.buffered = True
     c.send_puback(8)  # paho's packet still waits: this one goes behind it, through paho
     assert bytes(c.out) == b"\x40\x02\x00\x07\x40\x02\x00\x08" and not c._out_packet
+
+
+# -- runs of plain acknowledgements in the buffered input (take_acks) ---------------------------
+
+def test_take_acks_settles_a_run_and_stops_at_anything_else() -> None:
+    c = connected()
+    seen: list[tuple[int, Any]] = []
+    c.on_publish = lambda _c, _u, mid, reason, _p: seen.append((mid, reason))
+    mids = [c.publish_fields("a/b", b"x", 1, {}) for _ in range(3)]
+    q2 = c.publish_fields("a/b", b"y", 2, {})
+    assert None not in mids and q2 is not None
+    c._out_messages[q2].state = paho.mqtt_ms_wait_for_pubcomp
+    rest = b"\x40\x03\x00\x09\x10" + b"\x30\x03\x00\x01a"  # a PUBACK with a reason code, ...
+    c.inbuf = b"".join(b"\x40\x02" + m.to_bytes(2, "big") for m in mids) + (
+        b"\x70\x02" + q2.to_bytes(2, "big")) + rest
+    c.inpos = 0
+    before = c._last_bytes_received
+    assert c.take_acks() == MQTTErrorCode.MQTT_ERR_SUCCESS
+    assert [m for m, _ in seen] == [*mids, q2] and c._out_messages == {}
+    assert [r for _, r in seen[:3]] == [_ACK_SUCCESS] * 3 and not seen[3][1].is_failure
+    assert str(seen[3][1]) == "Success" and c._inflight_messages == 0
+    assert c.inbuf[c.inpos:] == rest  # paho's reader takes the rest
+    assert c._last_bytes_received >= before
+    assert c.take_acks() is None
+
+
+def test_take_acks_waits_for_whole_packets_and_for_paho() -> None:
+    c = connected()
+    mid = c.publish_fields("a/b", b"x", 1, {})
+    assert mid is not None
+    c.inbuf, c.inpos = b"\x40\x02\x00", 0  # three of four bytes
+    assert c.take_acks() is None and c.inpos == 0
+    c.inbuf = b"\x40\x02" + mid.to_bytes(2, "big")
+    c._in_packet["command"] = 0x30  # paho is half-way through a packet
+    assert c.take_acks() is None and c.inpos == 0
+    c._in_packet["command"] = 0
+    assert c.take_acks() == MQTTErrorCode.MQTT_ERR_SUCCESS and c.inpos == 4
+
+
+def test_take_acks_stops_when_the_socket_goes_in_a_callback() -> None:
+    c = connected()
+    mids = [c.publish_fields("a/b", b"x", 1, {}) for _ in range(2)]
+    seen: list[int] = []
+
+    def on_publish(_c: Any, _u: Any, mid: int, _r: Any, _p: Any) -> None:
+        seen.append(mid)
+        c._sock_close()  # the transport tore the connection down
+
+    c.on_publish = on_publish
+    c.inbuf = b"".join(b"\x40\x02" + m.to_bytes(2, "big") for m in mids)  # type: ignore[union-attr]
+    c.inpos = 0
+    c.take_acks()
+    assert seen == mids[:1] and c.inbuf == b""
+
+
+def test_an_export_info_needs_no_condition() -> None:
+    c = connected()
+    mid = c.publish_fields("a/b", b"x", 1, {})
+    assert mid is not None
+    info = c._out_messages[mid].info
+    assert not info.is_published() and tuple(info) == (MQTTErrorCode.MQTT_ERR_SUCCESS, mid)
+    ack(c, PUBACK, mid.to_bytes(2, "big"))
+    assert info.is_published()
+    with pytest.raises(RuntimeError):
+        info.wait_for_publish()

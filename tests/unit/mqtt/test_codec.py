@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from adapters.mqtt.codec import (
     CLIENT,
@@ -14,6 +16,7 @@ from adapters.mqtt.codec import (
     validate_topic_filter,
     validate_topic_name,
 )
+from adapters.mqtt.packets import PUBLISH as PUBLISH_TYPE
 from adapters.mqtt.packets import (
     Auth,
     ConnAck,
@@ -38,6 +41,7 @@ from adapters.mqtt.packets import (
     Will,
     v3_connack_return_code,
 )
+from adapters.mqtt.properties import _ascii_pairs, encode_properties, encode_utf8, encode_varint
 from gateway.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 
 from .test_vectors import OPENING, client_after_connect, h, server_after_connect
@@ -637,3 +641,33 @@ def test_errors_are_protocol_errors():
     assert issubclass(MqttRemoteProtocolError, ProtocolError)
     assert issubclass(MqttLocalProtocolError, ProtocolError)
     assert issubclass(UnsupportedProtocolVersion, MqttRemoteProtocolError)
+
+
+_PAIR_TEXT = st.text(st.characters(max_codepoint=0x2FF, blacklist_categories=("Cs",)), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_PAIR_TEXT, _PAIR_TEXT), max_size=6))
+def test_user_properties_block_matches_the_pair_by_pair_encoding(pairs):
+    """The Latin-1 block of ASCII pairs is byte for byte what the general path writes; a
+    pair it cannot write (non-ASCII, NUL) leaves the whole list to the general path."""
+    block = _ascii_pairs(pairs)
+    if any("\x00" in k + v for k, v in pairs):
+        assert block is None
+        with pytest.raises(LocalProtocolError):
+            encode_properties({"user_property": pairs}, PUBLISH_TYPE)
+        return
+    general = b"".join(b"\x26" + encode_utf8(k) + encode_utf8(v) for k, v in pairs)
+    if all(k.isascii() and v.isascii() for k, v in pairs):
+        assert block == general
+    else:
+        assert block is None
+    assert encode_properties({"user_property": pairs}, PUBLISH_TYPE) == (
+        encode_varint(len(general)) + general if pairs else b"\x00")
+
+
+def test_user_properties_block_leaves_long_and_odd_items_to_the_general_path():
+    assert _ascii_pairs([("a", "b" * 65_536)]) is None
+    assert _ascii_pairs([["a", "b"]]) is None  # a list, not a tuple: the general path checks
+    assert _ascii_pairs([("a", 1)]) is None
+    assert _ascii_pairs([("k" * 300, "v")]) == b"\x26\x01\x2c" + b"k" * 300 + b"\x00\x01v"
