@@ -1,19 +1,25 @@
 """The ``mqtt`` transport: the gateway as an MQTT 3.1.1 / 5.0 client of another broker.
 
-How this works. paho-mqtt does the protocol; the gateway's event loop does the I/O. paho is
-used the way its ``loop_asyncio`` example shows: its socket is watched with
-``add_reader`` and ``loop_read`` / ``loop_write`` / ``loop_misc`` are called from the loop,
-so every callback runs on the gateway's loop and touches core state directly. Only the
-blocking TCP (and TLS) connect runs in an executor thread. Once connected, paho's socket I/O
-is buffered (:class:`_Client`): a read takes all the socket has, and what paho writes in one
-loop iteration goes out in one ``send`` (``add_writer`` only while the socket is full).
+How this works. paho-mqtt does the protocol; the gateway's event loop does the I/O, so every
+paho callback runs on the gateway's loop and touches core state directly. Only the blocking
+TCP (and TLS) connect runs in an executor thread. Once connected, paho's socket I/O is
+buffered (:class:`_Client`): what paho writes in one loop iteration goes out at once, and
+paho's reads are served from what arrived. Over plain TCP the socket is handed to the loop
+as a transport (:class:`_Wire`): the loop reads and writes it (uvloop does so without
+releasing the GIL, which a ``send`` from Python does -- and then waits for the store's or the
+delivery log's thread to give it back), and paho's reader is run on what arrives. Over TLS
+the socket stays paho's ``SSLSocket``, watched with ``add_reader`` as paho's
+``loop_asyncio`` example does: a read takes all the socket has, a write is one ``send``
+(``add_writer`` only while the socket is full).
+
 Three per-message steps of paho cost more than everything else the transport does per
 message, and :class:`_Client` takes them over for the common case only: reading a plain
 success PUBACK / PUBCOMP (paho builds a ``ReasonCode``, which copies a table of names, and
-``Properties`` for each), reading a QoS 0 / 1 PUBLISH (with the MQTT adapter's own codec
-helpers instead of paho's ``MQTTMessage`` and ``Properties``), and encoding a QoS 1 / 2
-export (with the adapter's encoder; the message is entered in paho's session as paho's
-``publish`` enters it). paho keeps the session state either way (in-flight exports,
+``Properties`` for each; a run of them is settled straight from the input buffer), reading
+a QoS 0 / 1 PUBLISH (with the MQTT adapter's own codec helpers instead of paho's
+``MQTTMessage`` and ``Properties``), and encoding a QoS 1 / 2 export (with the adapter's
+encoder; the message is entered in paho's session as paho's ``publish`` enters it, with a
+progress record that needs no ``threading.Condition``). paho keeps the session state either way (in-flight exports,
 packet ids, resends after a reconnect); anything unusual goes to paho's own code.
 
 * Names: core subject ``a.b`` ↔ topic ``<remote_prefix>a/b`` (``adapters/mqtt/topics.py``,
@@ -377,6 +383,7 @@ _ACK_REASONS: dict[str, dict[int, ReasonCode]] = {
 }
 _ACK_SUCCESS = _ACK_REASONS["PUBACK"][0]
 _COMP_SUCCESS = _ACK_REASONS["PUBCOMP"][0]
+_ACK_FIRST = frozenset((0x40, 0x70))  # the first byte of a PUBACK, a PUBCOMP
 _NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
 
 
@@ -662,8 +669,8 @@ class MqttTransport(Transport):
             rc = read()
             if rc == again:
                 return
-            if rc == 0:
-                rc = c.take_acks() or 0  # those that follow, if plain
+            if rc == 0 and c.inpos < len(c.inbuf) and c.inbuf[c.inpos] in _ACK_FIRST:
+                rc = c.take_acks() or 0  # acknowledgements follow: those that are plain
             if rc > 0:
                 handle(rc)
                 return
