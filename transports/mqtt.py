@@ -127,6 +127,7 @@ class _Client(paho.Client):
         self.wire: asyncio.Transport | None = None
         self.wire_loop: asyncio.AbstractEventLoop | None = None
         self.eof = False  # the wire's connection is gone: reads end once the input is taken
+        self.hold = False  # the transport paused reading: take_packets stops
 
     def feed(self, data: bytes) -> None:
         """Bytes the wire received: paho reads them through :meth:`_sock_recv`."""
@@ -206,40 +207,67 @@ class _Client(paho.Client):
                     return self._update_inflight()  # type: ignore[no-any-return]
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
-    def take_acks(self) -> MQTTErrorCode | None:
-        """Settle the plain PUBACK / PUBCOMP packets (four bytes each: success, MQTT 5.0
-        3.4.2.1) that open the buffered input, without paho's packet reader (a dict of read
-        state and three ``recv`` calls for each: on an export stream most of what arrives).
+    def take_packets(self, limit: int) -> tuple[int, MQTTErrorCode]:
+        """Handle the whole packets at the head of the buffered input that need nothing of
+        paho's reader (a dict of read state and three ``recv`` calls a packet, on a busy
+        link most of what the transport does per message): plain PUBACK / PUBCOMP (four
+        bytes each: success, MQTT 5.0 3.4.2.1), settled as :meth:`_handle_pubackcomp`
+        settles them, and QoS 0 / 1 PUBLISH packets, handed on as :meth:`_handle_publish`
+        hands them. Stops at anything else, at a packet not wholly buffered, after
+        ``limit`` packets, and when :attr:`hold` is set (the transport paused reading).
 
-        Only between packets (paho is not half-way through one) and only while buffered.
-        Returns None when it took none, else the result of the last settlement (an error
-        from resending what waited for a free slot is for paho's loop to handle).
+        Only between packets (paho is not half-way through one). Returns how many it took
+        and the result of the last (an error from resending what waited for a free slot is
+        for paho's loop to handle).
         """
-        if self._in_packet["command"]:
-            return None
-        data = self.inbuf
-        pos = start = self.inpos
-        last = len(data) - 4
         rc = MQTTErrorCode.MQTT_ERR_SUCCESS
-        while pos <= last and data[pos + 1] == 2:
+        if self._in_packet["command"]:
+            return 0, rc
+        data = self.inbuf
+        pos = self.inpos
+        end = len(data)
+        deliver = self.on_publish_packet if self._manual_ack else None
+        taken = 0
+        while taken < limit and pos + 2 <= end and not self.hold:
             first = data[pos]
-            if first == 0x40:
-                reason = _ACK_SUCCESS
-            elif first == 0x70:
-                reason = _COMP_SUCCESS
+            if first == 0x40 or first == 0x70:
+                if data[pos + 1] != 2 or pos + 4 > end:
+                    break
+                mid = (data[pos + 2] << 8) | data[pos + 3]
+                pos += 4
+                self.inpos = pos
+                rc = self._settle(mid, _ACK_SUCCESS if first == 0x40 else _COMP_SUCCESS)
+            elif (first & 0xF0) == 0x30 and (first & 0x06) < 4 and deliver is not None:
+                p = pos + 1  # the Remaining Length: one to four bytes
+                length = mult = 0
+                while True:
+                    if p >= end or mult > 21:
+                        length = -1
+                        break
+                    byte = data[p]
+                    p += 1
+                    length |= (byte & 0x7F) << mult
+                    mult += 7
+                    if not byte & 0x80:
+                        break
+                stop = p + length
+                if length < 2 or stop > end:
+                    break
+                parsed = self._parse_publish(first, data, p, stop)
+                if parsed is None:
+                    break
+                pos = stop
+                self.inpos = pos
+                deliver(self, *parsed)
             else:
                 break
-            mid = (data[pos + 2] << 8) | data[pos + 3]
-            pos += 4
-            self.inpos = pos
-            rc = self._settle(mid, reason)
+            taken += 1
             if rc or self.inbuf is not data:  # an error, or the socket went with its buffer
                 break
-        if pos == start:
-            return None
-        with self._msgtime_mutex:
-            self._last_bytes_received = paho.time_func()
-        return rc
+        if taken:
+            with self._msgtime_mutex:
+                self._last_bytes_received = paho.time_func()
+        return taken, rc
 
     def _handle_publish(self) -> MQTTErrorCode:
         """paho's PUBLISH handler, without its cost for a QoS 0 / 1 message.
@@ -256,14 +284,24 @@ class _Client(paho.Client):
         """
         deliver = self.on_publish_packet
         command = self._in_packet["command"]
-        qos = (command >> 1) & 3
-        if deliver is None or qos > 1 or not self._manual_ack:
+        if deliver is None or (command >> 1) & 3 > 1 or not self._manual_ack:
             return super()._handle_publish()  # type: ignore[no-any-return]
         data = bytes(self._in_packet["packet"])  # paho reads into a bytearray
-        end = len(data)
+        parsed = self._parse_publish(command, data, 0, len(data))
+        if parsed is None:
+            return super()._handle_publish()  # type: ignore[no-any-return]
+        deliver(self, *parsed)
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def _parse_publish(self, command: int, data: bytes, p: int,
+                       end: int) -> tuple[str, bytes, int, bool, int, dict[str, Any]] | None:
+        """The QoS 0 / 1 PUBLISH whose variable header starts at ``data[p]`` and which ends at
+        ``end``, as :attr:`on_publish_packet`'s arguments; None for what paho must judge."""
+        qos = (command >> 1) & 3
         try:
-            p = 2 + ((data[0] << 8) | data[1])
-            topic = data[2:p].decode()
+            start = p + 2
+            p = start + ((data[p] << 8) | data[p + 1])
+            topic = data[start:p].decode()
             mid = 0
             if qos:
                 mid = (data[p] << 8) | data[p + 1]
@@ -272,11 +310,10 @@ class _Client(paho.Client):
             if self._protocol == paho.MQTTv5:
                 props, p = read_properties(data, p, end, PUBLISH)
         except (IndexError, UnicodeDecodeError, MqttRemoteProtocolError):
-            return super()._handle_publish()  # type: ignore[no-any-return]
+            return None
         if p > end or not topic or not _KEPT_PROPERTIES.issuperset(props):
-            return super()._handle_publish()  # type: ignore[no-any-return]
-        deliver(self, topic, data[p:], qos, bool(command & 1), mid, props)
-        return MQTTErrorCode.MQTT_ERR_SUCCESS
+            return None
+        return topic, data[p:end], qos, bool(command & 1), mid, props
 
     def publish_fields(self, topic: str, payload: bytes, qos: int,
                        fields: dict[str, Any] | None) -> int | None:
@@ -383,7 +420,8 @@ _ACK_REASONS: dict[str, dict[int, ReasonCode]] = {
 }
 _ACK_SUCCESS = _ACK_REASONS["PUBACK"][0]
 _COMP_SUCCESS = _ACK_REASONS["PUBCOMP"][0]
-_ACK_FIRST = frozenset((0x40, 0x70))  # the first byte of a PUBACK, a PUBCOMP
+# The first byte of what take_packets may take: PUBACK, PUBCOMP, PUBLISH at QoS 0 / 1.
+_FAST_FIRST = frozenset((0x40, 0x70, 0x30, 0x31, 0x32, 0x33, 0x38, 0x39, 0x3A, 0x3B))
 _NO_PROPERTIES = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
 
 
@@ -663,14 +701,22 @@ class MqttTransport(Transport):
             return
         again = MQTTErrorCode.MQTT_ERR_AGAIN
         c.drained = False
-        for _ in range(READ_BATCH):
+        budget = READ_BATCH
+        while budget > 0:
             if c is not self.client or self.sock is None or self.reading_paused:
                 return  # (resume_reading comes back for what is buffered)
-            rc = read()
+            if c.inpos < len(c.inbuf) and c.inbuf[c.inpos] in _FAST_FIRST:
+                taken, rc = c.take_packets(budget)  # whole packets in the buffer, if plain
+                if rc > 0:
+                    handle(rc)
+                    return
+                if taken:
+                    budget -= taken
+                    continue
+            rc = read()  # paho's reader: from the socket, a partial packet, anything else
+            budget -= 1
             if rc == again:
                 return
-            if rc == 0 and c.inpos < len(c.inbuf) and c.inbuf[c.inpos] in _ACK_FIRST:
-                rc = c.take_acks() or 0  # acknowledgements follow: those that are plain
             if rc > 0:
                 handle(rc)
                 return
@@ -741,6 +787,8 @@ class MqttTransport(Transport):
 
     def pause_reading(self) -> None:
         c = self.client
+        if c is not None:
+            c.hold = True
         if self.sock is None or c is None:
             return
         if c.wire is not None:
@@ -750,6 +798,8 @@ class MqttTransport(Transport):
 
     def resume_reading(self) -> None:
         c = self.client
+        if c is not None:
+            c.hold = False
         if self.sock is None or c is None:
             return
         if c.wire is not None:

@@ -298,9 +298,13 @@ def test_send_puback_leaves_to_paho_what_waits_before_it() -> None:
     assert bytes(c.out) == b"\x40\x02\x00\x07\x40\x02\x00\x08" and not c._out_packet
 
 
-# -- runs of plain acknowledgements in the buffered input (take_acks) ---------------------------
+# -- whole packets in the buffered input (take_packets) ------------------------------------------
 
-def test_take_acks_settles_a_run_and_stops_at_anything_else() -> None:
+def buffered(c: _Client, data: bytes) -> None:
+    c.inbuf, c.inpos = data, 0
+
+
+def test_take_packets_settles_a_run_of_acks_and_stops_at_anything_else() -> None:
     c = connected()
     seen: list[tuple[int, Any]] = []
     c.on_publish = lambda _c, _u, mid, reason, _p: seen.append((mid, reason))
@@ -309,33 +313,80 @@ def test_take_acks_settles_a_run_and_stops_at_anything_else() -> None:
     assert None not in mids and q2 is not None
     c._out_messages[q2].state = paho.mqtt_ms_wait_for_pubcomp
     rest = b"\x40\x03\x00\x09\x10" + b"\x30\x03\x00\x01a"  # a PUBACK with a reason code, ...
-    c.inbuf = b"".join(b"\x40\x02" + m.to_bytes(2, "big") for m in mids) + (
-        b"\x70\x02" + q2.to_bytes(2, "big")) + rest
-    c.inpos = 0
+    buffered(c, b"".join(b"\x40\x02" + m.to_bytes(2, "big") for m in mids)  # type: ignore[union-attr]
+             + b"\x70\x02" + q2.to_bytes(2, "big") + rest)
     before = c._last_bytes_received
-    assert c.take_acks() == MQTTErrorCode.MQTT_ERR_SUCCESS
+    assert c.take_packets(100) == (4, MQTTErrorCode.MQTT_ERR_SUCCESS)
     assert [m for m, _ in seen] == [*mids, q2] and c._out_messages == {}
     assert [r for _, r in seen[:3]] == [_ACK_SUCCESS] * 3 and not seen[3][1].is_failure
     assert str(seen[3][1]) == "Success" and c._inflight_messages == 0
     assert c.inbuf[c.inpos:] == rest  # paho's reader takes the rest
     assert c._last_bytes_received >= before
-    assert c.take_acks() is None
+    assert c.take_packets(100) == (0, MQTTErrorCode.MQTT_ERR_SUCCESS)
 
 
-def test_take_acks_waits_for_whole_packets_and_for_paho() -> None:
+@pytest.mark.parametrize("v5", [True, False])
+def test_take_packets_hands_on_publishes_as_paho_s_reader_does(v5: bool) -> None:
+    level = 5 if v5 else 4
+    packets = [
+        encode_publish("a/b", b"\x00one", 1, True, False, 7, FULL if v5 else None, level),
+        encode_publish("c", b"", 0, False, False, None, None, level),
+        encode_publish("a/" + "x" * 200, b"p" * 300, 1, False, True, 9, None, level),  # DUP
+    ]
+    fast_side, fast, _ = importer(v5)
+    buffered(fast_side, b"".join(packets))
+    assert fast_side.take_packets(100) == (3, MQTTErrorCode.MQTT_ERR_SUCCESS)
+    assert fast_side.inpos == len(fast_side.inbuf)
+    paho_side, _, via_paho = importer(v5)
+    paho_side.on_publish_packet = None
+    for wire in packets:
+        i = 1
+        while wire[i] & 0x80:
+            i += 1
+        receive(paho_side, wire[0], wire[i + 1:])
+    assert fast == via_paho and len(fast) == 3
+    assert all(type(args[1]) is bytes for args in fast)
+
+
+def test_take_packets_leaves_to_paho_what_is_partial_odd_or_held() -> None:
+    c, fast, _ = importer()
+    one = encode_publish("a/b", b"x", 1, False, False, 1, None, 5)
+    buffered(c, one + one[:-1])  # the second is not wholly buffered
+    assert c.take_packets(100) == (1, MQTTErrorCode.MQTT_ERR_SUCCESS) and c.inpos == len(one)
+    qos2 = encode_publish("a/b", b"x", 2, False, False, 2, None, 5)
+    buffered(c, qos2)
+    assert c.take_packets(100)[0] == 0 and c.inpos == 0  # paho keeps QoS 2 exchanges
+    alias = encode_publish("a/b", b"x", 1, False, False, 3, {"topic_alias": 1}, 5)
+    buffered(c, alias)
+    assert c.take_packets(100)[0] == 0  # a property a message does not keep
+    buffered(c, b"\x32\xff\xff\xff\xff\x01")  # a Remaining Length of five bytes
+    assert c.take_packets(100)[0] == 0
+    buffered(c, one * 5)
+    assert c.take_packets(2)[0] == 2 and c.inpos == 2 * len(one)  # the limit
+    c.hold = True  # the transport paused reading
+    assert c.take_packets(100)[0] == 0
+    c.hold = False
+    c._in_packet["command"] = 0x32  # paho is half-way through a packet
+    assert c.take_packets(100)[0] == 0
+    c._in_packet["command"] = 0
+    assert c.take_packets(100)[0] == 3 and len(fast) == 6
+    no_manual = _Client(CallbackAPIVersion.VERSION2, client_id="t")
+    no_manual.on_publish_packet = lambda *a: fast.append(a)
+    buffered(no_manual, one)
+    assert no_manual.take_packets(100)[0] == 0  # without manual acks paho acknowledges
+
+
+def test_take_packets_waits_for_whole_acks() -> None:
     c = connected()
     mid = c.publish_fields("a/b", b"x", 1, {})
     assert mid is not None
-    c.inbuf, c.inpos = b"\x40\x02\x00", 0  # three of four bytes
-    assert c.take_acks() is None and c.inpos == 0
-    c.inbuf = b"\x40\x02" + mid.to_bytes(2, "big")
-    c._in_packet["command"] = 0x30  # paho is half-way through a packet
-    assert c.take_acks() is None and c.inpos == 0
-    c._in_packet["command"] = 0
-    assert c.take_acks() == MQTTErrorCode.MQTT_ERR_SUCCESS and c.inpos == 4
+    buffered(c, b"\x40\x02\x00")  # three of four bytes
+    assert c.take_packets(100)[0] == 0 and c.inpos == 0
+    buffered(c, b"\x40\x02" + mid.to_bytes(2, "big"))
+    assert c.take_packets(100) == (1, MQTTErrorCode.MQTT_ERR_SUCCESS) and c.inpos == 4
 
 
-def test_take_acks_stops_when_the_socket_goes_in_a_callback() -> None:
+def test_take_packets_stops_when_the_socket_goes_in_a_callback() -> None:
     c = connected()
     mids = [c.publish_fields("a/b", b"x", 1, {}) for _ in range(2)]
     seen: list[int] = []
@@ -345,9 +396,8 @@ def test_take_acks_stops_when_the_socket_goes_in_a_callback() -> None:
         c._sock_close()  # the transport tore the connection down
 
     c.on_publish = on_publish
-    c.inbuf = b"".join(b"\x40\x02" + m.to_bytes(2, "big") for m in mids)  # type: ignore[union-attr]
-    c.inpos = 0
-    c.take_acks()
+    buffered(c, b"".join(b"\x40\x02" + m.to_bytes(2, "big") for m in mids))  # type: ignore[union-attr]
+    c.take_packets(100)
     assert seen == mids[:1] and c.inbuf == b""
 
 
