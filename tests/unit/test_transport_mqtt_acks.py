@@ -1,7 +1,9 @@
-"""transports/mqtt.py's fast paths (``_Client._handle_pubackcomp``, ``_Client._handle_publish``)
-against paho's own handlers: the same callback arguments, the same bookkeeping, and anything
-unusual handed to paho. Packets are fed as paho's reader leaves them in
-``_in_packet``; no socket is needed (paho keeps a message published while disconnected)."""
+"""transports/mqtt_client.py's fast paths (``Client._handle_pubackcomp``,
+``Client._handle_publish``, ``Client.take_packets``, ``Client.publish_fields``) against
+paho's own handlers: the same callback arguments, the same bookkeeping, and anything unusual
+handed to paho. Packets are fed as paho's reader leaves them in ``_in_packet``, or as the
+input buffer holds them; no socket is needed (paho keeps a message published while
+disconnected)."""
 
 from __future__ import annotations
 
@@ -13,14 +15,14 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 
 from adapters.mqtt.encoding import encode_publish
 from adapters.mqtt.properties import encode_properties
-from transports.mqtt import _ACK_SUCCESS, _PAHO_NAMES, _Client, _Packed
+from transports.mqtt_client import ACK_SUCCESS, PAHO_NAMES, Client, Packed
 
 PUBACK = 0x40
 PUBCOMP = 0x70
 
 
-def client(v5: bool = True, window: int = 0) -> tuple[_Client, list[tuple[int, Any]]]:
-    c = _Client(CallbackAPIVersion.VERSION2, client_id="t",
+def client(v5: bool = True, window: int = 0) -> tuple[Client, list[tuple[int, Any]]]:
+    c = Client(CallbackAPIVersion.VERSION2, client_id="t",
                 protocol=MQTTProtocolVersion.MQTTv5 if v5 else MQTTProtocolVersion.MQTTv311)
     c.max_inflight_messages_set(window)
     seen: list[tuple[int, Any]] = []
@@ -28,7 +30,7 @@ def client(v5: bool = True, window: int = 0) -> tuple[_Client, list[tuple[int, A
     return c, seen
 
 
-def in_flight(c: _Client, qos: int = 1) -> int:
+def in_flight(c: Client, qos: int = 1) -> int:
     """A message paho thinks is waiting for its PUBACK / PUBREC."""
     info = c.publish("a/b", b"x", qos=qos)  # not connected: kept in _out_messages
     msg = c._out_messages[info.mid]
@@ -37,7 +39,7 @@ def in_flight(c: _Client, qos: int = 1) -> int:
     return info.mid
 
 
-def ack(c: _Client, command: int, body: bytes) -> MQTTErrorCode:
+def ack(c: Client, command: int, body: bytes) -> MQTTErrorCode:
     c._in_packet["command"] = command
     c._in_packet["packet"] = body
     c._in_packet["remaining_length"] = len(body)
@@ -51,7 +53,7 @@ def test_a_plain_success_confirms_and_frees_the_slot(body_tail: bytes) -> None:
     mid = in_flight(c)
     assert ack(c, PUBACK, mid.to_bytes(2, "big") + body_tail) == MQTTErrorCode.MQTT_ERR_SUCCESS
     assert len(seen) == 1 and seen[0][0] == mid and not seen[0][1].is_failure
-    assert seen[0][1] is _ACK_SUCCESS  # the fast path, not paho's decoder
+    assert seen[0][1] is ACK_SUCCESS  # the fast path, not paho's decoder
     assert mid not in c._out_messages
     assert c._inflight_messages == 0
 
@@ -75,7 +77,7 @@ def test_a_refusal_keeps_its_reason_code() -> None:
     mid = in_flight(c)
     ack(c, PUBACK, mid.to_bytes(2, "big") + b"\x87\x00")  # Not authorized, no properties
     assert len(seen) == 1 and seen[0][0] == mid
-    assert seen[0][1].is_failure and seen[0][1].value == 0x87 and seen[0][1] is not _ACK_SUCCESS
+    assert seen[0][1].is_failure and seen[0][1].value == 0x87 and seen[0][1] is not ACK_SUCCESS
     assert mid not in c._out_messages and c._inflight_messages == 0
 
 
@@ -89,7 +91,7 @@ def test_every_reason_code_as_paho_reads_it(command: int, code: int, length: int
         c, seen = client()
         mid = in_flight(c, qos=1 if command == PUBACK else 2)
         if not fast:  # paho's own handler
-            c._handle_pubackcomp = super(_Client, c)._handle_pubackcomp  # type: ignore[method-assign]
+            c._handle_pubackcomp = super(Client, c)._handle_pubackcomp  # type: ignore[method-assign]
         try:
             ack(c, command, mid.to_bytes(2, "big") + body_tail)
         except Exception as exc:  # noqa: BLE001 - paho refuses a code the type does not have
@@ -144,23 +146,23 @@ def publish_body(qos: int, props: dict[str, Any] | None, level: int = 5, topic: 
     return wire[0], wire[i + 1:]
 
 
-def receive(c: _Client, first: int, body: bytes) -> MQTTErrorCode:
+def receive(c: Client, first: int, body: bytes) -> MQTTErrorCode:
     c._in_packet["command"] = first
     c._in_packet["packet"] = bytearray(body)  # as paho's reader leaves it
     c._in_packet["remaining_length"] = len(body)
     return c._handle_publish()  # type: ignore[no-any-return]
 
 
-def importer(v5: bool = True) -> tuple[_Client, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+def importer(v5: bool = True) -> tuple[Client, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """A client as the transport makes it: manual acks, both import callbacks recording."""
-    c = _Client(CallbackAPIVersion.VERSION2, client_id="t", manual_ack=True,
+    c = Client(CallbackAPIVersion.VERSION2, client_id="t", manual_ack=True,
                 protocol=MQTTProtocolVersion.MQTTv5 if v5 else MQTTProtocolVersion.MQTTv311)
     fast: list[tuple[Any, ...]] = []
     slow: list[tuple[Any, ...]] = []
     c.on_publish_packet = lambda _c, *args: fast.append(args)
 
     def on_message(_c: Any, _u: Any, m: Any) -> None:  # the transport's conversion
-        props = {k: getattr(m.properties, v) for k, v in _PAHO_NAMES.items()
+        props = {k: getattr(m.properties, v) for k, v in PAHO_NAMES.items()
                  if m.properties is not None and hasattr(m.properties, v)}
         slow.append((m.topic, bytes(m.payload), m.qos, bool(m.retain), m.mid, props))
 
@@ -233,7 +235,7 @@ class _Sock:
         pass
 
 
-def connected(v5: bool = True, window: int = 20) -> _Client:
+def connected(v5: bool = True, window: int = 20) -> Client:
     c, _ = client(v5, window)
     c._sock = _Sock()  # type: ignore[assignment]
     c.buffered = True
@@ -247,7 +249,7 @@ def test_publish_fields_writes_what_paho_publish_writes(v5: bool, qos: int) -> N
     fast, slow = connected(v5), connected(v5)
     mid = fast.publish_fields("a/b", b"payload", qos, fields if v5 else None)
     info = slow.publish("a/b", b"payload", qos=qos,
-                        properties=_Packed(fields) if v5 else None)  # type: ignore[arg-type]
+                        properties=Packed(fields) if v5 else None)  # type: ignore[arg-type]
     assert mid == info.mid == 1
     assert bytes(fast.out) == bytes(slow.out) and fast.out
     for c in (fast, slow):
@@ -300,7 +302,7 @@ def test_send_puback_leaves_to_paho_what_waits_before_it() -> None:
 
 # -- whole packets in the buffered input (take_packets) ------------------------------------------
 
-def buffered(c: _Client, data: bytes) -> None:
+def buffered(c: Client, data: bytes) -> None:
     c.inbuf, c.inpos = data, 0
 
 
@@ -318,7 +320,7 @@ def test_take_packets_settles_a_run_of_acks_and_stops_at_anything_else() -> None
     before = c._last_bytes_received
     assert c.take_packets(100) == (4, MQTTErrorCode.MQTT_ERR_SUCCESS)
     assert [m for m, _ in seen] == [*mids, q2] and c._out_messages == {}
-    assert [r for _, r in seen[:3]] == [_ACK_SUCCESS] * 3 and not seen[3][1].is_failure
+    assert [r for _, r in seen[:3]] == [ACK_SUCCESS] * 3 and not seen[3][1].is_failure
     assert str(seen[3][1]) == "Success" and c._inflight_messages == 0
     assert c.inbuf[c.inpos:] == rest  # paho's reader takes the rest
     assert c._last_bytes_received >= before
@@ -370,7 +372,7 @@ def test_take_packets_leaves_to_paho_what_is_partial_odd_or_held() -> None:
     assert c.take_packets(100)[0] == 0
     c._in_packet["command"] = 0
     assert c.take_packets(100)[0] == 3 and len(fast) == 6
-    no_manual = _Client(CallbackAPIVersion.VERSION2, client_id="t")
+    no_manual = Client(CallbackAPIVersion.VERSION2, client_id="t")
     no_manual.on_publish_packet = lambda *a: fast.append(a)
     buffered(no_manual, one)
     assert no_manual.take_packets(100)[0] == 0  # without manual acks paho acknowledges
