@@ -489,6 +489,7 @@ class MqttConnection:
         self.alias_max = 0  # aliases the client accepts from us
         self.aliases_out: dict[str, int] = {}
         self.pending_acks: deque[tuple[int, Any, int]] = deque()
+        self.ack_watch: Any = None  # the future at the head of pending_acks we wait for
         self.user: str | None = None
         self.closing = False
 
@@ -759,17 +760,24 @@ class MqttConnection:
             # Nothing earlier is waiting and nothing to wait for: acknowledge now.
             self._write((_PUBACK_HEAD if qos == 1 else _PUBREC_HEAD) + _PID.pack(pid))
             return
-        self.pending_acks.append((pid, fut, reason | (qos << 16)))
-        self._flush_acks()
-        if fut is not None and not fut.done():
-            fut.add_done_callback(lambda _f: self._flush_acks())
+        q = self.pending_acks
+        q.append((pid, fut, reason | (qos << 16)))
+        if len(q) == 1:  # else one before it waits, and sending that one goes on to this
+            self._flush_acks()
 
     def _flush_acks(self) -> None:
-        """Send PUBACK/PUBREC in the order the PUBLISH packets came ([MQTT-4.6.0-2])."""
+        """Send PUBACK/PUBREC in the order the PUBLISH packets came ([MQTT-4.6.0-2]).
+
+        Stops at the first publish whose store commit is not done and waits for that one
+        alone: a group commit confirms many at once, and one callback then sends them all.
+        """
         q = self.pending_acks
         while q:
             pid, fut, packed = q[0]
             if fut is not None and not fut.done():
+                if self.ack_watch is not fut:
+                    self.ack_watch = fut
+                    fut.add_done_callback(self._acks_ready)
                 return
             q.popleft()
             reason = packed & 0xFFFF
@@ -782,6 +790,11 @@ class MqttConnection:
                 self.send(PubAck(pid, reason if self.level >= MQTT_5 else 0))
             else:
                 self.send(PubRec(pid, reason if self.level >= MQTT_5 else 0))
+
+    def _acks_ready(self, fut: Any) -> None:
+        if self.ack_watch is fut:
+            self.ack_watch = None
+        self._flush_acks()
 
     def handle_puback(self, p: PubAck) -> None:
         assert self.session is not None

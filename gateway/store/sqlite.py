@@ -159,8 +159,14 @@ class SqliteStore:
         self.last_error: Exception | None = None
         self._unit: list[tuple[Any, ...]] = []  # loop thread only
         self._next_id = 1  # loop thread only (set by open)
-        self._queue: list[_Unit] = []  # guarded by _cv
-        self._cv = threading.Condition()
+        self._queue: list[_Unit] = []  # guarded by _lock
+        # commit() takes the lock itself (a C call) and notifies only when the writer waits
+        # (``_idle``): the Condition's own ``with`` and ``notify`` are Python code, twice a
+        # persistent message (1.1 µs against 0.25 µs here). Reentrant, as the Condition's
+        # default lock is.
+        self._lock = threading.RLock()
+        self._cv = threading.Condition(self._lock)
+        self._idle = False  # guarded by _lock: the writer waits for units
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._call_soon: Callable[..., object] | None = None
@@ -246,9 +252,11 @@ class SqliteStore:
         if self._thread is None:
             raise StoreError(f"store {self.path} is not open")
         self._unit = []
-        with self._cv:
+        with self._lock:
             self._queue.append((unit, callback, on_error, None))
-            self._cv.notify()
+            if self._idle:
+                self._idle = False
+                self._cv.notify()
 
     def flush(self) -> None:
         """Block until everything submitted so far (committed or not) is durable.
@@ -434,7 +442,9 @@ class SqliteStore:
         while True:
             with cv:
                 while not self._queue and not self._stopping:
+                    self._idle = True
                     cv.wait()
+                self._idle = False
                 units = self._queue
                 if not units:
                     return  # stopping, and everything is written

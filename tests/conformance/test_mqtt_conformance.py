@@ -440,6 +440,24 @@ def test_07c_acknowledgements_in_publish_order(client: MakeClient, level: int) -
 
 
 @LEVELS
+def test_07c2_acknowledgements_in_order_when_the_publishes_are_stored(client: MakeClient,
+                                                                     level: int) -> None:
+    """[MQTT-4.6.0-2] / [MQTT-4.6.0-3] with a persistent session subscribed: each QoS 1 / 2
+    publish is stored, its acknowledgement waits for the group commit, and one commit
+    confirms many at once; they still come in the order the PUBLISH packets came."""
+    sub = connect_persistent(client, f"t07c2-sub-{level}", level)
+    sub.subscribe((f"t07c2/{level}/#", 1))
+    pub = client(f"t07c2-{level}", level)
+    batch = [(1 + i % 2, 1000 + i * 7) for i in range(120)]
+    data = b"".join(encode_publish(f"t07c2/{level}/{i}", b"p", q, False, False, pid, {}, level)
+                    for i, (q, pid) in enumerate(batch))
+    pub.send_raw(data)
+    acks = [pub.expect(PubRec if q == 2 else PubAck) for q, _ in batch]
+    assert [a.packet_id for a in acks] == [pid for _, pid in batch]
+    assert pub.nothing(0.3)
+
+
+@LEVELS
 def test_07d_qos2_resent_after_reconnect_is_not_delivered_twice(client: MakeClient,
                                                                level: int) -> None:
     """5.0 [MQTT-4.3.3-10] / 3.1.1 [MQTT-4.3.3-2] across a reconnect: a client that lost the

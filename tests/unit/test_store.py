@@ -722,3 +722,33 @@ def test_sigkill_loses_no_acknowledged_message(tmp_path: Path) -> None:
             if sid in bodies:
                 assert rec.messages[sid].body == bodies[sid]
         assert rec.endpoints == {"queue:crash": {"type": "queue", "name": "crash"}}
+
+
+def test_a_commit_wakes_an_idle_writer_and_a_busy_one_is_not_notified(tmp_path: Path) -> None:
+    """commit() notifies the writer only while it waits (``_idle``); no unit is left behind
+    either way -- each commit here is confirmed without a flush() to push it."""
+    store = sqlite_store(tmp_path)
+    stub = LoopStub()
+    store.open(stub)
+    done: list[int] = []
+    try:
+        for i in range(30):
+            deadline = time.monotonic() + 5
+            while not store._idle:  # the writer went back to waiting
+                assert time.monotonic() < deadline, "the writer never went idle"
+                time.sleep(0.001)
+            m = text(str(i))
+            store.put_message(m)
+            store.add_entry("q", m.store_id)
+            store.commit(functools.partial(done.append, i))
+            for j in range(3):  # while it is busy: queued, not notified
+                m = text(f"{i}.{j}")
+                store.put_message(m)
+                store.add_entry("q", m.store_id)
+                store.commit()
+            fn, args, _ = stub.calls.get(timeout=5)  # the callback, without a flush
+            fn(*args)
+        assert done == list(range(30))
+    finally:
+        store.close()
+    assert store.stats["commits"] == 121  # and the flush of close()
