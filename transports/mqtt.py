@@ -332,26 +332,24 @@ class MqttTransport(Transport):
 
     def pause_reading(self) -> None:
         c = self.client
-        if c is not None:
-            c.hold = True
-        if self.sock is None or c is None:
+        if c is None:
             return
+        c.hold = True  # (take_packets stops between packets)
         if c.wire is not None:
             c.wire.pause_reading()
-        elif self.polled:
+        elif self.polled and self.sock is not None:
             self.loop.remove_reader(self.sock)
 
     def resume_reading(self) -> None:
         c = self.client
-        if c is not None:
-            c.hold = False
-        if self.sock is None or c is None:
+        if c is None:
             return
+        c.hold = False
         if c.wire is not None:
             c.wire.resume_reading()
-        elif self.polled:
+        elif self.polled and self.sock is not None:
             self.loop.add_reader(self.sock, self._readable)
-        if c.has_input() or c.eof:
+        if self.sock is not None and (c.has_input() or c.eof):
             self.loop.call_soon(self._readable)
 
     # -- subscriptions ------------------------------------------------------------------------

@@ -63,10 +63,11 @@ class Client(paho.Client):
     calls cost more than the rest of paho).
 
     While :attr:`buffered` is on (the transport sets it once connected; the blocking connect
-    in an executor thread runs unbuffered), reads are served from one ``recv`` of up to
-    :data:`READ_SIZE` bytes, and writes are collected in :attr:`out` for the transport to send
-    once per loop iteration (:meth:`flush`). Both buffers are dropped with the socket; what
-    was unconfirmed is resent by paho after reconnecting, as without buffers.
+    in an executor thread runs unbuffered), reads are served from what the :class:`Wire`
+    received (:meth:`feed`), or over TLS from one ``recv`` of up to :data:`READ_SIZE` bytes,
+    and writes are collected in :attr:`out` for the transport to send once per loop
+    iteration (:meth:`flush`: into the wire, or ``send``). Both buffers are dropped with the
+    socket; what was unconfirmed is resent by paho after reconnecting, as without buffers.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
