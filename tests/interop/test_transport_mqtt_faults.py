@@ -150,9 +150,21 @@ def test_imports_survive_a_cut_link_exactly_once_at_qos_2(tmp_path, toxiproxy):
             g.stop()
 
 
+def _resends(log_path: Any) -> str:
+    """What a mosquitto log (``log_type all``) says was sent again: PUBLISH packets with DUP
+    set, received from the gateway or sent to the collector -- which side repeated itself."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"(no log: {exc})"
+    dup = [ln for ln in lines if "PUBLISH" in ln and "(d1," in ln]
+    return f"{len(dup)} DUP PUBLISH lines in {log_path.name}:\n" + "\n".join(dup[:20])
+
+
 def test_exports_wait_out_a_far_broker_restart_and_arrive_exactly_once(tmp_path, toxiproxy):
     port = free_port()
-    persist = ["persistence true", f"persistence_location {tmp_path}/", "autosave_interval 1"]
+    persist = ["persistence true", f"persistence_location {tmp_path}/", "autosave_interval 1",
+               "log_type all"]
     with start_mosquitto(tmp_path / "m1", port=port, extra_config=persist) as m1:
         g, _proxy = proxied_gateway(tmp_path / "gw", toxiproxy, m1.port, 'f.> export="far"\n>\n')
         far = Collector(m1.port, "f/#")
@@ -171,7 +183,8 @@ def test_exports_wait_out_a_far_broker_restart_and_arrive_exactly_once(tmp_path,
                 wait_for(lambda: len(far2.got) >= N // 2 and info(g)["far"]["spooled"] == 0,
                          timeout=30, what="the spooled half")
                 time.sleep(0.5)
-                assert far.got + far2.got == expected(N)
+                assert far.got + far2.got == expected(N), (
+                    f"{_resends(m1.log_path)}\n{_resends(m2.log_path)}")
             finally:
                 far2.close()
     finally:
