@@ -6,8 +6,9 @@
     .venv/bin/python tests/bench/bench_transport_mqtt.py --scenarios export \\
         --transport-param "protocol_version = 3.1.1" --gateway-conf "store_sync = disabled"
 
-Defaults: --n 50000 messages per run, --runs 3, all scenarios, --loss-rate 2000 msgs/s,
---outage 2 s, --quiet 5 s. ``--gateway-conf`` / ``--transport-param`` add lines to the
+Defaults: --n 50000 messages per run (at most 65,535: one ``mosquitto_pub -l`` run ends
+when the PUBACK for its last message's packet id comes, and packet ids repeat past 65,535),
+--runs 3, all scenarios, --loss-rate 2000 msgs/s, --outage 2 s, --quiet 5 s. ``--gateway-conf`` / ``--transport-param`` add lines to the
 gateway's gateway.conf / ``[far]`` section (to see what a setting costs); ``--json FILE``
 also writes the results there. The gateway process gets PYTHONPATH=<project root>, since it
 runs in a work directory and an editable install made before transports/ existed does not
@@ -635,10 +636,14 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+MAX_N = 65_535  # messages one mosquitto_pub -l run sends whole (see parse_args)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--n", type=int, default=50_000, help="messages per run (default 50000)")
+    p.add_argument("--n", type=int, default=50_000,
+                   help="messages per run (default 50000, at most 65535)")
     p.add_argument("--runs", type=int, default=3, help="runs per figure; the median counts")
     p.add_argument("--scenarios", default=",".join(SCENARIOS),
                    help="comma-separated, from export,import,loss (default: all)")
@@ -667,6 +672,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--scenarios: unknown {', '.join(unknown) or '(none given)'}")
     if args.runs < 1 or args.n < 3:
         p.error("--runs must be at least 1 and --n at least 3")
+    if args.n > MAX_N:
+        p.error(f"--n is at most {MAX_N:,}: mosquitto_pub -l disconnects when the PUBACK for "
+                "its last message's packet id arrives, and packet ids repeat after 65,535 "
+                "(so an earlier message's PUBACK ends it early: seen with 150,000 and 70,000)")
     args.scenario_names = names
     return args
 
