@@ -660,7 +660,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--qos1-count",
         type=int,
         default=20_000,
-        help="messages per MQTT QoS 1 -> AMQP run (0: skip)",
+        help="messages per MQTT QoS 1 -> AMQP run (0: skip; at most 65535)",
     )
     p.add_argument("--repeat", type=int, default=3, help="runs per figure; the median counts")
     p.add_argument(

@@ -633,7 +633,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--brokers", default=",".join(BROKERS),
                    help="comma-separated, from gateway,mosquitto,amqtt (default: all)")
     p.add_argument("--qos0-count", type=int, default=100_000, help="messages per QoS 0 run")
-    p.add_argument("--qos1-count", type=int, default=50_000, help="messages per QoS 1 run")
+    p.add_argument("--qos1-count", type=int, default=50_000,
+                   help="messages per QoS 1 run (at most 65535)")
     p.add_argument("--repeat", type=int, default=3, help="runs per figure; the median counts")
     p.add_argument("--idle-conns", type=int, default=10_000,
                    help="idle connections for the memory figure (0: skip)")
