@@ -653,6 +653,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--brokers: unknown {', '.join(unknown) or '(none given)'}")
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
+    if args.qos1_count > 65_535:
+        p.error("--qos1-count is at most 65,535: mosquitto_pub -l disconnects when the PUBACK "
+                "for its last message's packet id arrives, and packet ids repeat after 65,535")
     args.broker_names = names
     return args
 
