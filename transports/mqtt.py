@@ -169,7 +169,6 @@ class MqttTransport(Transport):
             c.on_socket_register_write = self._register_write
             c.on_socket_close = self._socket_closed
             c.buffered = True
-            c.tls = bool(url.tls)
             if url.tls:
                 self.polled = True
                 self.loop.add_reader(sock, self._readable)
@@ -245,7 +244,6 @@ class MqttTransport(Transport):
             c.loop_read()
             return
         again = MQTTErrorCode.MQTT_ERR_AGAIN
-        c.drained = False
         budget = READ_BATCH
         while budget > 0:
             if c is not self.client or self.sock is None or self.reading_paused:

@@ -73,8 +73,6 @@ class Client(paho.Client):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.buffered = False
-        self.tls = False  # a TLS socket may hold decrypted bytes that a readable event misses
-        self.drained = False  # set by a short read; the transport clears it per readable event
         self.inbuf = b""
         self.inpos = 0
         self.out = bytearray()
@@ -97,15 +95,14 @@ class Client(paho.Client):
 
     def _sock_recv(self, bufsize: int) -> bytes:
         data, pos = self.inbuf, self.inpos
-        if pos >= len(data) and self.wire is not None:
-            if self.eof:
-                return b""
-            raise BlockingIOError
         if pos >= len(data):
-            if self.drained:  # the last recv took less than asked: the socket is empty
+            if self.wire is not None:
+                if self.eof:
+                    return b""
                 raise BlockingIOError
-            data = super()._sock_recv(READ_SIZE)  # BlockingIOError when empty, b"" at EOF
-            self.drained = self.buffered and not self.tls and 0 < len(data) < READ_SIZE
+            # TLS: read until the socket says it is empty (it may hold decrypted bytes that
+            # no readable event announces). BlockingIOError when empty, b"" at EOF.
+            data = super()._sock_recv(READ_SIZE)
             if len(data) <= bufsize:
                 self.inbuf, self.inpos = b"", 0
                 return data
