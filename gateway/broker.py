@@ -133,6 +133,9 @@ class Broker:
         self.kv: dict[str, dict[str, bytes]] = {}
         # (method, path, aiohttp handler) that adapters offer on the HTTP listener (WebSocket).
         self.http_routes: list[tuple[str, str, Any]] = []
+        # Each protocol adapter's state shared by its listeners (TCP, TLS, WebSocket), by
+        # protocol name ("mqtt", "amqp", "stomp"): the core never looks inside.
+        self.adapter_servers: dict[str, Any] = {}
 
     # -- life cycle -----------------------------------------------------------------------
 

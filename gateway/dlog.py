@@ -493,7 +493,7 @@ class DeliveryLog:
         self._room = threading.Event()  # set by the writer each time it sends chunks
         self._io_lock = threading.Lock()  # the writer thread vs flush()/close()
         self._stop = False
-        self._thread: threading.Thread | None = None
+        self._writer_thread: threading.Thread | None = None
         self._files: LogFiles | None = None  # in-process writing
         self._child: WriterProcess | None = None  # the writer process, once started
 
@@ -557,7 +557,7 @@ class DeliveryLog:
 
     def _full(self) -> None:
         """Past ``max_pending``: wait until the writer has sent some."""
-        thread = self._thread
+        thread = self._writer_thread
         if thread is None or thread is threading.current_thread():
             return  # without a writer thread, flush() and close() write everything
         self.stalls += 1
@@ -584,17 +584,17 @@ class DeliveryLog:
 
     def start(self) -> None:
         """Start the writer process and the writer thread (a daemon; :meth:`close` stops it)."""
-        if not self.enabled or self._thread is not None:
+        if not self.enabled or self._writer_thread is not None:
             return
         self._stop = False
         if not self.in_process:
             with self._io_lock:
                 if self._child is None:
                     self._spawn()
-        self._thread = threading.Thread(
+        self._writer_thread = threading.Thread(
             target=self._run, name=f"dlog-{self.gateway_id}", daemon=True
         )
-        self._thread.start()
+        self._writer_thread.start()
 
     def flush(self) -> None:
         """Write every record appended so far, now; blocks until they are in the files.
@@ -623,12 +623,12 @@ class DeliveryLog:
         after it are ignored. The writer process is told to finish and waited for (at most
         :data:`CLOSE_TIMEOUT` seconds; then it is killed and this process writes the rest).
         """
-        thread = self._thread
+        thread = self._writer_thread
         if thread is not None:
             self._stop = True
             self._wake.set()
             thread.join()
-            self._thread = None
+            self._writer_thread = None
         with self._io_lock:
             self.enabled = False
             self._drain()

@@ -34,6 +34,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from gateway.errors import MessageFormatError
 from gateway.types import check_value
 
@@ -137,6 +139,37 @@ class Destination:
         return cls(TOPIC if kind == "topic" else QUEUE, name)
 
 
+# The slots of Message, by name (its copy() and the tests walk them; mypyc, which can
+# compile this module, cannot read ``Message.__slots__`` from inside it).
+MESSAGE_SLOTS = (
+    "destination",
+    "delivery_mode",
+    "expiration",
+    "delivery_time",
+    "priority",
+    "message_id",
+    "timestamp",
+    "correlation_id",
+    "reply_to",
+    "type",
+    "redelivered",
+    "properties",
+    "body_kind",
+    "body",
+    "trace_id",
+    "origin",
+    "hops",
+    "producer_conn",
+    "expires_at",
+    "wire",
+    "size",
+    "store_id",
+    "refs",
+    "log_head",
+)
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # mappings.wire.Work adds the wire form
 class Message:
     """A JMS-style message. Attributes are the JMS headers plus the gateway's own tags.
 
@@ -152,32 +185,7 @@ class Message:
     message repeats -- see :meth:`gateway.dlog.DeliveryLog.record`).
     """
 
-    __slots__ = (
-        "destination",
-        "delivery_mode",
-        "expiration",
-        "delivery_time",
-        "priority",
-        "message_id",
-        "timestamp",
-        "correlation_id",
-        "reply_to",
-        "type",
-        "redelivered",
-        "properties",
-        "body_kind",
-        "body",
-        "trace_id",
-        "origin",
-        "hops",
-        "producer_conn",
-        "expires_at",
-        "wire",
-        "size",
-        "store_id",
-        "refs",
-        "log_head",
-    )
+    __slots__ = MESSAGE_SLOTS
 
     def __init__(
         self,
@@ -278,7 +286,7 @@ class Message:
     def copy(self) -> Message:
         """A shallow copy with its own property dict (body values are shared, not copied)."""
         m = Message.__new__(Message)
-        for slot in Message.__slots__:
+        for slot in MESSAGE_SLOTS:
             setattr(m, slot, getattr(self, slot))
         m.properties = dict(self.properties)
         m.refs = 0
@@ -309,7 +317,9 @@ class Message:
             return NotImplemented
         return all(getattr(self, f) == getattr(other, f) for f in _COMPARED)
 
-    __hash__ = object.__hash__
+    def __hash__(self) -> int:
+        """By identity, as without ``__eq__``: messages are keys of per-endpoint dicts."""
+        return id(self)
 
 
 _COMPARED = (
@@ -330,7 +340,6 @@ _MAP = BodyKind.MAP
 _STREAM = BodyKind.STREAM
 _OBJECT = BodyKind.OBJECT
 _PERSISTENT = DeliveryMode.PERSISTENT
-_new = object.__new__
 
 
 def new_message(body: Any, body_kind: BodyKind) -> Message:
@@ -341,7 +350,7 @@ def new_message(body: Any, body_kind: BodyKind) -> Message:
     keywords (9.3k instructions for ``Message(...)`` with eleven keywords, 4k this way). A
     new message per publish is on every producer's and every inbound mapping's hot path.
     Every slot is set as ``__init__`` sets it (a unit test compares the two)."""
-    m: Message = _new(Message)
+    m: Message = Message.__new__(Message)
     m.destination = None
     m.delivery_mode = _PERSISTENT
     m.expiration = m.delivery_time = m.timestamp = m.hops = m.expires_at = 0

@@ -241,7 +241,7 @@ def is_text_content_type(content_type: str) -> bool:
 # A UTF-8 Encoded String may hold neither U+0000 nor a surrogate [MQTT-1.5.4-1, MQTT-1.5.4-2];
 # a JMS string (a Java string) may hold both. Such a name or value is sent escaped: '%' as
 # '%25', U+0000 as '%00', a lone surrogate as '%uD8xx', and gw-types marks it ':esc'.
-_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")  # the escapes read by re: mypyc takes no surrogate literal
 _WIRE_ESCAPE = re.compile(r"%(?:25|00|u([0-9A-F]{4}))")
 
 

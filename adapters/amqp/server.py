@@ -95,10 +95,10 @@ class AmqpProtocol(asyncio.Protocol):
 
 def shared_server(broker: Any) -> AmqpServer:
     """One AmqpServer per broker, shared by the plain and TLS listeners."""
-    server = getattr(broker, "_amqp_server", None)
+    server: AmqpServer | None = broker.adapter_servers.get("amqp")
     if server is None:
         server = AmqpServer(broker)
-        broker._amqp_server = server
+        broker.adapter_servers["amqp"] = server
     return server
 
 

@@ -303,12 +303,12 @@ class MqttProtocol(BatchedProtocol):
 
 def shared_server(broker: Any) -> MqttServer:
     """One MqttServer per broker, shared by the TCP, TLS and WebSocket listeners."""
-    server = getattr(broker, "_mqtt_server", None)
+    server: MqttServer | None = broker.adapter_servers.get("mqtt")
     if server is None:
         from adapters.mqtt import websocket
 
         server = MqttServer(broker)
-        broker._mqtt_server = server
+        broker.adapter_servers["mqtt"] = server
         websocket.register(broker, server)
     return server
 

@@ -156,12 +156,12 @@ def _plain_10(name: str, value: str) -> bool:
 
 def shared_server(broker: Any) -> StompServer:
     """One StompServer per broker, shared by the TCP, TLS and WebSocket listeners."""
-    server = getattr(broker, "_stomp_server", None)
+    server: StompServer | None = broker.adapter_servers.get("stomp")
     if server is None:
         from adapters.stomp import websocket
 
         server = StompServer(broker)
-        broker._stomp_server = server
+        broker.adapter_servers["stomp"] = server
         websocket.register(broker, server)
     return server
 

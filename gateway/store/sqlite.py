@@ -168,7 +168,7 @@ class SqliteStore:
         self._cv = threading.Condition(self._lock)
         self._idle = False  # guarded by _lock: the writer waits for units
         self._stopping = False
-        self._thread: threading.Thread | None = None
+        self._writer_thread: threading.Thread | None = None
         self._call_soon: Callable[..., object] | None = None
         self._lock_fd: int | None = None
         self._max_id_written = 0  # writer thread only
@@ -182,7 +182,7 @@ class SqliteStore:
             StoreError: the store is locked by another process, is not a store of a schema
                 version this gateway reads, or holds a corrupt record (without force_start).
         """
-        if self._thread is not None:
+        if self._writer_thread is not None:
             raise StoreError(f"store {self.path} is already open")
         self._call_soon = call_soon_threadsafe
         directory = os.path.dirname(os.path.abspath(self.path))
@@ -200,7 +200,7 @@ class SqliteStore:
             thread.join()
             self._release_lock()
             raise
-        self._thread = thread
+        self._writer_thread = thread
         return recovered
 
     def put_endpoint(self, key: str, definition: dict[str, Any]) -> None:
@@ -249,7 +249,7 @@ class SqliteStore:
         unit = self._unit
         if not unit and callback is None:
             return
-        if self._thread is None:
+        if self._writer_thread is None:
             raise StoreError(f"store {self.path} is not open")
         self._unit = []
         with self._lock:
@@ -268,7 +268,7 @@ class SqliteStore:
                 (units already reported through ``on_error`` before the call do not count),
                 or the writer thread is gone.
         """
-        thread = self._thread
+        thread = self._writer_thread
         if thread is None:
             return
         waiter = _Waiter()
@@ -292,7 +292,7 @@ class SqliteStore:
         Raises:
             StoreError: the final flush failed (the store is closed all the same).
         """
-        thread = self._thread
+        thread = self._writer_thread
         if thread is None:
             return
         try:
@@ -302,7 +302,7 @@ class SqliteStore:
                 self._stopping = True
                 self._cv.notify()
             thread.join()
-            self._thread = None
+            self._writer_thread = None
             self._release_lock()
 
     # -- the lock file -------------------------------------------------------------------------

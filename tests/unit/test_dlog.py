@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from corehelp import not_compiled
 
 from gateway import dlog
 from gateway.dlog import EVENTS, FIELDS, SCHEMA_VERSION, DeliveryLog, NullLog
@@ -209,6 +210,7 @@ def test_destination_object_and_odd_values(tmp_path: Path, make_log: MakeLog) ->
     log.close()
 
 
+@not_compiled
 def test_bad_values_do_not_lose_the_batch(tmp_path: Path, make_log: MakeLog) -> None:
     log = make_log(str(tmp_path), "gw1")
     log.record("deliver", make_msg(1), "topic:a", "c", 1)
@@ -253,7 +255,7 @@ def test_rotation(tmp_path: Path, make_log: MakeLog) -> None:
 def test_close_flushes_and_stops_the_thread(tmp_path: Path, make_log: MakeLog) -> None:
     log = make_log(str(tmp_path), "gw1", flush_interval=3600)
     log.start()
-    thread = log._thread
+    thread = log._writer_thread
     assert thread is not None and thread.is_alive()
     child = log._child
     assert (child is None) == log.in_process
@@ -395,7 +397,7 @@ def test_disabled_writes_nothing(tmp_path: Path) -> None:
     d = tmp_path / "logs"
     log = DeliveryLog(str(d), "gw1", enabled=False)
     log.start()
-    assert log._thread is None and log._child is None
+    assert log._writer_thread is None and log._child is None
     log.record("publish", make_msg(1), "topic:t", "p")
     log.flush()
     log.close()
@@ -413,7 +415,7 @@ def test_null_log_does_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
     assert log.records_written == 0
     assert isinstance(log, DeliveryLog)
-    assert log._child is None and log._thread is None
+    assert log._child is None and log._writer_thread is None
 
 
 def test_record_hot_path_cost(tmp_path: Path, make_log: MakeLog) -> None:
@@ -771,14 +773,14 @@ def test_flush_past_max_pending_does_not_wait_for_itself(tmp_path: Path) -> None
     idle = threading.Event()
     writer = threading.Thread(target=idle.wait, daemon=True)  # alive, not the caller
     writer.start()
-    log._thread = writer
+    log._writer_thread = writer
     flushed = threading.Event()
     threading.Thread(target=lambda: (log.flush(), flushed.set()), daemon=True).start()
     try:
         assert flushed.wait(30), "flush() waited for itself"
     finally:
         idle.set()
-        log._thread = None
+        log._writer_thread = None
     log.close()
     assert [json.loads(line)["count"] for line in all_lines(tmp_path)] == list(range(n))
 
@@ -806,6 +808,7 @@ def test_writer_process_that_cannot_start_means_in_process(
     assert "cannot start the writer process" in caplog.text
 
 
+@not_compiled
 def test_values_marshal_cannot_take_are_written_as_in_process(tmp_path: Path) -> None:
     """A Destination object, a str subclass, an enum member, bytes-likes: the writer
     process writes exactly the bytes the in-process formatter writes."""

@@ -27,7 +27,16 @@ from hypothesis import strategies as st
 from proton import symbol
 from strategies import messages, same_value
 
-from gateway.message import QUEUE, TOPIC, BodyKind, DeliveryMode, Destination, DestKind, Message
+from gateway.message import (
+    MESSAGE_SLOTS,
+    QUEUE,
+    TOPIC,
+    BodyKind,
+    DeliveryMode,
+    Destination,
+    DestKind,
+    Message,
+)
 from gateway.types import Char, Float32, Int8, Int16, Int32, Int64, UInt8, UInt16, UInt32, UInt64
 from mappings import amqp_fast
 from mappings.amqp import (
@@ -83,7 +92,7 @@ def fast_decode(
 def differences(a: Message, b: Message) -> list[str]:
     """Every slot of the two messages that differs, by value and exact type at every level."""
     out = []
-    for f in Message.__slots__:
+    for f in MESSAGE_SLOTS:
         x, y = getattr(a, f), getattr(b, f)
         if f in ("destination", "reply_to"):
             same = (

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import pytest
+from corehelp import not_compiled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import (
@@ -289,6 +290,7 @@ def test_unencodable_values_raise_message_format_error(bad: Any) -> None:
         encode_message(Message.stream([bad]))
 
 
+@not_compiled
 def test_unencodable_headers_raise_message_format_error() -> None:
     m = Message.text("x")
     m.priority = 300

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import proton
-from corehelp import running_broker
+from corehelp import not_compiled, running_broker
 from proton import Collector, Connection, Delivery, Endpoint, Event, Transport
 
 import transports.amqp as amqp_transport
@@ -555,6 +555,7 @@ async def test_a_redelivered_copy_of_a_foreign_message_is_dropped_once_taken(tmp
         assert t.stats["duplicates"] == 1 and t.stats["imported"] == 3
 
 
+@not_compiled
 async def test_a_foreign_message_the_core_refused_is_taken_when_sent_again(tmp_path, monkeypatch):
     peer = await FakePeer().start()
     async with bridge(tmp_path, peer, queues='q4 import="far"\n>\n') as (b, t):

@@ -6,7 +6,7 @@ import pytest
 
 from gateway import subject
 from gateway.errors import InvalidDestinationError, MessageFormatError
-from gateway.message import BodyKind, Destination, Message, new_message
+from gateway.message import MESSAGE_SLOTS, BodyKind, Destination, Message, new_message
 from gateway.types import (
     Char,
     Float32,
@@ -110,13 +110,13 @@ def test_property_values_cannot_be_bytes_or_containers_but_bodies_can_nest():
 def test_body_constructors_make_what_the_class_makes(make, body, kind):
     """Without keywords they skip the class call; every slot must still be as __init__ sets it."""
     fast, full = make(body), Message(body, body_kind=kind)
-    for slot in Message.__slots__:
+    for slot in MESSAGE_SLOTS:
         a, b = getattr(fast, slot), getattr(full, slot)
         assert a == b and type(a) is type(b), slot
     assert fast.properties is not make(body).properties
     assert make(body, priority=7).priority == 7
     blank = new_message(body, kind)
-    for slot in Message.__slots__:
+    for slot in MESSAGE_SLOTS:
         assert getattr(blank, slot) == getattr(full, slot), slot
 
 

@@ -1,0 +1,27 @@
+"""The compiled build (``setup.py``, README "The compiled build"): the unit and conformance
+suites again, on a copy of the tree whose hot modules mypyc compiled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import compiled_tree
+import pytest
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_the_unit_and_conformance_suites_pass_on_the_compiled_build(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    files = compiled_tree.build(tree)
+    assert len(files) >= 7
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "tests/unit", "tests/conformance"], cwd=tree, env=env,
+                       capture_output=True, text=True, check=False)  # fmt: skip
+    out = (r.stdout[-4000:] + "\n" + r.stderr[-4000:]).strip()
+    assert r.returncode == 0, out
+    assert " passed" in r.stdout and " failed" not in r.stdout, out
