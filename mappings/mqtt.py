@@ -303,12 +303,14 @@ class PayloadFormatInvalid(Exception):
     (or a DISCONNECT for QoS 0).
     """
 
-    reason_code = 0x99
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self.reason_code = 0x99  # set here, not on the class: the compiled build (setup.py)
 
 
 def mqtt_to_message(
     *,
-    payload: bytes,
+    payload: bytes | bytearray | memoryview,
     qos: int,
     retain: bool,
     properties: dict[str, Any],

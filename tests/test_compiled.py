@@ -1,5 +1,6 @@
-"""The compiled build (``setup.py``, README "The compiled build"): the unit and conformance
-suites again, on a copy of the tree whose hot modules mypyc compiled."""
+"""The compiled build (``setup.py``, README "The compiled build"): the unit and MQTT
+conformance suites, and the MQTT interop tests (paho clients, the mqtt transport against
+mosquitto), again on a copy of the tree whose hot modules mypyc compiled."""
 
 from __future__ import annotations
 
@@ -11,16 +12,20 @@ from pathlib import Path
 import compiled_tree
 import pytest
 
+# Every compiled module is in one of these (setup.py's COMPILED).
+SUITES = ["tests/unit", "tests/conformance", "tests/interop/test_mqtt_paho.py",
+          "tests/interop/test_mqtt_crossproto.py", "tests/interop/test_transport_mqtt.py"]
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_the_unit_and_conformance_suites_pass_on_the_compiled_build(tmp_path: Path) -> None:
+def test_the_suites_pass_on_the_compiled_build(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     files = compiled_tree.build(tree)
     assert len(files) >= 7
     env = {**os.environ, "PYTHONPATH": str(tree)}
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "tests/unit", "tests/conformance"], cwd=tree, env=env,
+                        *SUITES], cwd=tree, env=env,
                        capture_output=True, text=True, check=False)  # fmt: skip
     out = (r.stdout[-4000:] + "\n" + r.stderr[-4000:]).strip()
     assert r.returncode == 0, out

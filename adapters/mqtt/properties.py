@@ -280,8 +280,9 @@ def encode_utf8(s: str) -> bytes:
     return _U16.pack(len(b)) + b
 
 
-def encode_binary(b: bytes) -> bytes:
-    """Write Binary Data (MQTT 5.0 1.5.6)."""
+def encode_binary(b: object) -> bytes:
+    """Write Binary Data (MQTT 5.0 1.5.6); what is not bytes-like is refused here (the
+    argument is not typed ``bytes``, which compiled code would refuse with a TypeError)."""
     if not isinstance(b, bytes | bytearray | memoryview):
         raise MqttLocalProtocolError(f"expected bytes, got {type(b).__name__}")
     if len(b) > MAX_UINT16:
@@ -382,14 +383,17 @@ def _encode_int(spec: PropertySpec, value: Any) -> bytes:
 def _encode_value(spec: PropertySpec, value: Any) -> bytes:
     t = spec.type
     if t is _STR:
-        if spec.check is not None and isinstance(value, str) and not spec.check(value):
+        if not isinstance(value, str):
+            raise MqttLocalProtocolError(f"{spec.name}: expected a str, got {type(value).__name__}")
+        if spec.check is not None and not spec.check(value):
             raise MqttLocalProtocolError(f"{spec.name} {value!r} is not allowed")
         return encode_utf8(value)
     if t is _BIN:
         return encode_binary(value)
     if t is _PAIR:
-        if not isinstance(value, tuple | list) or len(value) != 2:
-            raise MqttLocalProtocolError(f"{spec.name} items must be (name, value) pairs")
+        if (not isinstance(value, tuple | list) or len(value) != 2
+                or not isinstance(value[0], str) or not isinstance(value[1], str)):
+            raise MqttLocalProtocolError(f"{spec.name} items must be (name, value) pairs of str")
         return encode_utf8(value[0]) + encode_utf8(value[1])
     return _encode_int(spec, value)
 

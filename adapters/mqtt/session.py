@@ -510,7 +510,7 @@ class MqttConnection:
                     raise MqttRemoteProtocolError(
                         f"{type(packet).__name__} before CONNECT [MQTT-3.1.0-1]",
                         ReasonCode.PROTOCOL_ERROR)
-                self.HANDLERS[type(packet)](self, packet)
+                HANDLERS[type(packet)](self, packet)
         except UnsupportedProtocolVersion as exc:
             log.info("mqtt %s: %s; refused", self.address, exc)
             self._write(exc.reply)  # CONNACK 0x01 (3.1.1 format) or 0x84 ([MQTT-3.1.2-2])
@@ -924,19 +924,22 @@ class MqttConnection:
         raise MqttRemoteProtocolError("enhanced authentication is not supported",
                                       ReasonCode.BAD_AUTHENTICATION_METHOD)
 
-    HANDLERS: dict[type, Callable[[MqttConnection, Any], None]] = {
-        Connect: handle_connect,
-        Publish: handle_publish,
-        PubAck: handle_puback,
-        PubRec: handle_pubrec,
-        PubRel: handle_pubrel,
-        PubComp: handle_pubcomp,
-        Subscribe: handle_subscribe,
-        Unsubscribe: handle_unsubscribe,
-        PingReq: handle_pingreq,
-        Disconnect: handle_disconnect,
-        Auth: handle_auth,
-    }
+
+# What handles each packet type (outside the class body: mypyc compiles a class body's
+# names as the class's attributes, where the methods are not yet).
+HANDLERS: dict[type, Callable[[MqttConnection, Any], None]] = {
+    Connect: MqttConnection.handle_connect,
+    Publish: MqttConnection.handle_publish,
+    PubAck: MqttConnection.handle_puback,
+    PubRec: MqttConnection.handle_pubrec,
+    PubRel: MqttConnection.handle_pubrel,
+    PubComp: MqttConnection.handle_pubcomp,
+    Subscribe: MqttConnection.handle_subscribe,
+    Unsubscribe: MqttConnection.handle_unsubscribe,
+    PingReq: MqttConnection.handle_pingreq,
+    Disconnect: MqttConnection.handle_disconnect,
+    Auth: MqttConnection.handle_auth,
+}
 
 
 def publish_reason(exc: GatewayError) -> int:

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+# The tree this script is in comes first (a compiled copy, README "The compiled build").
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from corehelp import Q, T, running_broker  # noqa: E402
