@@ -277,7 +277,9 @@ class Client(paho.Client):
         The message is entered in paho's ``_out_messages`` and in-flight count exactly as
         paho's ``publish`` enters it, so paho acknowledges it, and resends it after a
         reconnect, as its own; only the per-message objects paho builds on the way (a topic
-        check on bytes, a packet built byte by byte, its logging calls) are not made.
+        check on bytes, a packet built byte by byte, its logging calls, the packet record
+        its writer takes) are not made: the bytes go straight into :attr:`out`, or after
+        paho's own packets when some still wait to be written.
         Returns the packet id, or None when paho's ``publish`` must take the message (QoS 0,
         not connected, paho's window full: paho queues or refuses it its own way).
 
@@ -304,7 +306,11 @@ class Client(paho.Client):
             self._inflight_messages += 1
             message.state = (paho.mqtt_ms_wait_for_puback if qos == 1
                              else paho.mqtt_ms_wait_for_pubrec)
+        if self._out_packet:  # some of paho's own packets wait to be written: after them
             self._packet_queue(data[0], data, mid, qos, message.info)
+        else:  # straight into the buffer, as paho's writer would put it there
+            self.out += data
+            self._call_socket_register_write()
         return mid
 
     def send_puback(self, mid: int) -> None:
@@ -348,10 +354,15 @@ class Client(paho.Client):
         """Send what is buffered; False while some is left (the socket is full)."""
         out = self.out
         wire = self.wire
+        if not out:
+            return True
+        # What went into the buffer straight (exports, PUBACKs) passed no paho writer, which
+        # is where paho notes when it last sent something (its keepalive's clock).
+        with self._msgtime_mutex:
+            self._last_msg_out = paho.time_func()
         if wire is not None:
-            if out:
-                wire.write(bytes(out))  # the loop's transport keeps what the socket refuses
-                out.clear()
+            wire.write(bytes(out))  # the loop's transport keeps what the socket refuses
+            out.clear()
             return True
         while out:
             try:

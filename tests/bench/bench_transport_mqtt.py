@@ -69,6 +69,11 @@ Scenarios (QoS 1 everywhere):
    elapsed, the median of --runs runs; runs alternate mosquitto, gateway, mosquitto, ... so
    a machine that drifts moves both alike; each gateway run's ratio to the mosquitto run
    just before it is printed too, with their median. A run that loses or duplicates fails.
+   Each run also counts CPU time (user + system, /proc/PID/stat) over the same span, per
+   process -- the near broker (the gateway with its delivery-log writer, or the bridging
+   mosquitto), the far mosquitto, mosquitto_pub, mosquitto_sub -- as microseconds a
+   message, and how many CPUs' worth the whole machine was busy (/proc/stat): what one
+   message costs each side, and whether the machine had CPU left for a faster run.
 3. ``loss``: the export scenario with a far-side restart. The far mosquitto runs with
    ``persistence true``, ``persistence_location``, ``autosave_interval 1`` and
    ``max_queued_messages 0`` (so the far broker itself, holding the subscriber's session
@@ -268,6 +273,7 @@ class Near:
     system: str
     port: int
     log_tail: Callable[[], str]
+    pid: int
     api: int = 0  # the gateway's http port
 
     def transport(self) -> dict[str, Any]:
@@ -314,7 +320,7 @@ def start_near(system: str, workdir: Path, far: Any, scenario: str, limits: list
                                  start_timeout=START_TIMEOUT) as m:
                 wait_until(lambda: log_has(far.log_path, " as bench-near"), 30,
                            "the bridge to connect")
-                yield Near(system, m.port, m.log_tail)
+                yield Near(system, m.port, m.log_tail, m.pid)
         except (PeerMissing, PeerFailedToStart) as exc:
             raise BrokerFailed(str(exc)) from None
         return
@@ -332,15 +338,89 @@ def start_near(system: str, workdir: Path, far: Any, scenario: str, limits: list
     (conf / "topics.conf").write_text(f'bench.> {verb}="far"\n>\n')
     argv = [sys.executable, "-m", "gateway", "serve", "--config-dir", str(conf)]
     with run_process("gateway", argv, workdir, port) as running:
-        near = Near(system, port, running.output_tail, api)
+        near = Near(system, port, running.output_tail, running.pid, api)
         wait_until(lambda: near.transport()["state"] == "up", 30, "the transport to connect")
         yield near
 
 
+# --- CPU accounting -------------------------------------------------------------------------
+
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+ROLES = ("near", "far", "pub", "sub")  # the processes of a run whose CPU time is counted
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and its live descendants (the gateway's
+    delivery-log writer is a child process); 0 for a process that is gone."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        child = int(entry)
+        children.setdefault(int(fields[1]), []).append(child)  # field 4: ppid
+        times[child] = (int(fields[11]) + int(fields[12])) / TICK  # fields 14, 15
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += times.get(p, 0.0)
+        todo.extend(children.get(p, []))
+    return total
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    with open("/proc/stat") as f:
+        values = [int(x) / TICK for x in f.readline().split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0.0)  # idle + iowait
+    total = sum(values[:8])  # guest time is already in user
+    return total - idle, total
+
+
+@dataclass
+class Cpu:
+    """What one run cost in CPU time: microseconds a message per process, and how busy the
+    machine was (CPUs' worth) while it ran."""
+
+    per_msg_us: dict[str, float]
+    machine_cpus: float
+
+
+class CpuMeter:
+    """CPU time of a run's processes between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.before: dict[str, float] = {}
+        self.machine = (0.0, 0.0)
+        self.wall = 0.0
+
+    def start(self) -> None:
+        self.before = {role: process_cpu(pid) for role, pid in self.pids.items()}
+        self.machine = machine_busy()
+        self.wall = time.perf_counter()
+
+    def stop(self, n: int) -> Cpu:
+        after = {role: process_cpu(pid) for role, pid in self.pids.items()}
+        busy, _ = machine_busy()
+        wall = time.perf_counter() - self.wall
+        return Cpu({role: (after[role] - self.before[role]) * 1e6 / n for role in self.pids},
+                   (busy - self.machine[0]) / wall if wall > 0 else 0.0)
+
+
 # --- throughput -----------------------------------------------------------------------------
 
-def run_throughput(near: Near, far_port: int, scenario: str, n: int, timeout: float) -> float:
-    """One run: N / seconds from starting the publisher to the N-th distinct message."""
+def run_throughput(near: Near, far: Any, scenario: str, n: int,
+                   timeout: float) -> tuple[float, Cpu]:
+    """One run: N / seconds from starting the publisher to the N-th distinct message, and
+    the CPU time it took (from starting the publisher to the N-th message)."""
+    far_port = far.port
     pub_port, sub_port = (near.port, far_port) if scenario == "export" else (far_port, near.port)
     deadline = time.monotonic() + timeout
     sub = start_sub(sub_port)
@@ -353,8 +433,12 @@ def run_throughput(near: Near, far_port: int, scenario: str, n: int, timeout: fl
                        "the far-side subscription of the import")
         warm_up(col, sub, pub_port, deadline)
         data = payloads(n)
+        meter = CpuMeter({"near": near.pid, "far": far.pid, "sub": sub.pid})
+        meter.start()
         t0 = time.perf_counter()
         pub = start_pub(pub_port)
+        meter.pids["pub"] = pub.pid
+        meter.before["pub"] = 0.0  # it starts now
         threading.Thread(target=feed, args=(pub, data), daemon=True).start()
         while not col.reached.wait(0.2):
             now = time.monotonic()
@@ -365,11 +449,12 @@ def run_throughput(near: Near, far_port: int, scenario: str, n: int, timeout: fl
                 raise BenchError(f"{why}: {col.distinct} of {n} messages arrived "
                                  f"({col.duplicates} duplicates; publisher status "
                                  f"{pub.poll()})")
+        cpu = meter.stop(n)  # (the loop above notices the N-th message within 0.2 s)
         elapsed = col.reached_at - t0
         time.sleep(0.2)  # duplicates, if any, would come now
         if col.duplicates or col.other:
             raise BenchError(f"{col.duplicates} duplicates and {col.other} unexpected lines")
-        return n / elapsed
+        return n / elapsed, cpu
     finally:
         stop_all(pub, sub)
 
@@ -381,12 +466,13 @@ class Result:
     runs: dict[str, list[float]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     loss: list[dict[str, Any]] = field(default_factory=list)
+    cpu: dict[str, list[Cpu]] = field(default_factory=dict)
 
 
 def bench_throughput(scenario: str, args: argparse.Namespace, workdir: Path,
                      results: dict[str, Result]) -> None:
     with contextlib.ExitStack() as stack:
-        nears: dict[str, tuple[Near, int]] = {}
+        nears: dict[str, tuple[Near, Any]] = {}
         limits = [] if args.default_queues else UNLIMITED
         for system in SYSTEMS:
             base = workdir / f"{scenario}-{system}"
@@ -399,20 +485,23 @@ def bench_throughput(scenario: str, args: argparse.Namespace, workdir: Path,
                 results[system].errors[scenario] = f"failed to start: {exc}"
                 log(f"{system}: {scenario}: failed to start: {exc}")
                 continue
-            nears[system] = (near, far.port)
+            nears[system] = (near, far)
         for rep in range(args.runs):
-            for system, (near, far_port) in nears.items():
+            for system, (near, far) in nears.items():
                 result = results[system]
                 if scenario in result.errors:
                     continue
                 try:
-                    rate = run_throughput(near, far_port, scenario, args.n, args.timeout)
+                    rate, cpu = run_throughput(near, far, scenario, args.n, args.timeout)
                 except BenchError as exc:
                     result.errors[scenario] = str(exc)
                     log(f"{system}: {scenario}: {exc}\n{near.log_tail()}")
                     continue
-                log(f"{system}: {scenario} run {rep + 1}: {rate:,.0f} msgs/s")
+                log(f"{system}: {scenario} run {rep + 1}: {rate:,.0f} msgs/s; CPU us/msg "
+                    + ", ".join(f"{k} {v:.0f}" for k, v in cpu.per_msg_us.items())
+                    + f"; machine busy {cpu.machine_cpus:.2f} CPUs")
                 result.runs.setdefault(scenario, []).append(rate)
+                result.cpu.setdefault(scenario, []).append(cpu)
         for result in results.values():
             rates = result.runs.get(scenario)
             if rates and scenario not in result.errors:
@@ -586,6 +675,7 @@ def report(results: dict[str, Result], args: argparse.Namespace, info: dict[str,
                 ratios = [g / m for m, g in pairs]
                 print(f"  {s} per-pair ratios: " + ", ".join(f"{x:.2f}" for x in ratios)
                       + f" (median {statistics.median(ratios):.2f})")
+        cpu_table(results, args)
     if "loss" in args.scenario_names:
         pace = (f"at {args.loss_rate:g} msgs/s" if args.loss_rate > 0
                 else "as fast as the publisher goes")
@@ -611,6 +701,26 @@ def report(results: dict[str, Result], args: argparse.Namespace, info: dict[str,
     print(f"\nversions: {', '.join(f'{k} {v}' for k, v in info['versions'].items())}; "
           f"load average {info['load_before']} before, {info['load_after']} after "
           f"({os.cpu_count()} CPUs)")
+
+
+def cpu_table(results: dict[str, Result], args: argparse.Namespace) -> None:
+    """CPU microseconds a message, per process (medians over the runs), and how many CPUs'
+    worth the whole machine was busy: what the machine gives and what each system spends."""
+    rows: list[tuple[str, ...]] = [("scenario", "system", *(f"{r} us/msg" for r in ROLES),
+                                    "sum us/msg", "machine busy (CPUs)")]
+    for s in ("export", "import"):
+        for r in results.values():
+            cpus = r.cpu.get(s)
+            if not cpus:
+                continue
+            per = [statistics.median(c.per_msg_us[role] for c in cpus) for role in ROLES]
+            busy = statistics.median(c.machine_cpus for c in cpus)
+            rows.append((s, r.system, *(f"{x:.0f}" for x in per), f"{sum(per):.0f}",
+                         f"{busy:.2f} of {os.cpu_count()}"))
+    if len(rows) > 1:
+        print("\nCPU time a message (near: the mosquitto with the bridge, or the gateway with "
+              "its delivery-log writer)")
+        table(rows)
 
 
 def versions() -> dict[str, str]:
@@ -714,7 +824,11 @@ def main(argv: list[str] | None = None) -> int:
             **info, "n": args.n, "runs": args.runs, "loss_rate": args.loss_rate,
             "outage": args.outage,
             "results": {r.system: {"msgs_per_s": r.rates, "runs": r.runs, "loss": r.loss,
-                                   "errors": r.errors} for r in results.values()},
+                                   "errors": r.errors,
+                                   "cpu": {s: [{"per_msg_us": c.per_msg_us,
+                                                "machine_cpus": c.machine_cpus} for c in cs]
+                                           for s, cs in r.cpu.items()}}
+                        for r in results.values()},
         }, indent=2) + "\n")
     return 0
 

@@ -269,6 +269,38 @@ def test_publish_fields_leaves_to_paho_what_paho_must_decide() -> None:
     assert full.publish_fields("a/b", b"y", 1, None) is None  # paho's window is full
 
 
+def test_publish_fields_goes_behind_what_paho_has_waiting() -> None:
+    c = connected()
+    c._out_packet.append({"command": 0xC0, "mid": 0, "qos": 0, "pos": 0, "to_process": 2,
+                          "packet": b"\xc0\x00", "info": None})  # a PINGREQ not yet written
+    first = c.publish_fields("a/b", b"x", 1, {})  # through paho's queue, behind it
+    second = c.publish_fields("a/b", b"y", 1, {})  # nothing of paho's waits: straight in
+    assert first is not None and second is not None and not c._out_packet
+    assert bytes(c.out) == (b"\xc0\x00" + encode_publish("a/b", b"x", 1, False, False, first,
+                                                        {}, 5)
+                            + encode_publish("a/b", b"y", 1, False, False, second, {}, 5))
+    assert c._out_messages[second].state == paho.mqtt_ms_wait_for_puback
+
+
+def test_flush_moves_the_keepalive_clock() -> None:
+    c = connected()
+    c._last_msg_out = 0.0
+    c.publish_fields("a/b", b"x", 1, {})  # straight into the buffer: no paho writer saw it
+    wire = _Wire()
+    c.wire = wire  # type: ignore[assignment]
+    assert c.flush() and not c.out and c._last_msg_out > 0.0
+    assert wire.written == [encode_publish("a/b", b"x", 1, False, False, 1, {}, 5)]
+    c.wire = None
+
+
+class _Wire:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+
 def test_publish_fields_then_the_fast_ack() -> None:
     c = connected()
     seen: list[int] = []
