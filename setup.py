@@ -30,6 +30,7 @@ COMPILED = [
     "gateway/dlog.py",
     "gateway/serial.py",
     "gateway/subindex.py",
+    "gateway/store/sqlite.py",
     "adapters/mqtt/codec.py",
     "adapters/mqtt/encoding.py",
     "adapters/mqtt/properties.py",

@@ -78,3 +78,16 @@ def collect() -> tuple[list[Any], Any]:
 async def settle(n: int = 3) -> None:
     for _ in range(n):
         await asyncio.sleep(0)
+
+
+class CommitHook:
+    """A broker's store with its ``commit`` replaced by ``commit(callback, on_error)``, the
+    rest passed through: for tests that hold commit callbacks back. Put in ``broker.store``
+    (a compiled store's methods cannot be replaced on the object itself)."""
+
+    def __init__(self, store: Any, commit: Any) -> None:
+        self.store = store
+        self.commit = commit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)

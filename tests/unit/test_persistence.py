@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from corehelp import Q, T, running_broker, write_config
+from corehelp import CommitHook, Q, T, running_broker, write_config
 
 from gateway.client import AckMode
 from gateway.message import DeliveryMode, Message
@@ -138,7 +138,7 @@ def _hold_commit_callbacks(broker) -> list:
             held.append(callback)
         commit(None, on_error)
 
-    broker.store.commit = slow_commit
+    broker.store = CommitHook(broker.store, slow_commit)
     return held
 
 

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from corehelp import running_broker, settle
+from corehelp import CommitHook, running_broker, settle
 
 from gateway.errors import ConfigError, LimitExceededError
 from gateway.message import PROP_IMPORTED, DeliveryMode, Destination, Message
@@ -246,7 +246,7 @@ async def test_a_resend_arriving_during_the_first_copys_commit_waits_for_its_out
                 held.append((callback, on_error))
             commit(None, None)
 
-        b.store.commit = slow_commit  # type: ignore[method-assign]
+        b.store = CommitHook(b.store, slow_commit)
         acks: list[str] = []
 
         def send(tag: str, trace: str) -> None:
