@@ -329,9 +329,9 @@ def encode_packet(packet: Packet, level: int) -> bytes:
     if isinstance(packet, Publish):
         return encode_publish(packet.topic, packet.payload, packet.qos, packet.retain,
                               packet.dup, packet.packet_id, packet.properties, level)
-    if isinstance(packet, PubAck | PubRec | PubRel | PubComp):
+    if isinstance(packet, (PubAck, PubRec, PubRel, PubComp)):
         return _encode_ack(packet, level)
-    if isinstance(packet, SubAck | UnsubAck):
+    if isinstance(packet, (SubAck, UnsubAck)):
         return _encode_suback(packet, level)
     if isinstance(packet, Subscribe):
         return _encode_subscribe(packet, level)
@@ -341,7 +341,7 @@ def encode_packet(packet: Packet, level: int) -> bytes:
         return PINGREQ_BYTES
     if isinstance(packet, PingResp):
         return PINGRESP_BYTES
-    if isinstance(packet, Disconnect | Auth):
+    if isinstance(packet, (Disconnect, Auth)):
         return _encode_disconnect_or_auth(packet, level)
     if isinstance(packet, ConnAck):
         return _encode_connack(packet, level)

@@ -283,7 +283,7 @@ def encode_utf8(s: str) -> bytes:
 def encode_binary(b: object) -> bytes:
     """Write Binary Data (MQTT 5.0 1.5.6); what is not bytes-like is refused here (the
     argument is not typed ``bytes``, which compiled code would refuse with a TypeError)."""
-    if not isinstance(b, bytes | bytearray | memoryview):
+    if not isinstance(b, (bytes, bytearray, memoryview)):
         raise MqttLocalProtocolError(f"expected bytes, got {type(b).__name__}")
     if len(b) > MAX_UINT16:
         raise MqttLocalProtocolError("binary data longer than 65,535 bytes (MQTT 5.0 1.5.6)")
@@ -391,7 +391,7 @@ def _encode_value(spec: PropertySpec, value: Any) -> bytes:
     if t is _BIN:
         return encode_binary(value)
     if t is _PAIR:
-        if (not isinstance(value, tuple | list) or len(value) != 2
+        if (not isinstance(value, (tuple, list)) or len(value) != 2
                 or not isinstance(value[0], str) or not isinstance(value[1], str)):
             raise MqttLocalProtocolError(f"{spec.name} items must be (name, value) pairs of str")
         return encode_utf8(value[0]) + encode_utf8(value[1])
@@ -441,7 +441,7 @@ def encode_properties(props: Mapping[str, Any] | None, context: int) -> bytes:
                 f"property {name} is not allowed in {_context_name(context)}")
         ident = _VARINT_1[spec.identifier]
         if spec.repeatable_in:
-            if not isinstance(value, list | tuple):
+            if not isinstance(value, (list, tuple)):
                 raise MqttLocalProtocolError(f"{name} must be a list")
             if len(value) > 1 and context not in spec.repeatable_in:
                 raise MqttLocalProtocolError(
