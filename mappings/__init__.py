@@ -8,6 +8,6 @@ functions, per destination, protocol, direction and transport. The default mappi
 MQTT and AMQP 1.0 are such rules (``mappings/defaults/<protocol>.yaml``, one named rule per
 row of the tables in ``mappings/README.md``), which a user's rule can replace or extend for
 some destinations and transports; their hand-written fast paths (:mod:`mappings.stomp`,
-:mod:`mappings.mqtt`, :mod:`mappings.amqp` with :mod:`mappings.amqp_fast` for the common
-AMQP shapes) run when the rules apply unchanged, and tests prove the two agree.
+:mod:`mappings.mqtt`, :mod:`mappings.amqp` with :mod:`mappings.amqp_fast` and
+:mod:`mappings.amqp_fast_out` for the common AMQP shapes) run when the rules apply unchanged, and tests prove the two agree.
 """

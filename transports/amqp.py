@@ -56,7 +56,7 @@ from gateway.errors import GatewayError
 from gateway.message import QUEUE, TEMP_PREFIX, TOPIC, Destination, Message
 from mappings.amqp import MA_PREFIX, amqp_to_message, message_to_amqp
 from mappings.amqp_fast import decode as fast_decode
-from mappings.amqp_fast import encode as fast_encode
+from mappings.amqp_fast_out import encode as fast_encode
 from transports.amqp_links import (
     GW_PREFIXES,
     ReceiverLink,

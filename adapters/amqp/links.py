@@ -36,7 +36,7 @@ from gateway.errors import GatewayError, TransactionRolledBackError
 from gateway.message import QUEUE, TOPIC, Destination
 from mappings.amqp import amqp_to_message, message_to_amqp, parse_address
 from mappings.amqp_fast import decode as fast_decode
-from mappings.amqp_fast import encode as fast_encode
+from mappings.amqp_fast_out import encode as fast_encode
 
 if TYPE_CHECKING:
     from adapters.amqp.connection import AmqpConnection

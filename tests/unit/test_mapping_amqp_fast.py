@@ -1,4 +1,5 @@
-"""The AMQP fast path (mappings/amqp_fast.py) against the default mapping, both ways.
+"""The AMQP fast path (mappings/amqp_fast.py, amqp_fast_out.py) against the default mapping,
+both ways.
 
 The reference is always the slow path run on the same input: ``proton.Message().decode()`` then
 ``amqp_to_message`` for :func:`decode`, ``message_to_amqp(...).encode()`` for :func:`encode`.
@@ -38,7 +39,7 @@ from gateway.message import (
     Message,
 )
 from gateway.types import Char, Float32, Int8, Int16, Int32, Int64, UInt8, UInt16, UInt32, UInt64
-from mappings import amqp_fast
+from mappings import amqp_fast, amqp_fast_out
 from mappings.amqp import (
     CONTENT_ENCODING_PROPERTY,
     CONTENT_TYPE_PROPERTY,
@@ -134,7 +135,7 @@ def assert_decodes_same(data: bytes, *, taken: bool, **kw: Any) -> Message | Non
 
 
 def assert_encodes_same(msg: Message, *, taken: bool, count: int = 1, now: int = T0) -> None:
-    fast = amqp_fast.encode(msg, delivery_count=count, now_ms=now)
+    fast = amqp_fast_out.encode(msg, delivery_count=count, now_ms=now)
     try:
         slow = message_to_amqp(msg, delivery_count=count, now_ms=now).encode()
     except Exception as exc:
@@ -895,7 +896,7 @@ def outside_core_messages(draw: st.DrawFn) -> Message:
 @SETTINGS
 @given(msg=outside_core_messages())
 def test_encode_declines_outside_the_subset(msg: Message) -> None:
-    assert amqp_fast.encode(msg, delivery_count=1, now_ms=T0) is None
+    assert amqp_fast_out.encode(msg, delivery_count=1, now_ms=T0) is None
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -908,7 +909,7 @@ def test_encode_any_core_message_is_declined_or_exact(msg: Message, count: int) 
 @given(msg=core_messages(), count=st.integers(1, 3))
 def test_round_trip_through_both_fast_paths(msg: Message, count: int) -> None:
     """core → bytes → core by the fast path equals the same trip by the slow path."""
-    data = amqp_fast.encode(msg, delivery_count=count, now_ms=T0)
+    data = amqp_fast_out.encode(msg, delivery_count=count, now_ms=T0)
     assert data is not None
     back = fast_decode(data, destination=msg.destination or DEST)
     slow = slow_decode(
@@ -928,7 +929,7 @@ def test_encode_vector_of_the_benchmark_message() -> None:
         "33663261396331653562376434663630" "005373c0300aa10d49443a67772d313a313a313a3140a10e"
         "71756575653a2f2f6f72646572734040404040408300000" "18bcfe56800" "005375a040"
     ) + bytes(64)  # fmt: skip
-    assert amqp_fast.encode(msg, delivery_count=1, now_ms=T0) == expected
+    assert amqp_fast_out.encode(msg, delivery_count=1, now_ms=T0) == expected
     assert message_to_amqp(msg, delivery_count=1, now_ms=T0).encode() == expected
 
 
@@ -938,7 +939,7 @@ def test_encode_header_properties_and_carried_annotations() -> None:
     msg.expiration = T0 + 1000
     msg.properties = {"JMSXGroupID": "g", "JMS_GW_AMQP_MA_x-opt-jms-msg-type": Int8(0),
                       "JMSXGroupSeq": Int32(-1), "k": UInt32(300)}  # fmt: skip
-    data = amqp_fast.encode(msg, delivery_count=3, now_ms=T0)
+    data = amqp_fast_out.encode(msg, delivery_count=3, now_ms=T0)
     assert data == message_to_amqp(msg, delivery_count=3, now_ms=T0).encode()
     assert data is not None
     # durable absent, priority 7, ttl 1000, first-acquirer absent, delivery-count 2.
