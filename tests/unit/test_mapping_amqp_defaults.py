@@ -29,7 +29,8 @@ from test_mapping_amqp import _SCALARS, amqp_values
 from gateway.message import QUEUE, TOPIC, BodyKind, DeliveryMode, Destination, Message
 from gateway.types import Int32, Int64, UInt8
 from mappings.amqp import TYPES_PROPERTY, amqp_to_message, message_to_amqp
-from mappings.engine import MappingSet, default_rules
+from mappings.engine import MappingSet
+from mappings.rules import default_rules
 
 Q = Destination.queue("orders")
 NOW = 1_700_000_000_000

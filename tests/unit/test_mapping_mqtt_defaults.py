@@ -21,8 +21,9 @@ from strategies import any_text, map_bodies, message_differences, messages, name
 
 from gateway.message import BodyKind, Destination, Message
 from gateway.types import Float32, Int8, Int32
-from mappings.engine import MappingSet, default_rules
+from mappings.engine import MappingSet
 from mappings.mqtt import PayloadFormatInvalid, message_to_mqtt, mqtt_to_message
+from mappings.rules import default_rules
 
 T = Destination.topic("sensors.a")
 NOW = 1_700_000_000_000

@@ -22,7 +22,8 @@ from strategies import any_text, map_bodies, message_differences, messages, name
 
 from gateway.message import BodyKind, Destination, Message
 from gateway.types import Float32, Int8, Int32, UInt64
-from mappings.engine import MappingSet, default_rules
+from mappings.engine import MappingSet
+from mappings.rules import default_rules
 from mappings.stomp import message_to_stomp, stomp_to_message
 
 Q = Destination.queue("orders")
