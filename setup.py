@@ -32,6 +32,7 @@ COMPILED = [
     "gateway/subindex.py",
     "gateway/store/sqlite.py",
     "adapters/mqtt/codec.py",
+    "adapters/mqtt/connection.py",
     "adapters/mqtt/encoding.py",
     "adapters/mqtt/properties.py",
     "adapters/mqtt/session.py",

@@ -33,7 +33,7 @@ DISCONNECT that reports the error).
 Not here, on purpose: topic filter semantics (a SUBSCRIBE is returned with its filters as
 sent; :func:`validate_topic_filter` lets the session answer 0x8F per filter in SUBACK),
 topic alias mapping, receive maximum, keepalive timing and packet-id bookkeeping -- all state
-that belongs to the session (``session.py``).
+that belongs to the connection and the session (``connection.py``, ``session.py``).
 
 Hot path. No logging, no f-strings (except in error messages), and PUBLISH parsed inline.
 Encoding lives in :mod:`adapters.mqtt.encoding` (:func:`encode_packet`, and

@@ -1,4 +1,4 @@
-"""The MQTT listener: a thin asyncio shell around :mod:`adapters.mqtt.session`.
+"""The MQTT listener: a thin asyncio shell around :mod:`adapters.mqtt.connection`.
 
 How this works. :func:`start` is the registry entry for ``listen = mqtt://host:port`` (and
 ``mqtts://`` with the gateway's TLS certificate). Each TCP connection gets an
@@ -21,18 +21,11 @@ from typing import Any
 
 from adapters.listener import BatchedProtocol, Listener, listen
 from adapters.mqtt.codec import encode_publish
+from adapters.mqtt.connection import MqttConnection, publish_reason
 from adapters.mqtt.packets import Publish, ReasonCode, SubscriptionOptions, Will
 from adapters.mqtt.retained import NAMESPACE as RETAINED_NS
 from adapters.mqtt.retained import RetainedStore
-from adapters.mqtt.session import (
-    INFLIGHT_NS,
-    NEVER,
-    SESSION_NS,
-    MqttConnection,
-    MqttSession,
-    SubRecord,
-    publish_reason,
-)
+from adapters.mqtt.session import INFLIGHT_NS, NEVER, SESSION_NS, MqttSession, SubRecord
 from adapters.mqtt.topics import mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway.errors import GatewayError, InvalidDestinationError, SecurityError
 from gateway.message import TEMP_PREFIX, TOPIC, Destination, Message

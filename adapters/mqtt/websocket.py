@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from adapters.mqtt.session import MqttConnection
+from adapters.mqtt.connection import MqttConnection
 from adapters.websocket import serve
 
 log = logging.getLogger("adapters.mqtt")

@@ -10,8 +10,9 @@ from typing import Any
 
 from corehelp import not_compiled
 
+from adapters.mqtt.connection import MqttConnection, State
 from adapters.mqtt.packets import PubAck, PubRec
-from adapters.mqtt.session import MQTT_5, MqttConnection, State
+from adapters.mqtt.session import MQTT_5
 
 
 class Conn:
