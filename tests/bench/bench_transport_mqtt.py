@@ -112,7 +112,9 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
 
+from bench_amqp import CLK_TCK  # noqa: E402
 from bench_mqtt import BenchError, BrokerFailed, log, run_process  # noqa: E402
+from bench_stomp import machine_jiffies, tree_cpu  # noqa: E402
 from peers.mosquitto import (  # noqa: E402
     PeerFailedToStart,
     PeerMissing,
@@ -345,42 +347,7 @@ def start_near(system: str, workdir: Path, far: Any, scenario: str, limits: list
 
 # --- CPU accounting -------------------------------------------------------------------------
 
-TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 ROLES = ("near", "far", "pub", "sub")  # the processes of a run whose CPU time is counted
-
-
-def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` and its live descendants (the gateway's
-    delivery-log writer is a child process); 0 for a process that is gone."""
-    children: dict[int, list[int]] = {}
-    times: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-        child = int(entry)
-        children.setdefault(int(fields[1]), []).append(child)  # field 4: ppid
-        times[child] = (int(fields[11]) + int(fields[12])) / TICK  # fields 14, 15
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        total += times.get(p, 0.0)
-        todo.extend(children.get(p, []))
-    return total
-
-
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
-    with open("/proc/stat") as f:
-        values = [int(x) / TICK for x in f.readline().split()[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0.0)  # idle + iowait
-    total = sum(values[:8])  # guest time is already in user
-    return total - idle, total
 
 
 @dataclass
@@ -393,25 +360,26 @@ class Cpu:
 
 
 class CpuMeter:
-    """CPU time of a run's processes between :meth:`start` and :meth:`stop`."""
+    """CPU time of a run's processes (each with its live descendants: the gateway's
+    delivery-log writer) between :meth:`start` and :meth:`stop`, and the machine's."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
-        self.before: dict[str, float] = {}
-        self.machine = (0.0, 0.0)
-        self.wall = 0.0
-
-    def start(self) -> None:
-        self.before = {role: process_cpu(pid) for role, pid in self.pids.items()}
-        self.machine = machine_busy()
+        self.before = {role: tree_cpu(pid) for role, pid in pids.items()}
+        self.jiffies = machine_jiffies()[0]
         self.wall = time.perf_counter()
 
+    def add(self, role: str, pid: int) -> None:
+        """A process started after the meter: all of its time counts."""
+        self.pids[role] = pid
+        self.before[role] = 0.0
+
     def stop(self, n: int) -> Cpu:
-        after = {role: process_cpu(pid) for role, pid in self.pids.items()}
-        busy, _ = machine_busy()
+        after = {role: tree_cpu(pid) for role, pid in self.pids.items()}
+        busy = (machine_jiffies()[0] - self.jiffies) / CLK_TCK
         wall = time.perf_counter() - self.wall
         return Cpu({role: (after[role] - self.before[role]) * 1e6 / n for role in self.pids},
-                   (busy - self.machine[0]) / wall if wall > 0 else 0.0)
+                   busy / wall if wall > 0 else 0.0)
 
 
 # --- throughput -----------------------------------------------------------------------------
@@ -434,11 +402,9 @@ def run_throughput(near: Near, far: Any, scenario: str, n: int,
         warm_up(col, sub, pub_port, deadline)
         data = payloads(n)
         meter = CpuMeter({"near": near.pid, "far": far.pid, "sub": sub.pid})
-        meter.start()
         t0 = time.perf_counter()
         pub = start_pub(pub_port)
-        meter.pids["pub"] = pub.pid
-        meter.before["pub"] = 0.0  # it starts now
+        meter.add("pub", pub.pid)
         threading.Thread(target=feed, args=(pub, data), daemon=True).start()
         while not col.reached.wait(0.2):
             now = time.monotonic()
