@@ -33,7 +33,8 @@ class Collector:
     def __init__(self, port: int, topic: str) -> None:
         self.got: list[bytes] = []
         self.lock = threading.Lock()
-        self.c = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"collector-{port}",
+        self.client_id = f"collector-{port}"
+        self.c = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
                              protocol=MQTTProtocolVersion.MQTTv5)
         self.c.on_message = self._message
         self.topic = topic
@@ -47,8 +48,23 @@ class Collector:
             self.got.append(bytes(m.payload))
 
     def close(self) -> None:
-        self.c.loop_stop()
+        # DISCONNECT goes out behind the PUBCOMPs already queued, while the loop still runs.
         self.c.disconnect()
+        self.c.loop_stop()
+
+    def close_on(self, mosq: Any) -> None:
+        """Close once ``mosq`` (logging ``all``) has read a PUBCOMP for every message taken
+        and then the DISCONNECT. Stopped sooner, a persistent mosquitto saves the deliveries
+        still waiting for their PUBCOMP and sends them again to this client ID when it comes
+        back (DUP set): mosquitto's resends, not the gateway's."""
+        def log() -> str:
+            return str(mosq.log_path.read_text(errors="replace"))
+
+        wait_for(lambda: log().count(f"Received PUBCOMP from {self.client_id}") >= len(self.got),
+                 what="mosquitto to have every PUBCOMP")
+        self.close()
+        wait_for(lambda: f"Client {self.client_id} disconnected" in log(),
+                 what="mosquitto to see the collector leave")
 
 
 def _session_props() -> Any:
@@ -172,7 +188,7 @@ def test_exports_wait_out_a_far_broker_restart_and_arrive_exactly_once(tmp_path,
         time.sleep(0.2)
         send_persistent(g, "f.c", N // 2)
         wait_for(lambda: len(far.got) >= N // 2, what="the first half")
-        far.close()
+        far.close_on(m1)
     try:
         wait_for(lambda: info(g)["far"]["state"] != "up", what="the broker to be gone")
         send_persistent(g, "f.c", N // 2, start=N // 2)  # spooled while it is down
