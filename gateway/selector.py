@@ -9,8 +9,9 @@ computes SQL's three-valued logic with ``True`` / ``False`` / ``None`` (UNKNOWN)
 selector matches only when the result ``is True`` (seed L1735-1741). A top-level AND / OR
 becomes a run of ``if`` statements that returns as soon as the answer is known. Common
 shapes are inlined (``color = 'red'``, ``weight > 10``, ``x BETWEEN 1 AND 9``, ``c IN
-(...)``, prefix / suffix / contains ``LIKE``); the rest call the helpers below (``_eq``,
-``_lt``, ``_arith`` ...), which the inlined code falls back to for unusual value types. A
+(...)``, prefix / suffix / contains ``LIKE``); the rest call the run-time helpers of
+:mod:`gateway.selector_runtime` (``_eq``, ``_lt``, ``_arith`` ...), which the inlined code
+also falls back to for unusual value types. A
 subtree whose code nests too deeply for CPython's parser, or a long AND / OR run, becomes a
 function of its own. Compiled selectors are cached by text, since consumers share them.
 
@@ -55,7 +56,6 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 import re
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -64,7 +64,18 @@ from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from gateway.errors import InvalidSelectorError
-from gateway.types import Float32, Int8, Int16, Int32, Int64, UInt8, UInt16, UInt32, UInt64
+from gateway.selector_runtime import (
+    EXACT_IN_FLOAT,
+    FLOATS,
+    INTS,
+    LONG_MAX,
+    NUMS,
+    RUNTIME,
+    ULONG_SPAN,
+    negate,
+    wrap,
+)
+from gateway.types import Float32
 
 __all__ = ["MAX_NESTING", "SELECTOR_CACHE_SIZE", "HasHeaders", "Selector", "compile_selector"]
 
@@ -147,194 +158,13 @@ def _compile_cached(text: str) -> Selector:
         raise InvalidSelectorError(exc.message, text, exc.position) from None
     except UnexpectedInput as exc:
         raise InvalidSelectorError(_describe(exc), text, _error_position(exc, text)) from None
-    namespace: dict[str, Any] = dict(_RUNTIME)
+    namespace: dict[str, Any] = dict(RUNTIME)
     namespace.update(gen.constants)
     try:
         exec(compile(source, "<selector>", "exec"), namespace)
     except RecursionError:  # not expected after hoisting; refuse rather than crash
         raise InvalidSelectorError("selector is too complex", text, 0) from None
     return Selector(text, frozenset(gen.names), namespace["_match"], source)
-
-
-# -- run-time helpers (called by the generated code) ----------------------------------------
-
-_LONG_MIN = -(1 << 63)
-_LONG_MAX = (1 << 63) - 1
-_ULONG_SPAN = 1 << 64
-
-_INTS = frozenset({int, Int8, Int16, Int32, Int64, UInt8, UInt16, UInt32, UInt64})
-_FLOATS = frozenset({float, Float32})
-_NUMS = _INTS | _FLOATS
-# An integer literal this small converts exactly to float and double, so ``t OP lit`` in
-# Python gives Java's answer for a value ``t`` of any numeric type.
-_EXACT_IN_FLOAT = 1 << 24
-
-
-def _is_num(v: Any) -> bool:
-    c = v.__class__
-    return c in _NUMS or (c is not bool and isinstance(v, (int, float)))
-
-
-def _wrap(v: int) -> int:
-    """Java ``long`` overflow: two's complement wrap-around."""
-    if _LONG_MIN <= v <= _LONG_MAX:
-        return v
-    return (v - _LONG_MIN) % _ULONG_SPAN + _LONG_MIN
-
-
-def _double(i: int) -> float:
-    """Java long-to-double (round to nearest); beyond double's range is infinity."""
-    try:
-        return float(i)
-    except OverflowError:
-        return math.inf if i > 0 else -math.inf
-
-
-def _to_float32(x: float) -> Float32:
-    try:
-        return Float32(x)
-    except OverflowError:
-        return Float32(math.copysign(math.inf, x))
-
-
-def _float32_of_int(i: int) -> Float32:
-    """Java long-to-float: one rounding to 24 significant bits, ties to even."""
-    m = abs(i)
-    n = m.bit_length()
-    if n > 129:
-        return Float32(math.inf if i > 0 else -math.inf)
-    if n > 24:
-        shift = n - 24
-        q, r = m >> shift, m & ((1 << shift) - 1)
-        half = 1 << (shift - 1)
-        if r > half or (r == half and q & 1):
-            q += 1
-        m = q << shift
-    return _to_float32(float(-m if i < 0 else m))
-
-
-def _promote(a: Any, b: Any) -> tuple[Any, Any]:
-    """Java binary numeric promotion of two numbers, for comparison."""
-    ai = isinstance(a, int)
-    if ai is isinstance(b, int):
-        return a, b
-    if ai:
-        return (_float32_of_int(a) if isinstance(b, Float32) else _double(a)), b
-    return a, (_float32_of_int(b) if isinstance(a, Float32) else _double(b))
-
-
-_KINDS = {str: 1, bool: 3, **{c: 2 for c in _NUMS}}
-
-
-def _kind(v: Any) -> int:
-    """1 string, 2 number, 3 boolean, 0 anything else (comparable with nothing)."""
-    k = _KINDS.get(v.__class__)
-    if k is not None:
-        return k
-    return 1 if isinstance(v, str) else 2 if isinstance(v, (int, float)) else 0
-
-
-def _equality(test: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool | None]:
-    def compare(a: Any, b: Any) -> bool | None:
-        if a is None or b is None:
-            return None  # NULL makes a comparison UNKNOWN (seed L1760)
-        k = _kind(a)
-        if k == 0 or k != _kind(b):
-            return False  # incomparable types, = and <> alike (seed L1757-1759)
-        if k == 2:
-            a, b = _promote(a, b)
-        return test(a, b)
-
-    return compare
-
-
-def _ordering(test: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool | None]:
-    def compare(a: Any, b: Any) -> bool | None:
-        if a is None or b is None:
-            return None
-        if _is_num(a) and _is_num(b):
-            a, b = _promote(a, b)
-            return test(a, b)
-        return False  # strings, booleans and other types cannot be ordered
-
-    return compare
-
-
-_eq = _equality(lambda a, b: bool(a == b))
-_ne = _equality(lambda a, b: bool(a != b))
-_lt = _ordering(lambda a, b: bool(a < b))
-_le = _ordering(lambda a, b: bool(a <= b))
-_gt = _ordering(lambda a, b: bool(a > b))
-_ge = _ordering(lambda a, b: bool(a >= b))
-
-
-def _between(x: Any, low: Any, high: Any) -> bool | None:
-    """``x BETWEEN low AND high`` is ``x >= low AND x <= high`` (seed L1776-1780)."""
-    a = _ge(x, low)
-    if a is False:
-        return False
-    b = _le(x, high)
-    if b is False:
-        return False
-    return a and b
-
-
-def _not_between(x: Any, low: Any, high: Any) -> bool | None:
-    """``x NOT BETWEEN low AND high`` is ``x < low OR x > high`` (seed L1782)."""
-    a = _lt(x, low)
-    if a is True:
-        return True
-    b = _gt(x, high)
-    if b is True:
-        return True
-    return None if a is None or b is None else False
-
-
-_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
-
-
-def _arith(op: str, a: Any, b: Any) -> Any:
-    """``a op b`` with Java promotion; NULL for NULL, non-numbers and division by zero."""
-    if a is None or b is None or not _is_num(a) or not _is_num(b) or (op == "/" and not b):
-        return None
-    ai, bi = isinstance(a, int), isinstance(b, int)
-    if ai and bi:
-        if op != "/":
-            return _wrap(_OPS[op](a, b))
-        q = abs(a) // abs(b)  # Java truncates toward zero
-        return _wrap(-q if (a < 0) != (b < 0) else q)
-    single = (ai or isinstance(a, Float32)) and (bi or isinstance(b, Float32))
-    convert = _float32_of_int if single else _double
-    r = _OPS[op](float(convert(a) if ai else a), float(convert(b) if bi else b))
-    return _to_float32(r) if single else r
-
-
-def _chain(ops: str, first: Any, *rest: Any) -> Any:
-    """A left-associative run ``a + b - c ...`` evaluated left to right."""
-    value = first
-    for op, operand in zip(ops, rest, strict=True):
-        value = _arith(op, value, operand)
-    return value
-
-
-def _neg(a: Any) -> Any:
-    if a is None or not _is_num(a):
-        return None
-    if isinstance(a, int):
-        return _wrap(-a)
-    return Float32(-a) if isinstance(a, Float32) else -a
-
-
-def _pos(a: Any) -> Any:
-    return a if a is not None and _is_num(a) else None
-
-
-_RUNTIME: dict[str, Any] = {
-    "_NUMS": _NUMS, "_INTS": _INTS, "_FLOATS": _FLOATS,
-    "_eq": _eq, "_ne": _ne, "_lt": _lt, "_le": _le, "_gt": _gt, "_ge": _ge,
-    "_between": _between, "_not_between": _not_between,
-    "_arith": _arith, "_chain": _chain, "_neg": _neg, "_pos": _pos,
-}  # fmt: skip
 
 
 # -- nodes ----------------------------------------------------------------------------------
@@ -392,7 +222,7 @@ class _Node:
         self.negated = negated
         depth = 0
         for kid in self.kids:
-            if kid.kind == "lit" and kid.arg.__class__ is int and kid.arg > _LONG_MAX:
+            if kid.kind == "lit" and kid.arg.__class__ is int and kid.arg > LONG_MAX:
                 # 9223372036854775808 is legal only right under a unary minus
                 raise _SemanticError("exact numeric literal is out of the range of long", kid.pos)
             depth = max(depth, kid.depth)
@@ -451,7 +281,7 @@ class _Builder:
         op, operand, pos = str(c[0]), c[1], c[0].start_pos
         _numeric(operand, "unary " + op)
         if operand.kind == "lit":  # fold the sign in (Java: -9223372036854775808 is a long)
-            return _Node("lit", pos, NUM, arg=_neg(operand.arg) if op == "-" else operand.arg)
+            return _Node("lit", pos, NUM, arg=negate(operand.arg) if op == "-" else operand.arg)
         if operand.kind == "unary":  # - - x is + x; + - x is - x
             op = ("+" if operand.arg == "-" else "-") if op == "-" else operand.arg
             operand = operand.kids[0]
@@ -535,9 +365,9 @@ def _number(text: str, pos: int) -> Any:
         if digits[1] != "x" and ("8" in digits or "9" in digits):
             raise _SemanticError("invalid octal literal", pos)
         value = int(digits[2:], 16) if digits[1] == "x" else int(digits, 8)
-        if value >= _ULONG_SPAN:
+        if value >= ULONG_SPAN:
             raise _SemanticError("exact numeric literal is out of the range of long", pos)
-        return _wrap(value)  # 64-bit hex and octal literals are two's complement, as in Java
+        return wrap(value)  # 64-bit hex and octal literals are two's complement, as in Java
     if "." in low or "e" in low or low[-1] in "fd":
         if low[-1] == "l":
             raise _SemanticError("invalid numeric literal", pos)
@@ -550,7 +380,7 @@ def _number(text: str, pos: int) -> Any:
             return Float32(value_f)
         except OverflowError:
             raise _SemanticError("float literal is out of range", pos) from None
-    if len(digits) > 19 or int(digits) > _LONG_MAX + 1:
+    if len(digits) > 19 or int(digits) > LONG_MAX + 1:
         raise _SemanticError("exact numeric literal is out of the range of long", pos)
     return int(digits)  # 2**63 is checked once we know whether a minus folds into it
 
@@ -601,7 +431,7 @@ def _like_plan(pattern: str, escape: str | None, pos: int) -> tuple[str, Any]:
 _PY_OP = {"=": "==", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 _HELPER = {"=": "_eq", "<>": "_ne", "<": "_lt", "<=": "_le", ">": "_gt", ">=": "_ge"}
 _MIRROR = {"=": "=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
-_CLASS_SET_NAMES = {_NUMS: "_NUMS", _INTS: "_INTS", _FLOATS: "_FLOATS"}
+_CLASS_SET_NAMES = {NUMS: "_NUMS", INTS: "_INTS", FLOATS: "_FLOATS"}
 # AND / OR runs longer than this become statements in a function of their own (a long run
 # of conditional expressions nests in CPython's AST and exhausts its compiler's stack).
 _INLINE_RUN = 8
@@ -610,8 +440,8 @@ _INLINE_RUN = 8
 def _fast_classes(value: Any) -> frozenset[type]:
     """Value classes for which ``t OP value`` in Python equals Java's comparison."""
     if isinstance(value, int):
-        return _NUMS if -_EXACT_IN_FLOAT <= value <= _EXACT_IN_FLOAT else _INTS
-    return _FLOATS
+        return NUMS if -EXACT_IN_FLOAT <= value <= EXACT_IN_FLOAT else INTS
+    return FLOATS
 
 
 class _CodeGen:
