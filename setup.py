@@ -38,6 +38,7 @@ COMPILED = [
     "adapters/mqtt/session.py",
     "adapters/mqtt/topics.py",
     "mappings/mqtt.py",
+    "mappings/typedtext.py",
 ]
 
 

@@ -65,7 +65,8 @@ from mappings.amqp_values import (
     _parse_record,
     _unescape,
 )
-from mappings.mqtt import CONTENT_TYPE_PROPERTY, is_text_content_type, wire_escape, wire_unescape
+from mappings.mqtt import CONTENT_TYPE_PROPERTY
+from mappings.typedtext import is_text_content_type, wire_escape, wire_unescape
 
 __all__ = [
     "CONTENT_ENCODING_PROPERTY", "CONTENT_TYPE_PROPERTY", "DA_PREFIX", "MA_PREFIX",

@@ -73,7 +73,7 @@ from mappings.amqp import (  # the default mapping's own rules, where they are n
     _id_in,
     parse_address,
 )
-from mappings.mqtt import is_text_content_type
+from mappings.typedtext import is_text_content_type
 
 __all__ = ["DATA_RECORD", "VALUE_RECORD", "decode"]
 

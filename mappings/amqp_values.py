@@ -24,7 +24,7 @@ import proton
 from proton import UNDESCRIBED, Array, Data, Described, symbol, ulong
 
 from gateway import types as gt
-from mappings.mqtt import wire_escape, wire_unescape
+from mappings.typedtext import wire_escape, wire_unescape
 
 # -- values: AMQP → core -----------------------------------------------------------------------
 

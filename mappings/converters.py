@@ -24,7 +24,7 @@ import cproton
 from gateway.message import DEFAULT_PRIORITY, BodyKind, DeliveryMode, Destination, Message
 from mappings import amqp, amqp_values, mqtt, stomp
 from mappings.fields import SKIP, Body, Converter, Kept
-from mappings.mqtt import render_properties
+from mappings.typedtext import JSON_CONTENT_TYPE, render_properties
 from mappings.wire import TYPES_MARK
 
 __all__ = ["CONVERTERS"]
@@ -150,7 +150,7 @@ def _mqtt_mode_in(m: Message, qos: int) -> DeliveryMode:
 
 def _mqtt_body_out(m: Message, kind: str, body: Any) -> tuple[Any, ...]:
     payload, utf8, json_body = mqtt.body_out(BodyKind[kind], body)
-    return payload, 1 if utf8 else SKIP, mqtt.JSON_CONTENT_TYPE if json_body else SKIP
+    return payload, 1 if utf8 else SKIP, JSON_CONTENT_TYPE if json_body else SKIP
 
 
 def _mqtt_qos_out(m: Message, qos: Any, mode: str) -> int:

@@ -25,7 +25,7 @@ from gateway.errors import GatewayError, MessageFormatError
 from gateway.message import DEFAULT_PRIORITY, BodyKind, DeliveryMode, Destination, Message
 from gateway.subject import validate as validate_subject
 from gateway.types import Char, Float32, Int64, UInt64, convert, type_name
-from mappings.mqtt import json_payload
+from mappings.typedtext import json_payload
 
 TYPE_NAMES = tuple(gt.SCALAR_TYPES) + tuple(n for n in gt.JMS_NAMES if n not in gt.SCALAR_TYPES)
 

@@ -45,15 +45,15 @@ from gateway.message import (
     new_message,
 )
 from gateway.types import Int64, UInt64
-from mappings.mqtt import (
-    CONTENT_TYPE_PROPERTY,
-    _apply_types,
-    _wire_safe,
+from mappings.mqtt import CONTENT_TYPE_PROPERTY
+from mappings.typedtext import (
+    apply_types,
     is_text_content_type,
     json_payload,
     render_properties,
     types_escape,
     wire_escape,
+    wire_safe,
 )
 
 __all__ = [
@@ -248,7 +248,7 @@ def apply_header_types(types: str, props: dict[str, Any], correlation: str | byt
                         (TRACE_HEADER, trace)):
         if field is not None:
             props[name] = field
-    props = _apply_types(props, types)
+    props = apply_types(props, types)
     if correlation is not None:
         correlation = _correlation_in(props.pop("correlation-id"), types)
     if msg_type is not None:
@@ -480,7 +480,7 @@ def text_out(name: str, text: str, types: list[str]) -> str:
 def _text_header(headers: list[tuple[str, str]], types: list[str] | None, name: str,
                  text: str, tname: str | None) -> list[str] | None:
     """Append one text header; escape it (and list it in gw-types) if STOMP cannot carry it."""
-    if _wire_safe(text):
+    if wire_safe(text):
         headers.append((name, text))
         entry = None if tname is None else types_escape(name) + ":" + tname
     else:

@@ -119,7 +119,7 @@ def frames(draw: st.DrawFn) -> tuple[dict[str, str], bytes, bool]:
 
 
 def _json(value: Any) -> bytes:
-    from mappings.mqtt import json_payload
+    from mappings.typedtext import json_payload
 
     return json_payload(value)
 
