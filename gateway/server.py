@@ -76,7 +76,7 @@ class Gateway:
                 log.info("listening for %s on %s:%d", spec.scheme, host, port)
             if any(gw.transports_enabled(t.type) for t in self.config.transports.values()):
                 # Loaded by name: the core never imports a transport (DESIGN.md layering).
-                manager = registry.import_string("transports.base:TransportManager")
+                manager = registry.import_string("transports.manager:TransportManager")
                 self.transports = manager(self.broker, self.config)
                 self.broker.transports = self.transports
                 await self.transports.start()

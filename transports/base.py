@@ -1,12 +1,13 @@
 """What every transport shares: bindings to destinations, reconnecting, the export spool,
 the inbound queue, loop prevention and the counters.
 
-How this works. The :class:`TransportManager` (one per gateway) reads ``transports.conf``
-and the ``import`` / ``export`` properties of ``topics.conf`` / ``queues.conf`` entries, and
-starts one :class:`Transport` per section whose type is enabled in ``gateway.conf``
-(``mqtt_transports = enabled``; off by default, as in EMS, seed L15920-15923). A transport
-is a core client of kind ``BRIDGE`` (client id ``$transport:<name>``) plus a connection to
-the far side made by its subclass (paho-mqtt, proton, stomp.py). EMS's rules (ems.md §5.7):
+How this works. The :class:`~transports.manager.TransportManager` (one per gateway) reads
+``transports.conf`` and the ``import`` / ``export`` properties of ``topics.conf`` /
+``queues.conf`` entries, and starts one :class:`Transport` per section whose type is enabled
+in ``gateway.conf`` (``mqtt_transports = enabled``; off by default, as in EMS, seed
+L15920-15923). A transport is a core client of kind ``BRIDGE`` (client id
+``$transport:<name>``) plus a connection to the far side made by its subclass (paho-mqtt,
+proton, stomp.py). EMS's rules (ems.md §5.7):
 
 * **Export** (topics only): for each topic entry that names the transport in ``export``, a
   durable core subscription ``export:<pattern>`` holds what is to go out; its consumer sends
@@ -34,8 +35,8 @@ the far side made by its subclass (paho-mqtt, proton, stomp.py). EMS's rules (em
   (a resend after a lost acknowledgement, or a second path); a refused import is forgotten.
   At start the window is seeded with the imports the store kept from before a restart, so
   a crash between storing an import and acknowledging it does not deliver it twice
-  (:meth:`TransportManager.seed_duplicates`; the amqp transport also seeds its
-  (message-id, destination) check for messages no gateway sent).
+  (:meth:`~transports.manager.TransportManager.seed_duplicates`; the amqp transport also
+  seeds its (message-id, destination) check for messages no gateway sent).
 * **Inbound queue** (``inbound_queue_policy``, EMS's ``rv_queue_policy``): imports wait here
   while more than :data:`IMPORT_WINDOW` publishes are unconfirmed; ``DISCARD_FIRST`` /
   ``DISCARD_LAST`` drop from it when it reaches ``max_msgs`` (counted); with
@@ -57,17 +58,18 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gateway import registry, subject
+from gateway import subject
 from gateway.client import AckMode
 from gateway.config.transports import DiscardPolicy
 from gateway.endpoint import requeue_all
-from gateway.errors import ConfigError, GatewayError
+from gateway.errors import GatewayError
 from gateway.message import PROP_IMPORTED, QUEUE, TOPIC, Destination, Message
 
 if TYPE_CHECKING:
     from gateway.client import Connection, Session
     from gateway.config.transports import TransportDef
     from gateway.endpoint import Delivery, Subscription
+    from transports.manager import TransportManager
 
 log = logging.getLogger("transports")
 
@@ -83,10 +85,6 @@ EXPORT_SELECTOR = "JMS_GW_IMPORTED IS NULL"
 MAX_REPLY_ROUTES = 10_000  # temporary reply destinations with a far-side name, per transport
 STOP_WAIT = 5.0  # seconds stop() waits for imports still being stored
 REPLY_SWEEP = 5.0  # seconds between checks that the routes' temporary destinations exist
-
-
-class TransportRequiredError(GatewayError):
-    reason = "transport-required"
 
 
 class RetryLater(GatewayError):
@@ -288,7 +286,7 @@ class Transport:
 
     def seed_duplicate(self, msg: Message) -> None:
         """A stored message this transport imported before a restart (see
-        :meth:`TransportManager.seed_duplicates`): a transport that recognises resends by
+        :meth:`~transports.manager.TransportManager.seed_duplicates`): a transport that recognises resends by
         something other than the trace id remembers it here."""
 
     def pause_reading(self) -> None:
@@ -724,104 +722,3 @@ class Transport:
             "exports": sorted(self.exports), "spooled": spooled,
             "inbound_queue": len(self.inbound), **self.stats,
         }
-
-
-class TransportManager:
-    """Every transport of one gateway, bound to the destinations that name them."""
-
-    def __init__(self, broker: Any, config: Any) -> None:
-        self.broker = broker
-        self.config = config
-        self.transports: dict[str, Transport] = {}
-        self.recent_imports: OrderedDict[tuple[str, str], Held] = OrderedDict()
-
-    async def start(self) -> None:
-        config = self.config
-        gw = config.gateway
-        for tdef in config.transports.values():
-            if not gw.transports_enabled(tdef.type):
-                continue
-            try:
-                factory = registry.transport(tdef.type)
-            except registry.NotAvailableError as exc:
-                raise ConfigError(tdef.file, tdef.line,
-                                  f"transport {tdef.name!r}: {exc}") from None
-            t: Transport = factory(self, tdef)
-            self.transports[tdef.name] = t
-        if not self.transports:
-            return
-        for table, kind_name in ((config.topics, "topic"), (config.queues, "queue")):
-            for entry in table.entries():
-                self.bind_entry(kind_name, entry)
-        self.broker.subscription_listeners.append(self._subscription_changed)
-        self.seed_duplicates()
-        for t in self.transports.values():
-            t.start()
-        required = [t for t in self.transports.values()
-                    if t.params.get("required") or gw.aborts_on("TRANSPORTS")]
-        for t in required:
-            limit = float(t.params.get("reconnect_max", 60.0))
-            try:
-                await asyncio.wait_for(t.up_event.wait(), timeout=limit)
-            except TimeoutError:
-                raise TransportRequiredError(
-                    f"{t.tdef.where()}: transport {t.name!r} is required and could not "
-                    f"connect in {limit:g} s: {t.last_error}") from None
-
-    def seed_duplicates(self) -> None:
-        """Remember the imports the store kept from before a restart (still waiting in a
-        queue or durable subscription), so that their resends are dropped as duplicates.
-
-        A crash between storing an import and the far side getting its acknowledgement
-        leaves the far side to send the message again after the restart; without this the
-        copy in the store and the resend would both be delivered. What a consumer had
-        already taken and acknowledged before the crash is no longer stored and is not seen
-        here.
-        """
-        recent = self.recent_imports
-        for msg in self.broker.stored_messages():
-            via = msg.properties.get(PROP_IMPORTED)
-            dest = msg.destination
-            if via is None or dest is None:
-                continue
-            if msg.trace_id is not None:
-                recent[(msg.trace_id, dest.name)] = None
-            t = self.transports.get(str(via))
-            if t is not None:
-                t.seed_duplicate(msg)
-        while len(recent) > DEDUP_WINDOW:
-            recent.popitem(last=False)
-
-    def bind_entry(self, kind_name: str, entry: Any) -> None:
-        """Bind the transports a topics.conf / queues.conf entry names (at start, or when
-        the admin API defines it; names already bound stay bound)."""
-        kind = TOPIC if kind_name == "topic" else QUEUE
-        for name in entry.own.get("imports", ()):
-            t = self.transports.get(name)
-            if t is not None and t.bind_import(entry.name, kind):
-                if kind == TOPIC:
-                    for sub in self.broker.all_subscriptions():
-                        if not (getattr(sub, "client_id", None) or "").startswith(CLIENT_PREFIX):
-                            t.local_subscription(sub.pattern, True, only=entry.name)
-        if kind == TOPIC:
-            for name in entry.own.get("exports", ()):
-                t = self.transports.get(name)
-                if t is not None:
-                    t.bind_export(entry.name)
-
-    def _subscription_changed(self, sub: Any, added: bool) -> None:
-        client_id = getattr(sub, "client_id", None) or ""
-        if client_id.startswith(CLIENT_PREFIX):
-            return
-        for t in self.transports.values():
-            if t.imports:
-                t.local_subscription(sub.pattern, added)
-
-    async def stop(self) -> None:
-        if self._subscription_changed in self.broker.subscription_listeners:
-            self.broker.subscription_listeners.remove(self._subscription_changed)
-        for t in list(self.transports.values()):
-            await t.stop()
-
-    def info(self) -> list[dict[str, Any]]:
-        return [t.info() for t in self.transports.values()]

@@ -23,7 +23,7 @@ from adapters.amqp.sasl import SaslError, SaslServer
 from gateway.errors import GatewayError
 from gateway.message import PROP_IMPORTED, DeliveryMode, Destination, Message
 from transports.amqp import far_address, name_candidates
-from transports.base import TransportManager
+from transports.manager import TransportManager
 
 ORIGIN = proton.symbol("x-opt-gw-origin")
 HOPS = proton.symbol("x-opt-gw-hops")

@@ -10,7 +10,8 @@ from corehelp import CommitHook, running_broker, settle
 
 from gateway.errors import ConfigError, LimitExceededError
 from gateway.message import PROP_IMPORTED, DeliveryMode, Destination, Message
-from transports.base import READ_PAUSE, Backoff, Transport, TransportManager
+from transports.base import READ_PAUSE, Backoff, Transport
+from transports.manager import TransportManager
 
 
 class Stub(Transport):

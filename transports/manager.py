@@ -1,0 +1,131 @@
+"""The transports of one gateway: started from ``transports.conf``, bound to destinations.
+
+How this works. The :class:`TransportManager` reads ``transports.conf`` and the ``import`` /
+``export`` properties of ``topics.conf`` / ``queues.conf`` entries, and starts one
+:class:`~transports.base.Transport` per section whose type is enabled in ``gateway.conf``
+(``mqtt_transports = enabled``; off by default, as in EMS, seed L15920-15923), found by type
+through :mod:`gateway.registry`. It binds each entry's names (at start, and when the admin
+API defines an entry), tells the importing transports when local subscriptions come and go
+(a topic imports only while it has subscribers), and holds the duplicate window all its
+transports share, seeded at start from the store (:meth:`TransportManager.seed_duplicates`).
+A transport marked ``required = true`` (or any, with ``startup_abort_list`` naming
+``TRANSPORTS``) that cannot connect in time stops the start with
+:class:`TransportRequiredError`; the others keep trying in the background. What each
+transport does is described in :mod:`transports.base`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from typing import Any
+
+from gateway import registry
+from gateway.errors import ConfigError, GatewayError
+from gateway.message import PROP_IMPORTED, QUEUE, TOPIC
+from transports.base import CLIENT_PREFIX, DEDUP_WINDOW, Held, Transport
+
+
+class TransportRequiredError(GatewayError):
+    reason = "transport-required"
+
+
+class TransportManager:
+    """Every transport of one gateway, bound to the destinations that name them."""
+
+    def __init__(self, broker: Any, config: Any) -> None:
+        self.broker = broker
+        self.config = config
+        self.transports: dict[str, Transport] = {}
+        self.recent_imports: OrderedDict[tuple[str, str], Held] = OrderedDict()
+
+    async def start(self) -> None:
+        config = self.config
+        gw = config.gateway
+        for tdef in config.transports.values():
+            if not gw.transports_enabled(tdef.type):
+                continue
+            try:
+                factory = registry.transport(tdef.type)
+            except registry.NotAvailableError as exc:
+                raise ConfigError(tdef.file, tdef.line,
+                                  f"transport {tdef.name!r}: {exc}") from None
+            t: Transport = factory(self, tdef)
+            self.transports[tdef.name] = t
+        if not self.transports:
+            return
+        for table, kind_name in ((config.topics, "topic"), (config.queues, "queue")):
+            for entry in table.entries():
+                self.bind_entry(kind_name, entry)
+        self.broker.subscription_listeners.append(self._subscription_changed)
+        self.seed_duplicates()
+        for t in self.transports.values():
+            t.start()
+        required = [t for t in self.transports.values()
+                    if t.params.get("required") or gw.aborts_on("TRANSPORTS")]
+        for t in required:
+            limit = float(t.params.get("reconnect_max", 60.0))
+            try:
+                await asyncio.wait_for(t.up_event.wait(), timeout=limit)
+            except TimeoutError:
+                raise TransportRequiredError(
+                    f"{t.tdef.where()}: transport {t.name!r} is required and could not "
+                    f"connect in {limit:g} s: {t.last_error}") from None
+
+    def seed_duplicates(self) -> None:
+        """Remember the imports the store kept from before a restart (still waiting in a
+        queue or durable subscription), so that their resends are dropped as duplicates.
+
+        A crash between storing an import and the far side getting its acknowledgement
+        leaves the far side to send the message again after the restart; without this the
+        copy in the store and the resend would both be delivered. What a consumer had
+        already taken and acknowledged before the crash is no longer stored and is not seen
+        here.
+        """
+        recent = self.recent_imports
+        for msg in self.broker.stored_messages():
+            via = msg.properties.get(PROP_IMPORTED)
+            dest = msg.destination
+            if via is None or dest is None:
+                continue
+            if msg.trace_id is not None:
+                recent[(msg.trace_id, dest.name)] = None
+            t = self.transports.get(str(via))
+            if t is not None:
+                t.seed_duplicate(msg)
+        while len(recent) > DEDUP_WINDOW:
+            recent.popitem(last=False)
+
+    def bind_entry(self, kind_name: str, entry: Any) -> None:
+        """Bind the transports a topics.conf / queues.conf entry names (at start, or when
+        the admin API defines it; names already bound stay bound)."""
+        kind = TOPIC if kind_name == "topic" else QUEUE
+        for name in entry.own.get("imports", ()):
+            t = self.transports.get(name)
+            if t is not None and t.bind_import(entry.name, kind):
+                if kind == TOPIC:
+                    for sub in self.broker.all_subscriptions():
+                        if not (getattr(sub, "client_id", None) or "").startswith(CLIENT_PREFIX):
+                            t.local_subscription(sub.pattern, True, only=entry.name)
+        if kind == TOPIC:
+            for name in entry.own.get("exports", ()):
+                t = self.transports.get(name)
+                if t is not None:
+                    t.bind_export(entry.name)
+
+    def _subscription_changed(self, sub: Any, added: bool) -> None:
+        client_id = getattr(sub, "client_id", None) or ""
+        if client_id.startswith(CLIENT_PREFIX):
+            return
+        for t in self.transports.values():
+            if t.imports:
+                t.local_subscription(sub.pattern, added)
+
+    async def stop(self) -> None:
+        if self._subscription_changed in self.broker.subscription_listeners:
+            self.broker.subscription_listeners.remove(self._subscription_changed)
+        for t in list(self.transports.values()):
+            await t.stop()
+
+    def info(self) -> list[dict[str, Any]]:
+        return [t.info() for t in self.transports.values()]
