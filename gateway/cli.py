@@ -14,7 +14,7 @@ import logging
 import sys
 from typing import Any
 
-from gateway.errors import ConfigError, ConfigErrors
+from gateway.errors import ConfigError, ConfigErrors, GatewayError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, ConfigErrors) as exc:
             print(f"gateway: configuration errors, not starting:\n{exc}", file=sys.stderr)
             return 2
-        except OSError as exc:
+        except (OSError, GatewayError) as exc:
+            # a port in use, a store another gateway holds, a required transport unreachable
             print(f"gateway: cannot start: {exc}", file=sys.stderr)
             return 1
     if args.command == "check-config":

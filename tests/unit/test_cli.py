@@ -106,6 +106,42 @@ def test_a_listener_of_an_unknown_protocol_refuses_to_start(tmp_path):
     assert "gateway.conf:2" in out and "unknown listener protocol 'xmpp'" in out
 
 
+def test_a_store_another_gateway_holds_is_a_clear_error(tmp_path):
+    write_config(tmp_path, gateway="listen = http://127.0.0.1:0\n")
+    first = start(["serve", "--config-dir", str(tmp_path)], tmp_path)
+    lines: list[str] = []
+    try:
+        wait_for(first, r"gateway ready", lines)
+        second = start(["serve", "--config-dir", str(tmp_path)], tmp_path)
+        out, _ = second.communicate(timeout=30)
+        assert second.returncode == 1, out
+        assert "gateway: cannot start: store" in out and "in use by another gateway" in out
+        assert "Traceback" not in out
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0
+
+
+def test_a_required_transport_that_cannot_connect_stops_the_start_with_a_clear_error(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a loopback port with nobody listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    write_config(tmp_path, gateway="mqtt_transports = enabled\n",
+                 transports=f"[far]\ntype = mqtt\nurl = mqtt://127.0.0.1:{port}\n"
+                            "required = true\nreconnect_max = 1sec\n")
+    proc = start(["serve", "--config-dir", str(tmp_path)], tmp_path)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    assert "gateway: cannot start:" in out and "transport 'far' is required" in out
+    assert "transports.conf:1" in out and "Traceback" not in out
+    assert "gateway stopped" in out  # what had started was stopped in order
+
+
 def test_tune_gc_freezes_start_up_and_raises_the_young_threshold():
     from gateway.server import GC_THRESHOLD, tune_gc
 
