@@ -27,6 +27,7 @@ from gateway.config import Config, load_config
 from gateway.dlog import DeliveryLog
 from gateway.errors import ConfigError
 from gateway.store import open_store
+from gateway.store.base import StoreError
 
 log = logging.getLogger("gateway")
 
@@ -47,7 +48,11 @@ class Gateway:
         gw = self.config.gateway
         loop = asyncio.get_running_loop()
         store_dir = str(gw.store)
-        os.makedirs(store_dir, exist_ok=True)
+        try:
+            os.makedirs(store_dir, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot make the store directory {store_dir}: "
+                             f"{exc.strerror or exc}") from exc
         self.store = open_store(gw.store_type, os.path.join(store_dir, "gateway.db"), gw.store_sync)
         recovered = self.store.open(loop.call_soon_threadsafe)
         gid = _gateway_id(self.store, recovered, gw.server)

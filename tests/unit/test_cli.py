@@ -125,6 +125,16 @@ def test_a_store_another_gateway_holds_is_a_clear_error(tmp_path):
     assert first.returncode == 0
 
 
+def test_a_store_directory_that_cannot_be_made_is_a_clear_error(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    write_config(tmp_path, gateway=f"store = {tmp_path / 'file' / 'data'}\n")
+    proc = start(["serve", "--config-dir", str(tmp_path)], tmp_path)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 1, out
+    assert f"gateway: cannot start: cannot make the store directory {tmp_path / 'file'}" in out
+    assert "Traceback" not in out
+
+
 def test_a_required_transport_that_cannot_connect_stops_the_start_with_a_clear_error(tmp_path):
     import socket
 
