@@ -18,7 +18,13 @@ from gateway.errors import ConfigError, ConfigErrors, GatewayError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gateway", description=__doc__.splitlines()[0])
+    from gateway import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="gateway",
+        description="A protocol gateway between messaging systems: MQTT, AMQP 1.0 and STOMP "
+                    "clients and brokers through one JMS-style core broker.")
+    parser.add_argument("--version", action="version", version=f"gateway {__version__}")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     sub = parser.add_subparsers(dest="command", required=True)
     p_serve = sub.add_parser("serve", help="run the gateway")

@@ -84,6 +84,18 @@ def test_check_config(tmp_path):
     assert bad.returncode == 1 and "topics.conf:1" in out
 
 
+def test_version_and_help():
+    from gateway import __version__
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    v = subprocess.run([sys.executable, "-m", "gateway", "--version"], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert (v.returncode, v.stdout.strip()) == (0, f"gateway {__version__}")
+    h = subprocess.run([sys.executable, "-m", "gateway", "--help"], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert h.returncode == 0 and "protocol gateway" in h.stdout and "check-config" in h.stdout
+
+
 def test_passwd_hash_is_accepted_by_users_conf(tmp_path):
     p = subprocess.run([sys.executable, "-m", "gateway", "passwd"], input="s3cret\n",
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
