@@ -12,7 +12,9 @@ reads (an export, an import's acknowledgement) schedules one flush with ``call_s
 heartbeats and the idle timeout (``idle_timeout``) are ``Transport.tick`` on a ``call_later``.
 
 * Export: one sender link per far address (``address_prefix_topic`` + name), attached on
-  the first export to it; the AMQP adapter's mapping plus the message annotations
+  the first export to it -- or, with ``anonymous_relay = true`` and a peer that offers
+  ``ANONYMOUS-RELAY`` (another gateway, ActiveMQ Artemis), one link with no target address for every export, each
+  message's ``to`` naming its far address (``anonymous_relay``); the AMQP adapter's mapping plus the message annotations
   ``x-opt-gw-origin`` / ``x-opt-gw-hops``. The core acknowledges on the peer's ``accepted``
   (``settle = at-least-once``) or at once (presettled, ``at-most-once``); ``rejected`` →
   :meth:`Transport.failed`; ``released`` / ``modified`` → back to the spool, the binding
@@ -46,7 +48,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cproton import PN_ACCEPTED, PN_REJECTED, ffi, lib
-from proton import Collector, Condition, Connection, Delivery, Event, Link, Terminus
+from proton import (
+    Collector,
+    Condition,
+    Connection,
+    Delivery,
+    Event,
+    Link,
+    SymbolList,
+    Terminus,
+    symbol,
+)
 from proton import Message as ProtonMessage
 from proton import Transport as ProtonTransport
 
@@ -54,7 +66,7 @@ from gateway import subject
 from gateway.endpoint import requeue_all
 from gateway.errors import GatewayError
 from gateway.message import QUEUE, TEMP_PREFIX, TOPIC, Destination, Message
-from mappings.amqp import MA_PREFIX, amqp_to_message, message_to_amqp
+from mappings.amqp import MA_PREFIX, TOPIC_PREFIX, amqp_to_message, message_to_amqp
 from mappings.amqp_fast import decode as fast_decode
 from mappings.amqp_fast_out import encode as fast_encode
 from transports.amqp_links import (
@@ -84,6 +96,8 @@ CONNECT_TIMEOUT = 10.0  # seconds for TCP, TLS, SASL and the open/begin exchange
 CREDIT = 1000  # transfers a receiver link may have granted or unconfirmed (adapter's CREDIT)
 RELEASED_RETRY = 1.0  # seconds a binding pauses after the far side released an export
 MAX_SENDERS = 1000  # sender links kept; past this the oldest idle one is closed
+RELAY = ""  # the key of the anonymous-relay sender link in ``senders`` (no core name is "")
+_RELAY_CAPS = SymbolList([symbol("ANONYMOUS-RELAY")])
 
 _PN_DELIVERY = Event.DELIVERY.number
 _RELEASED, _MODIFIED = Delivery.RELEASED, Delivery.MODIFIED
@@ -113,7 +127,9 @@ class AmqpTransport(Transport):
         self.flush_scheduled = False
         self.timer: asyncio.TimerHandle | None = None
         self.deadline = 0.0
-        self.senders: dict[str, SenderLink] = {}  # core name → its link
+        self.senders: dict[str, SenderLink] = {}  # core name (or RELAY) → its link
+        self.use_relay = bool(p.get("anonymous_relay"))
+        self.relay = False  # this connection exports through the peer's anonymous relay
         self.receivers: dict[tuple[Any, str], ReceiverLink] = {}
         self.by_link: dict[Any, SenderLink | ReceiverLink] = {}  # pn_link_t → its handler
         self.retry_timers: dict[str, asyncio.TimerHandle] = {}
@@ -184,6 +200,9 @@ class AmqpTransport(Transport):
         collector = self.collector = Collector()
         c.collect(collector)
         self._col = collector._impl
+        if self.use_relay:
+            c.desired_capabilities = _RELAY_CAPS
+        self.relay = False
         t.bind(c)
         c.open()
         self.pn_session = c.session()
@@ -195,6 +214,8 @@ class AmqpTransport(Transport):
         fut = self.opened
         if fut is not None and not fut.done():
             fut.set_result(None)
+            caps = self.engine.remote_offered_capabilities if self.engine is not None else None
+            self.relay = self.use_relay and caps is not None and "ANONYMOUS-RELAY" in caps
             props = self.engine.remote_properties if self.engine is not None else None
             if self.durable and props and props.get("product") == "RabbitMQ" and \
                     str(props.get("version") or "")[:1] in ("1", "2", "3"):
@@ -522,8 +543,10 @@ class AmqpTransport(Transport):
     def _on_attach(self, ev: Any) -> None:
         link = ev.link
         h = self.by_link.get(link._impl)
-        if isinstance(h, SenderLink) and link.remote_target.address is None:
-            h.refused = "the peer refused the link"  # §2.6.3: a detach with the reason follows
+        # §2.6.3: a detach with the reason follows. (The relay's target has no address; the
+        # detach of a refused relay link ends the relay: see _on_detach.)
+        if isinstance(h, SenderLink) and h.name != RELAY and link.remote_target.address is None:
+            h.refused = "the peer refused the link"
 
     def _on_detach(self, ev: Any) -> None:
         """The peer detached or closed one of our links (refused it, or ended it)."""
@@ -552,7 +575,12 @@ class AmqpTransport(Transport):
                                      self._resubscribe, h.pattern, h.kind)
             return
         if self.senders.get(h.name) is h:
-            if h.refused is not None:  # the attach was refused: exports to it fail a while
+            if h.name == RELAY:  # refused or ended: a link per far address from now on
+                del self.senders[RELAY]
+                self.relay = False
+                log.warning("transport %s: the peer ended the anonymous relay link (%s); "
+                            "exporting with a link per address", self.name, reason)
+            elif h.refused is not None:  # the attach was refused: exports to it fail a while
                 h.refused = reason
                 h.refused_until = time.monotonic() + float(self.params.get("reconnect_min", 1.0))
             else:
@@ -710,6 +738,8 @@ class AmqpTransport(Transport):
     # -- export -------------------------------------------------------------------------------
 
     def _sender(self, name: str) -> SenderLink:
+        if self.relay:
+            return self.senders.get(RELAY) or self._relay_sender()
         h = self.senders.get(name)
         if h is not None:
             if h.refused is None:
@@ -737,6 +767,25 @@ class AmqpTransport(Transport):
         self._changed()
         return h
 
+    def info(self) -> dict[str, Any]:
+        out = super().info()
+        out["anonymous_relay"] = self.relay  # exports go through the peer's relay link
+        out["sender_links"] = len(self.senders)
+        return out
+
+    def _relay_sender(self) -> SenderLink:
+        """The one sender link of an anonymous relay: a target with no address, each
+        transfer routed by its message's ``to`` (the ANONYMOUS-RELAY capability's rule)."""
+        link = self.pn_session.sender(self._next_link_name("out", "relay"))
+        link.target.address = None
+        link.snd_settle_mode = Link.SND_SETTLED if self.presettle else Link.SND_UNSETTLED
+        h = SenderLink(link, RELAY)
+        self.senders[RELAY] = h
+        self.by_link[h.raw] = h
+        link.open()
+        self._changed()
+        return h
+
     def export(self, d: CoreDelivery, binding: ExportBinding) -> bool:
         if self.closed or self.pn_session is None or self.write_paused:
             raise RetryLater("not connected")
@@ -748,7 +797,8 @@ class AmqpTransport(Transport):
         if lib.pn_link_credit(raw) <= 0:
             h.blocked.add(binding)
             raise RetryLater("no link credit")
-        data = self._encode(msg, d.count)
+        data = self._encode(msg, d.count, far_address(self.topic_prefix, dest.name)
+                            if h.name == RELAY else None)
         tag = str(d.tag).encode()
         dlv = lib.pn_delivery(raw, (len(tag), ffi.from_buffer(tag)))
         lib.pn_link_send(raw, ffi.from_buffer(data), len(data))
@@ -760,9 +810,14 @@ class AmqpTransport(Transport):
         h.pending[dlv] = (d, binding)
         return False
 
-    def _encode(self, msg: Message, count: int) -> bytes:
+    def _encode(self, msg: Message, count: int, to: str | None) -> bytes:
         """The transfer's bytes: the adapter's mapping plus the loop markers, carried as
-        ``JMS_GW_AMQP_MA_`` properties so that the fast path can write them too."""
+        ``JMS_GW_AMQP_MA_`` properties so that the fast path can write them too. ``to``:
+        the far address an anonymous relay routes by, when it is not the mapping's
+        ``topic://name``."""
+        if to is not None and msg.destination is not None and \
+                to == TOPIC_PREFIX + msg.destination.name:
+            to = None
         out = self.outgoing(msg)
         if out is msg:
             out = msg.copy()  # the loop markers go into the copy's properties
@@ -773,11 +828,13 @@ class AmqpTransport(Transport):
         reply = out.reply_to
         to_amqp = message_to_amqp if out.destination is None else self.wire_mapping(
             out.destination, "out", message_to_amqp)  # fmt: skip
-        if reply is None and to_amqp is message_to_amqp:
+        if reply is None and to is None and to_amqp is message_to_amqp:
             data = fast_encode(out, delivery_count=count, now_ms=now)
             if data is not None:
                 return data
         pm = to_amqp(out, delivery_count=count, now_ms=now)
+        if to is not None:
+            pm.address = to
         if reply is not None:
             if reply.name.startswith(TEMP_PREFIX):  # a route back (EMS, seed L16440-16447)
                 pm.reply_to = self.replies.route(reply, self._reply_address)

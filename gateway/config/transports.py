@@ -41,7 +41,9 @@ unlimited; ``spool_policy`` (``block`` | ``reject``) when the spool is full; ``t
 ``amqp``  ``url`` (required; ``amqp://`` or ``amqps://``), ``container_id``, ``username``,
           ``password``, ``settle`` (``at-most-once`` | ``at-least-once``; at-least-once),
           ``address_prefix_topic`` (``topic://``), ``address_prefix_queue`` (``queue://``),
-          ``idle_timeout`` (60 s), ``durable_subscriptions`` (false; topic imports)
+          ``idle_timeout`` (60 s), ``durable_subscriptions`` (false; topic imports),
+          ``anonymous_relay`` (false; true: one sender link for every export when the
+          peer offers ``ANONYMOUS-RELAY``)
 ``stomp`` ``url`` (``stomp://`` or ``stomps://``) or ``host`` and ``port`` (61613),
           ``login``, ``passcode``, ``vhost``, ``heartbeat`` (``cx,cy`` ms; 10000,10000),
           ``receipts`` (true), ``topic_prefix`` (``/topic/``), ``queue_prefix``
@@ -252,6 +254,7 @@ SPECS: dict[str, Spec] = {
         "address_prefix_queue": (_any_text, "queue://"),
         "idle_timeout": (_seconds, 60.0),
         "durable_subscriptions": (parse_bool, False),
+        "anonymous_relay": (parse_bool, False),
     },
     "stomp": {
         **_COMMON,

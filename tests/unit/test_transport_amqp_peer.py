@@ -36,8 +36,10 @@ class FakePeer:
 
     def __init__(self, *, credit: int = 100, password: str = "secret", idle_timeout: float = 0,
                  outcome: Callable[[proton.Message], int | None] = lambda pm: Delivery.ACCEPTED,
-                 refuse: Callable[[str], bool] = lambda address: False) -> None:
+                 refuse: Callable[[str], bool] = lambda address: False,
+                 relay: bool = False) -> None:
         self.credit = credit
+        self.relay = relay  # offer ANONYMOUS-RELAY; refuse(None) then refuses the relay link
         self.password = password
         self.idle_timeout = idle_timeout  # advertised in its open; it never ticks itself
         self.outcome = outcome
@@ -171,6 +173,9 @@ class _PeerProtocol(asyncio.Protocol):
         kind = ev.type
         if kind == Event.CONNECTION_REMOTE_OPEN:
             self.peer.containers.append(ev.connection.remote_container)
+            if self.peer.relay:
+                ev.connection.offered_capabilities = proton.SymbolList(
+                    [proton.symbol("ANONYMOUS-RELAY")])
             ev.connection.open()
         elif kind == Event.SESSION_REMOTE_OPEN:
             ev.session.open()
@@ -411,6 +416,46 @@ async def test_a_detached_sender_link_gives_its_unconfirmed_exports_back_in_orde
         peer.detach_senders()
         await until(lambda: t.stats["exported"] == 3, what="sent again on a new link")
         assert [pm.body for _, pm in peer.received] == ["m0", "m1", "m2", "m0", "m1", "m2"]
+        assert t.stats["connects"] == 1 and t.info()["spooled"] == 0
+
+
+async def test_a_peer_offering_anonymous_relay_gets_every_export_on_one_link(tmp_path):
+    peer = await FakePeer(relay=True).start()
+    async with bridge(tmp_path, peer, topics='out.> export="far"\n>\n',
+                      address_prefix_topic="/topic/", anonymous_relay="true") as (b, t):
+        await until(lambda: t.state == "up", what="up")
+        for name in ("out.a", "out.b", "out.a", "out.c"):
+            publish(b, name, name)
+        await until(lambda: t.stats["exported"] == 4, what="all accepted")
+        assert len(peer.protos[0].in_links) == 1  # one link, with no target address
+        assert [(target, pm.address, pm.body) for target, pm in peer.received] == [
+            (None, "/topic/" + n, n) for n in ("out.a", "out.b", "out.a", "out.c")]
+        assert t.info()["anonymous_relay"] is True and t.info()["sender_links"] == 1
+
+
+async def test_without_anonymous_relay_it_uses_a_link_per_address(tmp_path):
+    peer = await FakePeer(relay=True).start()  # offered, but not asked for (the default)
+    async with bridge(tmp_path, peer, topics='out.> export="far"\n>\n') as (b, t):
+        await until(lambda: t.state == "up", what="up")
+        publish(b, "out.a", "a")
+        publish(b, "out.b", "b")
+        await until(lambda: t.stats["exported"] == 2, what="both accepted")
+        assert [(target, pm.body) for target, pm in peer.received] == [
+            ("topic://out.a", "a"), ("topic://out.b", "b")]
+        assert t.info()["anonymous_relay"] is False and t.info()["sender_links"] == 2
+
+
+async def test_a_refused_relay_link_falls_back_to_a_link_per_address(tmp_path):
+    peer = await FakePeer(relay=True, refuse=lambda address: address is None).start()
+    async with bridge(tmp_path, peer, topics='out.> export="far"\n>\n',
+                      anonymous_relay="true") as (b, t):
+        await until(lambda: t.state == "up", what="up")
+        publish(b, "out.a", "m0", "m1")
+        publish(b, "out.b", "m2")
+        await until(lambda: t.stats["exported"] == 3, what="all accepted")
+        assert [(target, pm.body) for target, pm in peer.received] == [
+            ("topic://out.a", "m0"), ("topic://out.a", "m1"), ("topic://out.b", "m2")]
+        assert t.info()["anonymous_relay"] is False and t.stats["failed"] == 0
         assert t.stats["connects"] == 1 and t.info()["spooled"] == 0
 
 
