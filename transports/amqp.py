@@ -11,15 +11,16 @@ TCP (or TLS, ``amqps://``: asyncio's ssl, so proton sees plain bytes) connection
 reads (an export, an import's acknowledgement) schedules one flush with ``call_soon``;
 heartbeats and the idle timeout (``idle_timeout``) are ``Transport.tick`` on a ``call_later``.
 
-* Export: one sender link per far address (``address_prefix_topic`` + name), attached on
-  the first export to it -- or, with ``anonymous_relay = true`` and a peer that offers
-  ``ANONYMOUS-RELAY`` (another gateway, ActiveMQ Artemis), one link with no target address for every export, each
-  message's ``to`` naming its far address (``anonymous_relay``); the AMQP adapter's mapping plus the message annotations
-  ``x-opt-gw-origin`` / ``x-opt-gw-hops``. The core acknowledges on the peer's ``accepted``
-  (``settle = at-least-once``) or at once (presettled, ``at-most-once``); ``rejected`` →
+* Export (:class:`~transports.amqp_export.Exports`): one sender link per far address
+  (``address_prefix_topic`` + name), attached on the first export to it -- or, with
+  ``anonymous_relay = true`` and a peer that offers ``ANONYMOUS-RELAY`` (another gateway,
+  ActiveMQ Artemis), one link with no target address, each message's ``to`` naming its far
+  address; the AMQP adapter's mapping plus the message annotations ``x-opt-gw-origin`` /
+  ``x-opt-gw-hops``. The core acknowledges on the peer's ``accepted`` (``settle =
+  at-least-once``) or at once (presettled, ``at-most-once``); ``rejected`` →
   :meth:`Transport.failed`; ``released`` / ``modified`` → back to the spool, the binding
-  paused :data:`RELEASED_RETRY` s. Without link credit nothing is sent: the export returns to
-  the spool (``RetryLater``) and its binding waits for the link's next flow.
+  paused a moment. Without link credit nothing is sent: the export returns to the spool
+  (``RetryLater``) and its binding waits for the link's next flow.
 * Import: one receiver link per far-side subscription, :data:`CREDIT` credit replenished as
   the core takes the messages; each transfer is accepted only once the core has it. A
   wildcard link names each message from ``to``, else ``subject`` (RabbitMQ's routing key).
@@ -63,14 +64,15 @@ from proton import Message as ProtonMessage
 from proton import Transport as ProtonTransport
 
 from gateway import subject
-from gateway.endpoint import requeue_all
 from gateway.errors import GatewayError
-from gateway.message import QUEUE, TEMP_PREFIX, TOPIC, Destination, Message
-from mappings.amqp import MA_PREFIX, TOPIC_PREFIX, amqp_to_message, message_to_amqp
+from gateway.message import QUEUE, TOPIC, Destination, Message
+from mappings.amqp import amqp_to_message
 from mappings.amqp_fast import decode as fast_decode
-from mappings.amqp_fast_out import encode as fast_encode
+from transports.amqp_export import RELAY, Exports
 from transports.amqp_links import (
     GW_PREFIXES,
+    PROP_HOPS,
+    PROP_ORIGIN,
     ReceiverLink,
     SenderLink,
     Shell,
@@ -80,27 +82,18 @@ from transports.amqp_links import (
     peer_error,
     valid_name,
 )
-from transports.base import DEDUP_WINDOW, ExportBinding, RetryLater, Transport
+from transports.base import DEDUP_WINDOW, ExportBinding, Transport
 
 if TYPE_CHECKING:
     from gateway.endpoint import Delivery as CoreDelivery
 
 log = logging.getLogger("transports.amqp")
 
-ORIGIN = "x-opt-gw-origin"  # message annotation: the id of the gateway that exported it
-HOPS = "x-opt-gw-hops"  # message annotation: bridges crossed before this export
-PROP_ORIGIN = MA_PREFIX + ORIGIN  # how the mapping carries them as properties
-PROP_HOPS = MA_PREFIX + HOPS
-
 CONNECT_TIMEOUT = 10.0  # seconds for TCP, TLS, SASL and the open/begin exchange together
 CREDIT = 1000  # transfers a receiver link may have granted or unconfirmed (adapter's CREDIT)
-RELEASED_RETRY = 1.0  # seconds a binding pauses after the far side released an export
-MAX_SENDERS = 1000  # sender links kept; past this the oldest idle one is closed
-RELAY = ""  # the key of the anonymous-relay sender link in ``senders`` (no core name is "")
 _RELAY_CAPS = SymbolList([symbol("ANONYMOUS-RELAY")])
 
 _PN_DELIVERY = Event.DELIVERY.number
-_RELEASED, _MODIFIED = Delivery.RELEASED, Delivery.MODIFIED
 _wrap: Any = Delivery.wrap
 
 
@@ -127,12 +120,9 @@ class AmqpTransport(Transport):
         self.flush_scheduled = False
         self.timer: asyncio.TimerHandle | None = None
         self.deadline = 0.0
-        self.senders: dict[str, SenderLink] = {}  # core name (or RELAY) → its link
-        self.use_relay = bool(p.get("anonymous_relay"))
-        self.relay = False  # this connection exports through the peer's anonymous relay
         self.receivers: dict[tuple[Any, str], ReceiverLink] = {}
         self.by_link: dict[Any, SenderLink | ReceiverLink] = {}  # pn_link_t → its handler
-        self.retry_timers: dict[str, asyncio.TimerHandle] = {}
+        self.out = Exports(self)  # the sender links and what waits on them
         self.link_seq = 0
         self.durable = bool(p.get("durable_subscriptions"))
         # Temporary JMSReplyTo destinations of exports, standing as far addresses; a receiver
@@ -200,9 +190,9 @@ class AmqpTransport(Transport):
         collector = self.collector = Collector()
         c.collect(collector)
         self._col = collector._impl
-        if self.use_relay:
+        if self.out.use_relay:
             c.desired_capabilities = _RELAY_CAPS
-        self.relay = False
+        self.out.relay = False
         t.bind(c)
         c.open()
         self.pn_session = c.session()
@@ -215,7 +205,8 @@ class AmqpTransport(Transport):
         if fut is not None and not fut.done():
             fut.set_result(None)
             caps = self.engine.remote_offered_capabilities if self.engine is not None else None
-            self.relay = self.use_relay and caps is not None and "ANONYMOUS-RELAY" in caps
+            self.out.relay = self.out.use_relay and caps is not None and \
+                "ANONYMOUS-RELAY" in caps
             props = self.engine.remote_properties if self.engine is not None else None
             if self.durable and props and props.get("product") == "RabbitMQ" and \
                     str(props.get("version") or "")[:1] in ("1", "2", "3"):
@@ -250,12 +241,9 @@ class AmqpTransport(Transport):
             if isinstance(h, SenderLink):
                 h.pending.clear()  # base.release_inflight gives them back
         self.by_link.clear()
-        self.senders.clear()
+        self.out.drop()
         self.receivers.clear()
         self.reply_links.clear()
-        for timer in self.retry_timers.values():
-            timer.cancel()
-        self.retry_timers.clear()
 
     def _teardown(self) -> None:
         self.closed = True
@@ -349,6 +337,7 @@ class AmqpTransport(Transport):
         null = ffi.NULL
         by_link = self.by_link
         handlers = self._handlers
+        on_disposition = self.out.on_disposition
         while not self.closed:
             ev = peek(col)
             if ev == null:
@@ -361,7 +350,7 @@ class AmqpTransport(Transport):
                     if isinstance(h, ReceiverLink):
                         self._on_transfer(h, dlv)
                     elif h is not None:
-                        self._on_disposition(h, dlv)
+                        on_disposition(h, dlv)
                     else:  # a link we closed: nothing of it is wanted any more
                         self._settle_orphan(dlv)
                 else:
@@ -385,7 +374,7 @@ class AmqpTransport(Transport):
         self.write_paused = False
         if self.state == "up":
             for b in self.exports.values():
-                if b.consumer is not None and b.pattern not in self.retry_timers:
+                if b.consumer is not None and b.pattern not in self.out.retry_timers:
                     b.consumer.core.resume()
 
     # -- the peer ending things ---------------------------------------------------------------
@@ -574,25 +563,7 @@ class AmqpTransport(Transport):
                 self.loop.call_later(float(self.params.get("reconnect_max", 60.0)),
                                      self._resubscribe, h.pattern, h.kind)
             return
-        if self.senders.get(h.name) is h:
-            if h.name == RELAY:  # refused or ended: a link per far address from now on
-                del self.senders[RELAY]
-                self.relay = False
-                log.warning("transport %s: the peer ended the anonymous relay link (%s); "
-                            "exporting with a link per address", self.name, reason)
-            elif h.refused is not None:  # the attach was refused: exports to it fail a while
-                h.refused = reason
-                h.refused_until = time.monotonic() + float(self.params.get("reconnect_min", 1.0))
-            else:
-                del self.senders[h.name]
-        pending = list(h.pending.values())
-        h.pending.clear()
-        unacked = self.session.unacked
-        for d, binding in pending:  # fate unknown: sent again (at least once), in order
-            binding.inflight -= 1
-            unacked.pop(d.tag, None)
-        requeue_all([d for d, _ in pending], count_delivery=False)
-        self._unblock(h)
+        self.out.detached(h, reason)
 
     def _resubscribe(self, pattern: str, kind: Any) -> None:
         if self.state != "up" or self.closed or (kind, pattern) in self.receivers:
@@ -735,179 +706,22 @@ class AmqpTransport(Transport):
             hops = 0
         return msg, origin, int(hops)
 
-    # -- export -------------------------------------------------------------------------------
 
-    def _sender(self, name: str) -> SenderLink:
-        if self.relay:
-            return self.senders.get(RELAY) or self._relay_sender()
-        h = self.senders.get(name)
-        if h is not None:
-            if h.refused is None:
-                return h
-            if time.monotonic() < h.refused_until:
-                raise GatewayError(f"the far side refused {name}: {h.refused}")
-            del self.senders[name]
-        if len(self.senders) >= MAX_SENDERS:
-            for old in list(self.senders.values()):
-                if not old.pending and not old.blocked:
-                    old.closed = True
-                    del self.senders[old.name]
-                    self.by_link.pop(old.raw, None)
-                    old.link.close()
-                    break
-        address = far_address(self.topic_prefix, name)
-        link = self.pn_session.sender(self._next_link_name("out", address))
-        link.target.address = address
-        link.source.address = str(Destination(TOPIC, name))
-        link.snd_settle_mode = Link.SND_SETTLED if self.presettle else Link.SND_UNSETTLED
-        h = SenderLink(link, name)
-        self.senders[name] = h
-        self.by_link[h.raw] = h
-        link.open()
-        self._changed()
-        return h
+    # -- export (transports/amqp_export.py) ---------------------------------------------------
+
+    def export(self, d: CoreDelivery, binding: ExportBinding) -> bool:
+        return self.out.export(d, binding)
+
+    def _on_flow(self, ev: Any) -> None:
+        h = self.by_link.get(ev.link._impl)
+        if isinstance(h, SenderLink):
+            self.out.on_flow(h)
 
     def info(self) -> dict[str, Any]:
         out = super().info()
-        out["anonymous_relay"] = self.relay  # exports go through the peer's relay link
-        out["sender_links"] = len(self.senders)
+        out["anonymous_relay"] = self.out.relay  # exports go through the peer's relay link
+        out["sender_links"] = len(self.out.senders)
         return out
-
-    def _relay_sender(self) -> SenderLink:
-        """The one sender link of an anonymous relay: a target with no address, each
-        transfer routed by its message's ``to`` (the ANONYMOUS-RELAY capability's rule)."""
-        link = self.pn_session.sender(self._next_link_name("out", "relay"))
-        link.target.address = None
-        link.snd_settle_mode = Link.SND_SETTLED if self.presettle else Link.SND_UNSETTLED
-        h = SenderLink(link, RELAY)
-        self.senders[RELAY] = h
-        self.by_link[h.raw] = h
-        link.open()
-        self._changed()
-        return h
-
-    def export(self, d: CoreDelivery, binding: ExportBinding) -> bool:
-        if self.closed or self.pn_session is None or self.write_paused:
-            raise RetryLater("not connected")
-        msg = d.msg
-        dest = msg.destination
-        assert dest is not None
-        h = self._sender(dest.name)
-        raw = h.raw
-        if lib.pn_link_credit(raw) <= 0:
-            h.blocked.add(binding)
-            raise RetryLater("no link credit")
-        data = self._encode(msg, d.count, far_address(self.topic_prefix, dest.name)
-                            if h.name == RELAY else None)
-        tag = str(d.tag).encode()
-        dlv = lib.pn_delivery(raw, (len(tag), ffi.from_buffer(tag)))
-        lib.pn_link_send(raw, ffi.from_buffer(data), len(data))
-        lib.pn_link_advance(raw)
-        self._changed()
-        if self.presettle:
-            lib.pn_delivery_settle(dlv)
-            return True
-        h.pending[dlv] = (d, binding)
-        return False
-
-    def _encode(self, msg: Message, count: int, to: str | None) -> bytes:
-        """The transfer's bytes: the adapter's mapping plus the loop markers, carried as
-        ``JMS_GW_AMQP_MA_`` properties so that the fast path can write them too. ``to``:
-        the far address an anonymous relay routes by, when it is not the mapping's
-        ``topic://name``."""
-        if to is not None and msg.destination is not None and \
-                to == TOPIC_PREFIX + msg.destination.name:
-            to = None
-        out = self.outgoing(msg)
-        if out is msg:
-            out = msg.copy()  # the loop markers go into the copy's properties
-        props = out.properties
-        props[PROP_ORIGIN] = msg.origin or self.broker.id
-        props[PROP_HOPS] = msg.hops
-        now = self.broker.now()
-        reply = out.reply_to
-        to_amqp = message_to_amqp if out.destination is None else self.wire_mapping(
-            out.destination, "out", message_to_amqp)  # fmt: skip
-        if reply is None and to is None and to_amqp is message_to_amqp:
-            data = fast_encode(out, delivery_count=count, now_ms=now)
-            if data is not None:
-                return data
-        pm = to_amqp(out, delivery_count=count, now_ms=now)
-        if to is not None:
-            pm.address = to
-        if reply is not None:
-            if reply.name.startswith(TEMP_PREFIX):  # a route back (EMS, seed L16440-16447)
-                pm.reply_to = self.replies.route(reply, self._reply_address)
-            else:
-                prefix = self.topic_prefix if reply.kind is TOPIC else self.queue_prefix
-                pm.reply_to = prefix + reply.name
-        encoded: bytes = pm.encode()
-        return encoded
-
-    def _on_disposition(self, h: SenderLink, dlv: Any) -> None:
-        """The peer's outcome for an export (AMQP 1.0 §3.4)."""
-        if not lib.pn_delivery_updated(dlv):
-            return
-        entry = h.pending.pop(dlv, None)
-        if entry is None:
-            lib.pn_delivery_settle(dlv)
-            return
-        d, binding = entry
-        state = lib.pn_delivery_remote_state(dlv)
-        if state == PN_ACCEPTED or (state == 0 and lib.pn_delivery_settled(dlv)):
-            lib.pn_delivery_settle(dlv)
-            self.confirmed(d, binding)
-        elif state == PN_REJECTED:
-            cond = _wrap(dlv).remote.condition
-            lib.pn_delivery_settle(dlv)
-            self.failed(d, binding, f"rejected: {cond.name}: {cond.description}" if cond
-                        else "rejected")
-        elif state == _RELEASED or state == _MODIFIED:
-            lib.pn_delivery_settle(dlv)
-            self._retry(d, binding)
-        else:  # received (not an outcome): keep waiting for the outcome's own event
-            h.pending[dlv] = entry
-        self._changed()
-
-    def _retry(self, d: CoreDelivery, binding: ExportBinding) -> None:
-        """Released / modified: back to the spool, and its binding waits a moment so that a
-        peer that keeps releasing does not make a busy loop."""
-        binding.inflight -= 1
-        self.session.release(d, count_delivery=False)
-        if binding.consumer is None:
-            return
-        binding.consumer.core.pause()
-        old = self.retry_timers.pop(binding.pattern, None)
-        if old is not None:
-            old.cancel()
-        self.retry_timers[binding.pattern] = self.loop.call_later(
-            RELEASED_RETRY, self._retry_done, binding)
-
-    def _retry_done(self, binding: ExportBinding) -> None:
-        self.retry_timers.pop(binding.pattern, None)
-        if self.state == "up" and not self.write_paused and binding.consumer is not None:
-            binding.consumer.core.resume()
-
-    def _on_flow(self, ev: Any) -> None:
-        link = ev.link
-        h = self.by_link.get(link._impl)
-        if not isinstance(h, SenderLink):
-            return
-        if link.credit > 0:
-            self._unblock(h)
-        if link.drain_mode and link.credit > 0:
-            link.drained()  # nothing waits in proton: we only send with credit (§2.6.7)
-
-    def _unblock(self, h: SenderLink) -> None:
-        blocked = h.blocked
-        if not blocked:
-            return
-        h.blocked = set()
-        if self.state != "up" or self.write_paused:
-            return
-        for b in blocked:
-            if b.consumer is not None and b.pattern not in self.retry_timers:
-                b.consumer.core.resume()
 
 
 def start(manager: Any, tdef: Any) -> AmqpTransport:

@@ -1,5 +1,6 @@
-"""The amqp transport's parts below the transport: its socket shell, its link records and
-the far-side name rules (:mod:`transports.amqp` is the transport itself).
+"""The amqp transport's parts below the transport: its socket shell, its link records, the
+loop markers' names and the far-side name rules (:mod:`transports.amqp` is the transport
+itself, :mod:`transports.amqp_export` its export side).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from proton import Message as ProtonMessage
 from gateway import subject
 from gateway.errors import GatewayError
 from gateway.message import Destination
+from mappings.amqp import MA_PREFIX
 
 if TYPE_CHECKING:
     from gateway.endpoint import Delivery as CoreDelivery
@@ -21,6 +23,11 @@ __all__ = [
     "BINDING_KEY_PREFIXES", "GW_PREFIXES", "WRITE_HIGH_WATER", "ReceiverLink", "SenderLink",
     "far_address", "name_candidates",
 ]  # fmt: skip
+
+ORIGIN = "x-opt-gw-origin"  # message annotation: the id of the gateway that exported it
+HOPS = "x-opt-gw-hops"  # message annotation: bridges crossed before this export
+PROP_ORIGIN = MA_PREFIX + ORIGIN  # how the mapping carries them as properties
+PROP_HOPS = MA_PREFIX + HOPS
 
 GW_PREFIXES = ("topic://", "queue://")  # the gateway's own addresses (JMS mapping)
 BINDING_KEY_PREFIXES = ("/topic/", "/exchange/")  # RabbitMQ: the rest is a 0-9-1 binding key

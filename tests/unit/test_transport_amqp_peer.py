@@ -18,6 +18,7 @@ from corehelp import not_compiled, running_broker
 from proton import Collector, Connection, Delivery, Endpoint, Event, Transport
 
 import transports.amqp as amqp_transport
+import transports.amqp_export as amqp_export
 import transports.base as transport_base
 from adapters.amqp.sasl import SaslError, SaslServer
 from gateway.errors import GatewayError
@@ -339,7 +340,7 @@ async def test_heartbeats_keep_a_peer_with_an_idle_timeout_content(tmp_path):
 
 
 async def test_outcomes_accepted_rejected_released(tmp_path, monkeypatch):
-    monkeypatch.setattr(amqp_transport, "RELEASED_RETRY", 0.05)
+    monkeypatch.setattr(amqp_export, "RELEASED_RETRY", 0.05)
     seen: dict[str, int] = {}
 
     def outcome(pm: proton.Message) -> int:
