@@ -8,14 +8,14 @@ import json
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import paho.mqtt.client as paho
 import peers.rabbitmq as rabbitmq_peer
 import proton
 import pytest
-from gw import GatewayThread
+from gw import GatewayThread, wait_for
 from paho.mqtt.enums import CallbackAPIVersion
 from peers.rabbitmq import RabbitMQ
 from proton import Endpoint
@@ -31,16 +31,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 ANN_ORIGIN = proton.symbol("x-opt-gw-origin")
 ANN_HOPS = proton.symbol("x-opt-gw-hops")
 ANN_TRACE = proton.symbol("x-opt-gw-trace-id")
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    end = time.time() + timeout
-    while time.time() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def unique(prefix: str) -> str:

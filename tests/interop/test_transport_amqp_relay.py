@@ -6,28 +6,16 @@ peer is another gateway, whose AMQP adapter offers the capability (RabbitMQ 3.10
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from gw import GatewayThread
+from gw import GatewayThread, wait_for
 
 from gateway.message import DeliveryMode, Destination, Message
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    end = time.time() + timeout
-    while time.time() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def far_gateway(tmp: Path) -> GatewayThread:
