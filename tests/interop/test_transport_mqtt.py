@@ -9,6 +9,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+import gw
 import paho.mqtt.client as paho
 import pytest
 from gw import GatewayThread
@@ -24,13 +25,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    end = time.time() + timeout
-    while time.time() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    return gw.wait_for(cond, timeout, what)
 
 
 class Remote:

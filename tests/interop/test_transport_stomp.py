@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import stomp
 from faultproxy import FaultProxyServer
-from gw import GatewayThread
+from gw import GatewayThread, wait_for  # its default timeout: 10 s, as WAIT
 from peers.activemq import ActiveMQ, start_activemq
 from peers.rabbitmq import RabbitMQ, start_rabbitmq
 
@@ -29,16 +29,6 @@ from gateway.types import Int16, Int32, UInt64
 from transports.stomp import POISON_LOSSES
 
 WAIT = 10.0
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = WAIT, what: str = "condition") -> Any:
-    end = time.time() + timeout
-    while time.time() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")
