@@ -29,8 +29,13 @@ parameter                           default            meaning
 ``delivery_log_dir``                ``<store>/delivery-log``  where delivery log files go
 ``delivery_log_max_file_size``      64MB               roll to a new file past this size; 0 = never
 ``authorization``                   disabled           authenticate users and check ACLs on ``secure``
-                                                       destinations (seed L7916-7930)
-``allow_anonymous``                 enabled            accept connections without a user name
+                                                       destinations (seed L7916-7930); disabled:
+                                                       every connection is accepted, whatever
+                                                       user name and password it gives (seed
+                                                       L11238-11240)
+``allow_anonymous``                 enabled            with ``authorization`` enabled, accept
+                                                       connections without a user name (EMS's
+                                                       ``anonymous`` user, seed L11334-11341)
 ``flow_control``                    disabled           enforce destinations' ``flowControl`` (seed
                                                        L7978-7985)
 ``max_msg_memory``                  512MB              memory for pending messages; 0 = unlimited
@@ -370,6 +375,13 @@ def parse_gateway_conf(
             errors.append(seen[key].error(f"{key}: file {values[key]!r} does not exist"))
     if "tls_key" in values and "tls_cert" not in values:
         errors.append(seen["tls_key"].error("tls_key is set but tls_cert is not"))
+    if "allow_anonymous" in values and not values["allow_anonymous"] and not values.get(
+        "authorization"
+    ):
+        warnings.append(
+            f"{seen['allow_anonymous'].where()}: allow_anonymous = disabled has no effect while"
+            " authorization is disabled: every connection is accepted"
+        )
     if values.get("tls_require_client_cert") and "tls_ca" not in values:
         errors.append(seen["tls_require_client_cert"].error("tls_require_client_cert needs tls_ca"))
     if listen_none is not None:
