@@ -241,6 +241,16 @@ def test_every_parameter_is_read_and_typed(tmp_path: Path) -> None:
     assert gw.aborts_on("tls") and not gw.aborts_on("DB_FILES")
 
 
+def test_allow_anonymous_without_authorization_is_a_warning(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, gateway="allow_anonymous = disabled\n", topics=">",
+                            queues=">"))
+    assert cfg.warnings == [f"{tmp_path / 'gateway.conf'}:1: allow_anonymous = disabled has no "
+                            "effect while authorization is disabled: every connection is accepted"]
+    cfg = load_config(write(tmp_path, gateway="allow_anonymous = disabled\n"
+                                              "authorization = enabled\n", topics=">", queues=">"))
+    assert cfg.warnings == []
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
