@@ -19,6 +19,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gateway.config.gateway_conf import listen_backlog
 from gateway.tls import server_context
 
 
@@ -117,7 +118,11 @@ class Listener:
 async def listen(broker: Any, spec: Any, server: AdapterServer,
                  protocol: Callable[[], asyncio.BaseProtocol], tls_scheme: str) -> Listener:
     """Listen on ``spec``'s host and port; TLS with the gateway's certificate when the
-    listener's scheme is ``tls_scheme`` (``mqtts``, ``amqps``, ...)."""
+    listener's scheme is ``tls_scheme`` (``mqtts``, ``amqps``, ...). The accept queue is
+    ``listen_backlog`` long (the system's maximum by default), not asyncio's 100: a burst of
+    devices connecting at once waits there rather than in TCP's SYN retries (a second each,
+    then more)."""
     ctx = server_context(broker, tls_scheme) if spec.scheme == tls_scheme else None
-    tcp = await broker.loop.create_server(protocol, spec.host or None, spec.port, ssl=ctx)
+    tcp = await broker.loop.create_server(protocol, spec.host or None, spec.port, ssl=ctx,
+                                          backlog=listen_backlog(broker.config.gateway))
     return Listener(server, tcp)

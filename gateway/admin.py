@@ -29,6 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.config.gateway_conf import listen_backlog
 from gateway.errors import GatewayError
 
 
@@ -169,7 +170,9 @@ async def start(broker: Any, spec: Any) -> AdminServer:
     """Registry entry for ``listen = http://host:port``."""
     runner = web.AppRunner(make_app(broker), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, spec.host, spec.port)
+    # the accept queue of every listener (aiohttp's default is 128)
+    site = web.TCPSite(runner, spec.host, spec.port,
+                       backlog=listen_backlog(broker.config.gateway))
     await site.start()
     server = site._server
     sockets = getattr(server, "sockets", None) or []

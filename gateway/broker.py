@@ -203,6 +203,36 @@ class Broker:
 
     # -- connections ----------------------------------------------------------------------
 
+    def anonymous_allowed(self) -> bool:
+        """Whether a client without a user name may connect: always with ``authorization``
+        disabled (every connection is accepted, seed L4543-4546, L11238-11240), otherwise
+        as ``allow_anonymous`` says (EMS's ``anonymous`` user, seed L11334-11341)."""
+        return not self.authorization or bool(self.config.gateway.allow_anonymous)
+
+    def authenticate(self, user: str | None, password: str | None) -> str | None:
+        """The user a client presenting ``user`` / ``password`` connects as (``None``:
+        anonymous), or SecurityError. The one set of credential rules every adapter uses.
+
+        An empty user name is no user name. With ``authorization`` disabled every
+        connection is accepted, whatever it presents, and keeps the name it gave -- unverified,
+        a label for ``sender_name`` and the admin API's connection views; no permission is
+        checked then (seed L11238-11240). With it enabled the name and password are checked
+        against ``users.conf`` (seed L11242-11244), and a client without a name connects
+        only with ``allow_anonymous`` enabled.
+
+        Raises:
+            SecurityError: with ``authorization`` enabled, an unknown user or a wrong
+                password ("authentication failed"), or no user name while ``allow_anonymous``
+                is disabled ("anonymous connections are not allowed").
+        """
+        if not user:
+            if not self.anonymous_allowed():
+                raise SecurityError("anonymous connections are not allowed")
+            return None
+        if self.authorization and not self.config.security.authenticate(user, password or ""):
+            raise SecurityError(f"authentication failed for user {user!r}")
+        return user
+
     def connect(
         self,
         *,
@@ -226,13 +256,8 @@ class Broker:
         """
         from gateway.client import Connection
 
-        security = self.config.security
         if not authenticated:
-            if user is None:
-                if not self.config.gateway.allow_anonymous:
-                    raise SecurityError("anonymous connections are not allowed")
-            elif not security.authenticate(user, password or ""):
-                raise SecurityError(f"authentication failed for user {user!r}")
+            user = self.authenticate(user, password)
         max_conn = int(self.config.gateway.max_connections)
         if max_conn and len(self.connections) >= max_conn:
             raise LimitExceededError(f"max_connections ({max_conn}) reached")

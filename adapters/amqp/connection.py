@@ -319,13 +319,13 @@ class AmqpConnection:
     # -- SASL ---------------------------------------------------------------------------------
 
     def _authenticate(self, user: str | None, password: str | None) -> str | None:
-        if user is None:
-            if not self.server.allow_anonymous:
-                raise SaslError("anonymous connections are not allowed")
-            return None
-        if not self.broker.config.security.authenticate(user, password):
-            raise SaslError(f"authentication failed for user {user!r}")
-        return user
+        """The core's credential rules (:meth:`gateway.broker.Broker.authenticate`) for a
+        sasl-init: PLAIN's authcid and passwd, or ANONYMOUS (no user)."""
+        try:
+            who: str | None = self.broker.authenticate(user, password)
+        except SecurityError as exc:
+            raise SaslError(str(exc)) from None
+        return who
 
     # -- connection and sessions ---------------------------------------------------------------
 

@@ -36,7 +36,9 @@ class AmqpServer:
         gw = broker.config.gateway
         kind = getattr(gw, "amqp_default_destination", "queue")
         self.default_kind = TOPIC if kind == "topic" else QUEUE
-        self.allow_anonymous = bool(gw.allow_anonymous)
+        # ANONYMOUS offered, and AMQP without SASL taken, when the core takes clients without
+        # a user name: always with authorization disabled
+        self.allow_anonymous = broker.anonymous_allowed()
         limit = int(gw.max_client_msg_size)
         self.max_message_size = min(limit, DEFAULT_MAX_MESSAGE_SIZE) if limit else DEFAULT_MAX_MESSAGE_SIZE
         self.connections: set[AmqpConnection] = set()

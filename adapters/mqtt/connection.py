@@ -276,14 +276,15 @@ class MqttConnection:
                 return
             cid = assigned = "gw-" + uuid.uuid4().hex[:16]
         try:
-            server.authenticate(p.username, p.password)
+            self.user = server.authenticate(p.username, p.password)
         except SecurityError as exc:
-            reason = (ReasonCode.BAD_USER_NAME_OR_PASSWORD if p.username is not None
+            # 0x86 / 4 for a name or password users.conf refuses, 0x87 / 5 for no name
+            # (MQTT 5.0 §3.2.2.2; 3.1.1 §3.2.2.3)
+            reason = (ReasonCode.BAD_USER_NAME_OR_PASSWORD if p.username
                       else ReasonCode.NOT_AUTHORIZED)
             log.info("mqtt %s: connection refused: %s", self.address, exc)
             self._refuse(self.level, reason, str(exc))
             return
-        self.user = p.username
         if self.level >= MQTT_5:
             expiry = int(props.get("session_expiry_interval", 0))
             persistent = expiry > 0

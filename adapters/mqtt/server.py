@@ -27,7 +27,7 @@ from adapters.mqtt.retained import NAMESPACE as RETAINED_NS
 from adapters.mqtt.retained import RetainedStore
 from adapters.mqtt.session import INFLIGHT_NS, NEVER, SESSION_NS, MqttSession, SubRecord
 from adapters.mqtt.topics import mqtt_topic_to_subject, subject_to_mqtt_topic
-from gateway.errors import GatewayError, InvalidDestinationError, SecurityError
+from gateway.errors import GatewayError, InvalidDestinationError
 from gateway.message import TEMP_PREFIX, TOPIC, Destination, Message
 from mappings.mqtt import MqttOut, message_to_mqtt, mqtt_to_message
 
@@ -113,16 +113,20 @@ class MqttServer:
         store.delete_kv(SESSION_NS, session.client_id)
         store.commit(None)
 
-    def authenticate(self, username: str | None, password: bytes | None) -> None:
-        """Check credentials against users.conf; anonymous only when allowed."""
-        config = self.broker.config
-        if username is None:
-            if not config.gateway.allow_anonymous:
-                raise SecurityError("anonymous connections are not allowed")
-            return
-        pw = (password or b"").decode("utf-8", "replace")
-        if not config.security.authenticate(username, pw):
-            raise SecurityError(f"authentication failed for user {username!r}")
+    def authenticate(self, username: str | None, password: bytes | None) -> str | None:
+        """The user a CONNECT's User Name and Password connect as (``None``: anonymous), by
+        the core's rules (:meth:`gateway.broker.Broker.authenticate`): anyone with
+        ``authorization`` disabled, ``users.conf`` with it enabled. A User Name without a
+        Password is a User Name with an empty password (MQTT 3.1.1 and 5.0 §3.1.2.9 allow
+        it); a Password is Binary Data (MQTT 5.0 §3.1.3.6), read as UTF-8 to compare it.
+
+        Raises:
+            SecurityError: refused; the caller answers CONNACK 0x86 / 4 when a User Name
+                was given, 0x87 / 5 when not.
+        """
+        pw = None if password is None else password.decode("utf-8", "replace")
+        user: str | None = self.broker.authenticate(username, pw)
+        return user
 
     # -- publishing (client → core) ---------------------------------------------------------
 

@@ -7,10 +7,10 @@ WebSocket) through :meth:`~StompConnection.data_received`, parses them with
 it was made with; ``close`` ends the transport. The flow of one connection:
 
 1. ``CONNECT`` (or ``STOMP``): the version is the highest of ``accept-version`` the gateway
-   speaks (1.0 when the header is absent), the user is checked against ``users.conf``
-   (``login`` / ``passcode``), ``client-id`` becomes the core client id (it names durable
-   subscriptions), heart-beats are negotiated (STOMP 1.2 "Heart-beating"), and ``CONNECTED``
-   answers. Any other frame first is an error.
+   speaks (1.0 when the header is absent), ``login`` / ``passcode`` pass the core's
+   credential rules (:meth:`gateway.broker.Broker.authenticate`), ``client-id`` becomes
+   the core client id (it names durable subscriptions), heart-beats are negotiated (STOMP
+   1.2 "Heart-beating"), and ``CONNECTED`` answers. Any other frame first is an error.
 2. ``SEND`` is mapped (:func:`mappings.stomp.stomp_to_message`) and published on the core
    connection, or held in its transaction. ``SUBSCRIBE`` makes a core consumer whose
    listener writes ``MESSAGE`` frames; ``ACK`` / ``NACK`` settle them (``client`` mode

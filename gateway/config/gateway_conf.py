@@ -29,8 +29,13 @@ parameter                           default            meaning
 ``delivery_log_dir``                ``<store>/delivery-log``  where delivery log files go
 ``delivery_log_max_file_size``      64MB               roll to a new file past this size; 0 = never
 ``authorization``                   disabled           authenticate users and check ACLs on ``secure``
-                                                       destinations (seed L7916-7930)
-``allow_anonymous``                 enabled            accept connections without a user name
+                                                       destinations (seed L7916-7930); disabled:
+                                                       every connection is accepted, whatever
+                                                       user name and password it gives (seed
+                                                       L11238-11240)
+``allow_anonymous``                 enabled            with ``authorization`` enabled, accept
+                                                       connections without a user name (EMS's
+                                                       ``anonymous`` user, seed L11334-11341)
 ``flow_control``                    disabled           enforce destinations' ``flowControl`` (seed
                                                        L7978-7985)
 ``max_msg_memory``                  512MB              memory for pending messages; 0 = unlimited
@@ -39,6 +44,12 @@ parameter                           default            meaning
                                                        at most 2GB (seed L8300-8310)
 ``max_connections``                 0                  simultaneous client connections; 0 = unlimited
                                                        (seed L8312-8316)
+``listen_backlog``                  0                  accept queue of every listener (MQTT, AMQP,
+                                                       STOMP, HTTP): connections the system completes
+                                                       before the gateway accepts them; 0 = the
+                                                       system's maximum, ``net.core.somaxconn``
+                                                       (4096 where it cannot be read); the system
+                                                       caps any value at ``somaxconn``
 ``selector_logical_operator_limit`` 5000               accepted for EMS compatibility (seed
                                                        L8137-8159) but not needed: selectors are
                                                        compiled, never recurse, and their nesting
@@ -108,6 +119,9 @@ ABORT_KINDS = frozenset(
     {"TLS", "TRANSPORTS", "LISTENERS", "CONFIG_FILES", "CONFIG_ERRORS", "DB_FILES"}
 )
 DEFAULT_STORE = "data"
+DEFAULT_BACKLOG = 4096  # listen() backlog where somaxconn cannot be read: Linux's default
+MAX_BACKLOG = 65535  # bound on listen_backlog: a larger accept queue is a typo, not a need
+SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 STORE_TYPES = ("sqlite", "memory")
 DEST_KINDS = ("queue", "topic")
@@ -161,6 +175,7 @@ class GatewaySettings:
     max_msg_memory: int = 512 * 1024**2
     max_client_msg_size: int = 0
     max_connections: int = 0
+    listen_backlog: int = 0  # 0: system_backlog()
     selector_logical_operator_limit: int = 5000
     mqtt_transports: bool = False
     amqp_transports: bool = False
@@ -185,6 +200,23 @@ class GatewaySettings:
     def aborts_on(self, kind: str) -> bool:
         """Whether ``kind`` (e.g. ``"TRANSPORTS"``) is in ``startup_abort_list``."""
         return kind.upper() in self.startup_abort_list
+
+
+def system_backlog() -> int:
+    """The system's largest accept queue (``net.core.somaxconn``), 4096 where unreadable."""
+    try:
+        with open(SOMAXCONN_PATH, encoding="ascii") as f:
+            n = int(f.read().strip())
+    except (OSError, ValueError):
+        return DEFAULT_BACKLOG
+    return n if n > 0 else DEFAULT_BACKLOG
+
+
+def listen_backlog(settings: GatewaySettings) -> int:
+    """The backlog every listener is created with: ``listen_backlog``, or when it is 0 the
+    system's maximum, so a burst of connecting clients waits in the kernel's accept queue
+    instead of in its SYN retries (asyncio's default backlog is 100; aiohttp's 128)."""
+    return settings.listen_backlog or system_backlog()
 
 
 def parse_listener(value: str, line: int | None = None) -> Listener:
@@ -275,6 +307,10 @@ def _count(v: str) -> int:
     return parse_int(v, minimum=0)
 
 
+def _backlog(v: str) -> int:
+    return parse_int(v, minimum=0, maximum=MAX_BACKLOG)
+
+
 def _text(v: str) -> str:
     if not v:
         raise ValueError("value is empty")
@@ -296,6 +332,7 @@ _PARAMS: dict[str, Callable[[str], Any]] = {
     "max_msg_memory": parse_size,
     "max_client_msg_size": _client_msg_size,
     "max_connections": _count,
+    "listen_backlog": _backlog,
     "selector_logical_operator_limit": _count,
     "mqtt_transports": parse_bool,
     "amqp_transports": parse_bool,
@@ -370,6 +407,13 @@ def parse_gateway_conf(
             errors.append(seen[key].error(f"{key}: file {values[key]!r} does not exist"))
     if "tls_key" in values and "tls_cert" not in values:
         errors.append(seen["tls_key"].error("tls_key is set but tls_cert is not"))
+    if "allow_anonymous" in values and not values["allow_anonymous"] and not values.get(
+        "authorization"
+    ):
+        warnings.append(
+            f"{seen['allow_anonymous'].where()}: allow_anonymous = disabled has no effect while"
+            " authorization is disabled: every connection is accepted"
+        )
     if values.get("tls_require_client_cert") and "tls_ca" not in values:
         errors.append(seen["tls_require_client_cert"].error("tls_require_client_cert needs tls_ca"))
     if listen_none is not None:

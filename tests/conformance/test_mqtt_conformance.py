@@ -63,7 +63,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
 @pytest.fixture(scope="module")
 def auth_gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
     g = GatewayThread(tmp_path_factory.mktemp("conformance-auth") / "gw",
-                      gateway="allow_anonymous = disabled\n",
+                      gateway="authorization = enabled\nallow_anonymous = disabled\n",
                       users='dev:pw1:"a device"\n').start()
     yield g
     g.stop()

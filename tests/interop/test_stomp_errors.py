@@ -511,7 +511,8 @@ def test_valid_frames_before_a_malformed_one_in_the_same_read_are_handled(gw, cl
 @pytest.fixture(scope="module")
 def auth_gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
     g = GatewayThread(tmp_path_factory.mktemp("stomp-auth") / "gw",
-                      gateway="listen = stomp://127.0.0.1:0\nallow_anonymous = disabled\n",
+                      gateway="listen = stomp://127.0.0.1:0\nauthorization = enabled\n"
+                              "allow_anonymous = disabled\n",
                       users='alice:pw1:"Alice"\n').start()
     yield g
     g.stop()
