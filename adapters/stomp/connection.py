@@ -43,7 +43,7 @@ from gateway.client import AckMode
 from gateway.errors import GatewayError, IllegalStateError, SecurityError
 from gateway.message import QUEUE, TEMP_PREFIX, TOPIC, Destination
 from mappings.engine import MappingFailed
-from mappings.stomp import stomp_to_message
+from mappings.stomp import SEND_TRANSFORMATIONS, SUBSCRIBE_TRANSFORMATIONS, stomp_to_message
 
 if TYPE_CHECKING:
     import asyncio
@@ -69,7 +69,6 @@ DURABLE_HEADERS = ("activemq.subscriptionName", "durable-subscription-name")
 PREFETCH_HEADERS = ("activemq.prefetchSize", "prefetch-count")
 NO_LOCAL_HEADERS = ("activemq.noLocal", "no-local")
 ACK_MODES = ("auto", "client", "client-individual")
-SUPPORTED_TRANSFORMATIONS = (None, "jms-map-json", "jms-json", "jms-stream-json", "jms-byte")
 
 
 class ProtocolError(Exception):
@@ -85,7 +84,7 @@ class StompSubscription:
     """One SUBSCRIBE: a core consumer whose deliveries become MESSAGE frames."""
 
     __slots__ = ("conn", "id", "dest", "ack", "consumer", "session", "durable_name",
-                 "by_message_id", "head")
+                 "by_message_id", "head", "transformation")
 
     def __init__(self, conn: StompConnection, sid: str, dest: Destination, ack: str) -> None:
         self.conn = conn
@@ -95,6 +94,7 @@ class StompSubscription:
         self.consumer: MessageConsumer | None = None
         self.session: Session | None = None
         self.durable_name: str | None = None
+        self.transformation: str | None = None  # the body form asked for (ActiveMQ's header)
         # STOMP 1.0 and 1.1 acknowledge by message-id: message id → delivery tag.
         self.by_message_id: dict[str, int] = {}
         self.head = "MESSAGE\nsubscription:" + escape(sid, conn.version) + "\nmessage-id:"
@@ -110,7 +110,7 @@ class StompSubscription:
         msg = d.msg
         version = conn.version
         try:
-            block, body = conn.server.render(msg, conn)
+            block, body = conn.server.render(msg, conn, self.transformation)
         except Exception as exc:  # a value no STOMP frame can carry: never retried forever
             log.warning("stomp %s: cannot send message %s: %s", conn.address,
                         msg.message_id, exc)
@@ -437,6 +437,11 @@ class StompConnection:
         core = self._require_connected(frame)
         headers = _first(frame)
         dest = self.destination(headers.get("destination"), frame)
+        transformation = headers.get("transformation")
+        if transformation is not None and transformation not in SEND_TRANSFORMATIONS:
+            raise ProtocolError("unsupported transformation",
+                                f"{transformation!r}: a SEND may name "
+                                + ", ".join(sorted(SEND_TRANSFORMATIONS)))
         rt_text = headers.get("reply-to")
         reply_to = self.destination(rt_text, frame, header="reply-to") if rt_text else None
         mappings = self.broker.mappings
@@ -486,10 +491,10 @@ class StompConnection:
             raise ProtocolError("bad ack mode", f"ack {ack!r}: use auto, client or "
                                 "client-individual")
         transformation = headers.get("transformation")
-        if transformation not in SUPPORTED_TRANSFORMATIONS:
+        if transformation is not None and transformation not in SUBSCRIBE_TRANSFORMATIONS:
             raise ProtocolError("unsupported transformation",
-                                f"{transformation!r}: map and stream bodies are sent as JSON "
-                                "(jms-map-json, jms-stream-json)")
+                                f"{transformation!r}: a subscription may ask for "
+                                + ", ".join(sorted(SUBSCRIBE_TRANSFORMATIONS)))
         durable = _header(headers, DURABLE_HEADERS)
         if durable is not None:
             if dest.kind != TOPIC:
@@ -509,6 +514,7 @@ class StompConnection:
             window = int(prefetch_text)
         no_local = (_header(headers, NO_LOCAL_HEADERS) or "").lower() == "true"
         sub = StompSubscription(self, sid, dest, ack)
+        sub.transformation = transformation
         if ack != "auto":
             session = self.client_session
         elif durable is not None:

@@ -340,14 +340,21 @@ CASES = [
                                              "receipt": "r-a"}),
          "bad ack mode", "ack 'sometimes': use auto, client or client-individual", "r-a"),
     Case("unsupported-transformation",
-         frame("SUBSCRIBE", {**SEND_X, "id": "1", "transformation": "jms-map-xml",
+         frame("SUBSCRIBE", {**SEND_X, "id": "1", "transformation": "jms-map-yaml",
                              "receipt": "r-t"}),
-         "unsupported transformation", "'jms-map-xml': map and stream bodies are sent as JSON "
-         "(jms-map-json, jms-stream-json)", "r-t"),
+         "unsupported transformation", "'jms-map-yaml': a subscription may ask for jms-byte, "
+         "jms-json, jms-map-json, jms-map-xml, jms-object-json, jms-object-xml, "
+         "jms-stream-json, jms-xml", "r-t"),
     Case("send-with-unsupported-transformation",
-         frame("SEND", {**SEND_X, "transformation": "jms-map-xml", "receipt": "r-st"}, b"<m/>"),
-         "malformed message", "unsupported transformation 'jms-map-xml' (the gateway reads "
-         "jms-map-json, jms-stream-json, jms-json and jms-byte)", "r-st"),
+         frame("SEND", {**SEND_X, "transformation": "jms-object-xml", "receipt": "r-st"},
+               b"<m/>"),
+         "unsupported transformation", "'jms-object-xml': a SEND may name jms-byte, jms-json, "
+         "jms-map-json, jms-map-xml, jms-stream-json", "r-st"),
+    Case("send-map-xml-not-a-map",
+         frame("SEND", {**SEND_X, "transformation": "jms-map-xml", "receipt": "r-mx"},
+               b"<string>x</string>"),
+         "malformed message", "jms-map-xml body must be a <map> or a <list>, not <string>",
+         "r-mx"),
     Case("send-map-json-not-an-object",
          frame("SEND", {**SEND_X, "transformation": "jms-map-json", "receipt": "r-mj"}, b"[1]"),
          "malformed message", "jms-map-json body must be an object", "r-mj"),
