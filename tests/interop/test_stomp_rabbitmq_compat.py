@@ -265,6 +265,23 @@ def test_nack_requeue_false_dead_letters_or_drops_on_the_gateway(gw, peers):
     assert dead == [b"kept dead"]
 
 
+def test_nack_requeue_false_in_a_transaction_takes_effect_at_commit(gw, peers):
+    p = peers()
+    p.send("/queue/nack.tx", "aborted then dropped")
+    p.sub("/queue/nack.tx", "n", ack="client-individual")
+    for end in ("abort", "commit"):
+        m = p.get()
+        rid = p.rid()
+        p.conn.begin(transaction=end)
+        p.conn.nack(m.headers["ack"], transaction=end, requeue="false")
+        getattr(p.conn, end)(transaction=end, receipt=rid)
+        p.receipt(rid)
+    # the ABORT gave it back (redelivered once); the COMMIT made it undeliverable
+    assert p.messages[1].headers.get("redelivered") == "true"
+    nothing_more(p)
+    assert gw.call(lambda: gw.broker.queues["nack.tx"].count) == 0
+
+
 def test_rabbitmq_destinations_meet_mqtt_and_amqp_clients(gw, peers):
     sub = Client(gw.port("mqtt"), "rabbit-compat", V5)
     amqp = connect(gw.port("amqp"))
