@@ -631,8 +631,11 @@ class StompConnection:
         sid = headers.get("id")
         if sid is None and self.version == "1.0":
             sid = headers.get("destination")
-        if durable is None and sid is not None and _rabbit_durable(headers):
-            # RabbitMQ: UNSUBSCRIBE with durable:true deletes the subscription's queue.
+        known = self.subscriptions.get(sid) if sid is not None else None
+        if durable is None and sid is not None and _rabbit_durable(headers) and (
+                known is None or known.dest.kind == TOPIC):
+            # RabbitMQ: UNSUBSCRIBE with durable:true deletes a topic subscription's queue
+            # (on a queue subscription the header only repeats how the queue was declared).
             assert self.durable_session is not None
             sub = self.subscriptions.pop(sid, None)
             if sub is not None and sub.consumer is not None:

@@ -217,6 +217,18 @@ def test_durable_topic_subscription_by_id_keeps_messages_while_away(both):
     nothing_more(c)
 
 
+def test_durable_header_on_a_queue_subscription_changes_nothing(both):
+    # RabbitMQ clients send durable:true on queue subscriptions too (how to declare the
+    # queue), and on their UNSUBSCRIBE: a plain subscribe and unsubscribe.
+    p = both()
+    headers = {"durable": "true", "auto-delete": "false"}
+    p.sub("/queue/dur.q", "dq", headers=headers)
+    p.unsub("dq", headers=headers)
+    p.send("/queue/dur.q", "stays")
+    p.sub("/queue/dur.q", "dq2")
+    assert p.get().body == "stays"
+
+
 # -- cumulative client acknowledgement (gateway) ----------------------------------------------
 
 
