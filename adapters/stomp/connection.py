@@ -599,6 +599,9 @@ class StompConnection:
             window=window, durable_name=durable, name=sid,
             shared_name=durable if rabbit_durable else None,
             share_scope="" if rabbit_durable else None,
+            # RabbitMQ's trailing '#' matches zero words too: a.# gets a as well as a.>
+            parent_match=dest.kind == TOPIC and dest.name.endswith(".>") and
+            (text or "").endswith(".#"),
         )
         self.subscriptions[sid] = sub
         if self.write_paused:
@@ -845,8 +848,9 @@ def _header(headers: dict[str, str], names: tuple[str, ...]) -> str | None:
 
 def _rabbit_wildcard(name: str, text: str) -> str:
     """A RabbitMQ topic routing key's ``#`` (zero or more words) as the core's ``>`` (one or
-    more): only as the last word, where the two agree but for the zero-word case (``a.#``
-    matches ``a`` in RabbitMQ, not here). A ``#`` word elsewhere has no core equivalent."""
+    more): only as the last word; a SUBSCRIBE adds the zero-word case (``a.#`` matches ``a``)
+    with the core's parent match, as MQTT's ``a/#`` does. A ``#`` word elsewhere has no core
+    equivalent."""
     if "#" not in name:
         return name
     words = name.split(".")

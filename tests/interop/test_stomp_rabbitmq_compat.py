@@ -103,8 +103,10 @@ def test_topic_routing_key_wildcards(both):
     pub.send("/topic/rk.star.a", "1")
     pub.send("/topic/rk.star.a.b", "2")  # '*' is one word
     pub.send("/topic/rk.hash.a.b.c", "3")  # '#' is the rest
-    got = sorted((f.headers["subscription"], f.body) for f in sub.take(2))
-    assert got == [("hash", "3"), ("star", "1")]
+    pub.send("/topic/rk.hash", "4")  # ... zero words too
+    pub.send("/topic/rk", "5")
+    got = sorted((f.headers["subscription"], f.body) for f in sub.take(3))
+    assert got == [("hash", "3"), ("hash", "4"), ("star", "1")]
     nothing_more(sub)
 
 
