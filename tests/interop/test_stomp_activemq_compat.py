@@ -139,7 +139,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
 
 @pytest.fixture(scope="module")
 def amq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActiveMQ]:
-    with start_activemq(tmp_path_factory.mktemp("activemq")) as broker:
+    with start_activemq(tmp_path_factory.mktemp("activemq"), transformations=True) as broker:
         yield broker
 
 

@@ -12,7 +12,8 @@
 #      package of jars), and the system services the package may start (comma-separated,
 #      "-" for none). Adding a peer (activemq, ...) is adding one line. XStream, Jettison
 #      and XPP3 are the jars ActiveMQ's STOMP `transformation` needs, which Debian's
-#      activemq package leaves out (tests/peers/activemq.py puts them on its class path).
+#      activemq package leaves out (tests/peers/activemq.py puts them on its class path when
+#      a test asks for transformations).
 #   2. If every command is found, apt is not touched at all.
 #   3. Otherwise (as root) it installs the missing packages with
 #      `apt-get install -y --no-install-recommends`, running `apt-get update` only when apt
