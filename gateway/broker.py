@@ -499,9 +499,11 @@ class Broker:
                 if _over_bound(sub, msg, bound):
                     sub.dropped += 1
                     self.stats["dropped"] += 1
-                    if self.log_enabled:
-                        self.dlog.record("drop", msg, self.dest_text(sub.dest), None, 0,
-                                         "max_queued")
+                    if self.log_enabled:  # the subscriber's connection, when it has one
+                        consumers = sub.consumers
+                        self.dlog.record("drop", msg, self.dest_text(sub.dest),
+                                         consumers[0].session.connection.id if consumers
+                                         else None, 0, "max_queued")
                     continue
             if limited and _over(sub, msg, maxmsgs, maxbytes):
                 if policy == "DISCARD_OLD":
