@@ -451,6 +451,27 @@ def test_offline_persistent_session_queue_is_bounded_then_delivered(gw):
     back.s.close()
 
 
+def test_offline_session_bound_survives_a_gateway_restart(gw):
+    """After a restart the sessions are read from the store with their durable
+    subscriptions: the bound is set on them again before their client returns."""
+    port = gw.port("mqtt")
+    topic = "flood/restart"
+    first = RawMqtt(stuck_socket(port), "away2", 4, topic, 1, clean=False)
+    first.s.close()
+    wait_for(lambda: gw.call(lambda: gw.broker.adapter_servers["mqtt"].sessions["away2"].conn
+                             is None), what="the session to be offline")
+    gw.restart()
+    port = gw.port("mqtt")
+    sub = gw.call(lambda: gw.broker.durables["sub:away2:mqtt:" + topic])
+    assert gw.call(lambda: sub.bound) == (MAX_QUEUED, 0, False)
+    healthy = Healthy(port, topic, 1, 4)
+    try:
+        flood(port, topic, 1, lambda: len(healthy.got), lambda: None)
+    finally:
+        healthy.close()
+    assert gw.call(lambda: (sub.npending, sub.dropped)) == (MAX_QUEUED, N - MAX_QUEUED)
+
+
 def test_mqtt_over_websocket_stuck_subscriber_is_bounded(gw):
     """The WebSocket shell counts what waits to be sent and pauses the connection's
     deliveries past the high-water mark, as the TCP shells do."""
