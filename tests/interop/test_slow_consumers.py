@@ -240,7 +240,8 @@ class Healthy:
         self.c.loop_stop()
 
 
-def flood(port: int, topic: str, qos: int, received: Any, probe: Any) -> None:
+def flood(port: int, topic: str, qos: int, received: Any, probe: Any,
+          chunk: int = CHUNK) -> None:
     """Publish N messages in chunks; before each chunk, wait for ``received()`` to count
     every message sent so far and call ``probe()`` (the per-chunk checks)."""
     pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"flood{qos}")
@@ -249,11 +250,11 @@ def flood(port: int, topic: str, qos: int, received: Any, probe: Any) -> None:
     pub.connect("127.0.0.1", port, 60)
     pub.loop_start()
     try:
-        for start in range(0, N, CHUNK):
-            infos = [pub.publish(topic, payload(i), qos) for i in range(start, start + CHUNK)]
+        for start in range(0, N, chunk):
+            infos = [pub.publish(topic, payload(i), qos) for i in range(start, start + chunk)]
             for info in infos:
                 info.wait_for_publish(30)
-            end = start + CHUNK
+            end = start + chunk
             wait_for(lambda end=end: received() >= end, timeout=60,
                      what=f"the healthy subscriber to have {end} messages")
             probe()
@@ -618,3 +619,48 @@ def test_amqp_stuck_receiver_is_bounded(gw):
     assert max(probe.queued) <= 1000
     assert gw.call(lambda: sub.dropped) > 0
     s.close()
+
+
+def test_queued_bytes_bound_and_the_parameters(tmp_path: Path):
+    """mqtt_max_queued_bytes bounds a subscription by bytes (queued and in flight);
+    mqtt_max_queued_messages = 0 lifts the count bound; mqtt_max_inflight_messages sets a
+    3.1.1 client's window. Bad values are config errors naming the parameter."""
+    from gateway.config import load_config
+    from gateway.errors import ConfigErrors
+
+    g = GatewayThread(tmp_path / "gw", gateway=GATEWAY_CONF + "mqtt_max_queued_messages = 0\n"
+                      "mqtt_max_queued_bytes = 200KB\nmqtt_max_inflight_messages = 5\n")
+    g.start()
+    try:
+        port = g.port("mqtt")
+        stuck = RawMqtt(stuck_socket(port), "stuckbytes", 4, "flood/bytes", 1)
+        healthy = Healthy(port, "flood/bytes", 1, 4)
+        flow, sub, conn_id = flow_of(g, "stuckbytes")
+        held: list[int] = []
+        try:
+            flood(port, "flood/bytes", 1, lambda: len(healthy.got),
+                  lambda: held.append(g.call(lambda: sub.bytes)),
+                  chunk=100)  # the healthy one's backlog stays below the byte bound too
+            assert healthy.got == set(range(N))
+        finally:
+            healthy.close()
+        assert gw_bound(g, sub) == (0, 200 * 1024, False)
+        assert max(held) <= 200 * 1024
+        assert g.call(lambda: sum(c.unacked for c in sub.consumers)) == 5
+        dropped = g.call(lambda: sub.dropped)
+        assert dropped == drops(g, conn_id, "drop", "max_queued") > 0
+        stuck.drain(lambda: len(stuck.got) >= N - dropped)
+        assert len(set(stuck.got)) == N - dropped
+    finally:
+        while OPEN:
+            OPEN.pop().close()
+        g.stop()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "gateway.conf").write_text("mqtt_max_inflight_messages = 70000\n")
+    with pytest.raises(ConfigErrors, match="mqtt_max_inflight_messages: 70000 is too large"):
+        load_config(str(bad))
+
+
+def gw_bound(g: GatewayThread, sub: Any) -> Any:
+    return g.call(lambda: sub.bound)
