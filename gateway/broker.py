@@ -476,7 +476,8 @@ class Broker:
         if persistent and props.overflow_policy.name == "REJECT_INCOMING":
             for s in subs:
                 b: Subscription = s  # type: ignore[assignment]
-                if b.bound is not None and not b.bound[2] and _over_bound(b, msg, b.bound):
+                if (b.bound is not None and not b.bound[2] and _over_bound(b, msg, b.bound)
+                        and (not (b.no_local or b.selector is not None) or b.accepts(msg))):
                     raise LimitExceededError(
                         f"topic {topic.name!r}: a subscriber's queue is full (rejectIncoming)")
         stored = False

@@ -63,7 +63,8 @@ OPEN: list[socket.socket] = []  # the raw sockets of the running test, closed af
 def gw(tmp_path: Path):
     g = GatewayThread(tmp_path, gateway=GATEWAY_CONF,
                       topics=">\nflood.stomp maxmsgs=1000\nflood.amqp maxmsgs=1000\n"
-                             "flood.discard overflowPolicy=discardOld\n")
+                             "flood.discard overflowPolicy=discardOld\n"
+                             "flood.reject overflowPolicy=rejectIncoming\n")
     g.start()
     yield g
     while OPEN:
@@ -376,6 +377,33 @@ def test_mqtt_stuck_subscriber_with_discard_old_keeps_the_newest(gw):
     assert logged == discarded
     stuck.drain(lambda: len(stuck.got) >= 20 + MAX_QUEUED)
     assert sorted(stuck.got) == list(range(20)) + list(range(N - MAX_QUEUED, N))
+
+
+def test_mqtt_stuck_subscriber_with_reject_incoming_refuses_the_publish(gw):
+    """rejectIncoming: once a QoS 1 subscriber's session queue is full the publisher's
+    persistent message is refused (as the topic's own limits do), and a non-persistent
+    one is still only dropped for that subscriber."""
+    from gateway.errors import LimitExceededError
+    from gateway.message import DeliveryMode, Message
+
+    port = gw.port("mqtt")
+    RawMqtt(stuck_socket(port), "stuckreject", 4, "flood/reject", 1)
+    flow, sub, conn_id = flow_of(gw, "stuckreject")
+
+    def send(mode: DeliveryMode) -> str:
+        msg = Message.binary(payload(0), delivery_mode=mode,
+                             destination=Destination.topic("flood.reject"))
+        try:
+            gw.broker.publish(msg)
+        except LimitExceededError as exc:
+            return str(exc)
+        return "accepted"
+
+    accepted = [gw.call(lambda: send(DeliveryMode.PERSISTENT)) for _ in range(20 + MAX_QUEUED)]
+    assert accepted == ["accepted"] * (20 + MAX_QUEUED)  # 20 in flight, 1000 queued
+    assert "queue is full (rejectIncoming)" in gw.call(lambda: send(DeliveryMode.PERSISTENT))
+    assert gw.call(lambda: send(DeliveryMode.NON_PERSISTENT)) == "accepted"
+    assert gw.call(lambda: (sub.npending, sub.dropped)) == (MAX_QUEUED, 1)
 
 
 def test_slow_consumer_is_shown_and_announced(gw):
