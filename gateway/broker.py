@@ -126,7 +126,8 @@ class Broker:
         self._msg_prefix = f"ID:{self.name}.{os.getpid():x}{uuid.uuid4().hex[:6]}:"
         self._trace_prefix = f"{self.id}:"
         self._sweeper: asyncio.TimerHandle | None = None
-        self.stats = {"rejected": 0, "dropped": 0, "expired": 0, "undelivered": 0}
+        self.stats = {"rejected": 0, "dropped": 0, "discarded": 0, "expired": 0,
+                      "undelivered": 0}
         self.published = 0
         self.closed = False
         # The store's key-value records at start-up, for adapters (MQTT sessions, retained).
@@ -497,6 +498,13 @@ class Broker:
                     raise LimitExceededError(
                         f"topic {topic.name!r}: the export spool {bounded.key!r} is full")
         persistent = msg.delivery_mode == PERSISTENT
+        if persistent and props.overflow_policy.name == "REJECT_INCOMING":
+            for s in subs:
+                b: Subscription = s  # type: ignore[assignment]
+                if (b.bound is not None and not b.bound[2] and _over_bound(b, msg, b.bound)
+                        and (not (b.no_local or b.selector is not None) or b.accepts(msg))):
+                    raise LimitExceededError(
+                        f"topic {topic.name!r}: a subscriber's queue is full (rejectIncoming)")
         stored = False
         store = self.store
         flow_limit = props.flow_control_bytes if self.flow_control else 0
@@ -505,12 +513,31 @@ class Broker:
             sub: Subscription = s  # type: ignore[assignment]
             if (sub.no_local or sub.selector is not None) and not sub.accepts(msg):
                 continue
+            bound = sub.bound
+            if bound is not None and (sub.npending or sub.held or bound[1]) and _over_bound(
+                    sub, msg, bound):
+                # An adapter's per-subscriber bound (a slow MQTT session): never holds up the
+                # topic's other subscribers unless the topic says rejectIncoming.
+                if (persistent and not bound[2]
+                        and props.overflow_policy.name == "DISCARD_OLD"):
+                    while _over_bound(sub, msg, bound) and sub.discard_oldest():
+                        pass
+                if _over_bound(sub, msg, bound):
+                    sub.dropped += 1
+                    self.stats["dropped"] += 1
+                    if self.log_enabled:  # the subscriber's connection, when it has one
+                        consumers = sub.consumers
+                        self.dlog.record("drop", msg, self.dest_text(sub.dest),
+                                         consumers[0].session.connection.id if consumers
+                                         else None, 0, "max_queued")
+                    continue
             if limited and _over(sub, msg, maxmsgs, maxbytes):
                 if policy == "DISCARD_OLD":
                     while _over(sub, msg, maxmsgs, maxbytes) and sub.discard_oldest():
                         pass
                 else:
                     # default: this subscriber misses the message; others get it (seed L2609-2611).
+                    sub.dropped += 1
                     self.stats["dropped"] += 1
                     if self.log_enabled:
                         self.dlog.record("drop", msg, self.dest_text(sub.dest), None, 0, "exceeded")
@@ -858,6 +885,13 @@ def is_simple(props: Any) -> bool:
 
 def _over(ep: Endpoint, msg: Message, maxmsgs: int, maxbytes: int) -> bool:
     return bool((maxmsgs and ep.count >= maxmsgs) or (maxbytes and ep.bytes + msg.size > maxbytes))
+
+
+def _over_bound(sub: Subscription, msg: Message, bound: tuple[int, int, bool]) -> bool:
+    """Past an adapter's bound: messages queued beyond the in-flight ones (pending and held),
+    or bytes held (queued and in flight)."""
+    return bool((bound[0] and sub.npending + len(sub.held) >= bound[0])
+                or (bound[1] and sub.bytes + msg.size > bound[1]))
 
 
 def _both(loop: asyncio.AbstractEventLoop, a: asyncio.Future[None],

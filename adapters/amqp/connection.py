@@ -115,6 +115,7 @@ class AmqpConnection:
         self.by_link: dict[Any, Any] = {}  # proton's pn_link_t pointer → our link object
         self._col: Any = None
         self.write_paused = False
+        self.flow: Any = None  # the shell's adapters.listener.WriteFlow (admin views)
         self.flush_scheduled = False
         self.closed = False
         self._timer: Any = None
@@ -167,6 +168,12 @@ class AmqpConnection:
             t.close_tail()
             t.close_head()
         self._release_core()
+
+    def core_id(self) -> str | None:
+        return str(self.core.id) if self.core is not None else None
+
+    def client_id(self) -> str | None:
+        return self.core.client_id if self.core is not None else None
 
     def pause_writing(self) -> None:
         self.write_paused = True

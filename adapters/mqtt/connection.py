@@ -124,6 +124,8 @@ class MqttConnection:
         self.ack_watch: Any = None  # the future at the head of pending_acks we wait for
         self.user: str | None = None
         self.closing = False
+        self.write_paused = False  # the shell's write buffer is past its high-water mark
+        self.flow: Any = None  # the shell's adapters.listener.WriteFlow (admin views)
 
     # -- input ------------------------------------------------------------------------------
 
@@ -177,6 +179,30 @@ class MqttConnection:
 
     def write(self, data: bytes) -> None:
         self._write(data)
+
+    def pause_writing(self) -> None:
+        """The shell's write buffer is full: no more deliveries until it drains."""
+        self.write_paused = True
+        session = self.session
+        if session is not None and session.conn is self:
+            session.pause()
+
+    def resume_writing(self) -> None:
+        """The write buffer drained: deliveries resume, within the in-flight window."""
+        self.write_paused = False
+        session = self.session
+        if session is not None and session.conn is self:
+            if len(session.outgoing) < session.receive_maximum:
+                session.resume()
+
+    def core_id(self) -> str | None:
+        session = self.session
+        core = session.core if session is not None else None
+        return str(core.id) if core is not None else None
+
+    def client_id(self) -> str | None:
+        session = self.session
+        return session.client_id if session is not None else None
 
     def send_publish(self, topic: str, payload: bytes, qos: int, retain: bool, pid: int | None,
                      props: dict[str, Any], *, dup: bool = False) -> bytes | None:
@@ -293,7 +319,10 @@ class MqttConnection:
         else:
             persistent = not p.clean_start
             expiry = NEVER if persistent else 0
-        receive_max = int(props.get("receive_maximum", 65535)) if self.level >= MQTT_5 else 65535
+        # Outgoing QoS 1/2 in flight: the client's Receive Maximum on MQTT 5 (3.1.2.11.3), else
+        # mqtt_max_inflight_messages (0 = as many as there are packet ids).
+        receive_max = (int(props.get("receive_maximum", 65535)) if self.level >= MQTT_5
+                       else server.max_inflight)
         # Take over an existing connection with this client id ([MQTT-3.1.4-3]).
         session = server.sessions.get(cid)
         if session is not None and session.conn is not None:

@@ -36,7 +36,6 @@ log = logging.getLogger("adapters.mqtt")
 # Largest packet we accept. MQTT allows 268,435,455 bytes; like mosquitto's
 # message_size_limit we default lower, and the gateway's max_client_msg_size lowers it more.
 DEFAULT_MAX_PACKET_SIZE = 16 * 1024 * 1024
-WRITE_HIGH_WATER = 1 << 20  # bytes buffered in the socket before deliveries pause
 TOPIC_CACHE_SIZE = 10_000  # mapped topic names kept; cleared whole when full
 
 
@@ -48,6 +47,12 @@ class MqttServer:
         self.loop: asyncio.AbstractEventLoop = broker.loop
         limit = int(broker.config.gateway.max_client_msg_size)
         self.max_packet_size = min(limit, DEFAULT_MAX_PACKET_SIZE) if limit else DEFAULT_MAX_PACKET_SIZE
+        gw = broker.config.gateway
+        # Session bounds, as mosquitto's max_inflight_messages / max_queued_messages /
+        # max_queued_bytes (gateway.conf; see the MQTT README, "Slow consumers").
+        self.max_inflight = int(gw.mqtt_max_inflight_messages) or 65535
+        self.max_queued = int(gw.mqtt_max_queued_messages)
+        self.max_queued_bytes = int(gw.mqtt_max_queued_bytes)
         kv = getattr(broker, "kv", {})
         self.retained = RetainedStore(broker.store, kv.get(RETAINED_NS))
         self.sessions: dict[str, MqttSession] = {}
@@ -90,6 +95,12 @@ class MqttServer:
                 continue
             session.paused = True
             session.restored = flights.pop(cid, {})
+            for rec in session.subs.values():  # the store kept the queue: bound it again
+                durable = self.broker.durables.get(
+                    f"sub:mqtt:mqtt/{rec.share}/{rec.pattern}" if rec.share is not None
+                    else f"sub:{cid}:mqtt:{rec.filter}")
+                if durable is not None:
+                    session.bound(durable, rec.options.qos)
             self.sessions[cid] = session
             if session.expiry != NEVER:
                 session.expiry_timer = self.loop.call_later(session.expiry, session.end)
@@ -251,6 +262,41 @@ class MqttServer:
         self._enc_key, self._enc_out = key, data
         return data
 
+    # -- admin ------------------------------------------------------------------------------
+
+    def session_rows(self) -> list[dict[str, Any]]:
+        """The admin view of every session, connected or not: its in-flight window and what
+        waits for it in the core (``queued``: beyond the window; ``dropped``: missed past
+        ``mqtt_max_queued_*`` or the topic's limits)."""
+        rows = []
+        for session in list(self.sessions.values()):
+            subs: list[dict[str, Any]] = []
+            for rec in session.subs.values():
+                ep = rec.consumer.core.endpoint if rec.consumer is not None else None
+                if ep is None:
+                    ep = self.broker.durables.get(f"sub:{session.client_id}:mqtt:{rec.filter}")
+                subs.append({
+                    "filter": rec.filter, "qos": rec.options.qos,
+                    "queued": ep.npending + len(ep.held) if ep is not None else 0,
+                    "bytes": ep.bytes if ep is not None else 0,
+                    "dropped": ep.dropped if ep is not None else 0,
+                    "discarded": ep.stats_discarded if ep is not None else 0,
+                })
+            conn = session.conn
+            rows.append({
+                "client_id": session.client_id,
+                "connected": conn is not None,
+                "persistent": session.persistent,
+                "in_flight": len(session.outgoing),
+                "max_in_flight": session.receive_maximum,
+                "paused": session.paused,
+                "write_paused": conn.write_paused if conn is not None else False,
+                "queued": sum(s["queued"] for s in subs),
+                "dropped": sum(s["dropped"] for s in subs),
+                "subscriptions": subs,
+            })
+        return rows
+
     # -- shutdown ---------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -272,30 +318,15 @@ class MqttProtocol(BatchedProtocol):
     server: MqttServer
     conn: MqttConnection | None
 
-    def __init__(self, server: MqttServer) -> None:
-        super().__init__(server)
-        self.write_paused = False
+    protocol_name = "mqtt"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         address = f"{peer[0]}:{peer[1]}" if peer else "?"
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         self.conn = MqttConnection(self.server, self.write, self.close, address)
+        self.watch(self.server.broker, transport, address)
         self.server.connections.add(self.conn)
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-        conn = self.conn
-        if conn is not None and conn.session is not None:
-            conn.session.pause()
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        conn = self.conn
-        if conn is not None and conn.session is not None and conn.session.conn is conn:
-            if len(conn.session.outgoing) < conn.session.receive_maximum:
-                conn.session.resume()
 
 
 def shared_server(broker: Any) -> MqttServer:

@@ -8,10 +8,14 @@ Interval > 0) and owns:
 * one core subscription per MQTT subscription — durable when the session is persistent,
   so its messages are kept in the store while the client is away and across restarts;
   ``$share/group/filter`` is a core shared subscription (shared durable when persistent);
-* the outgoing in-flight window: packet id → the core delivery, acknowledged in the core on
+* the outgoing in-flight window (the MQTT 5 client's Receive Maximum, else
+  ``mqtt_max_inflight_messages``): packet id → the core delivery, acknowledged in the core on
   PUBACK (QoS 1) or PUBREC (QoS 2) — so a message is never lost between the core and the
   client; unacknowledged PUBLISH and PUBREL packets are sent again, with the same packet ids
   and DUP set, when the client comes back ([MQTT-4.4.0-1]);
+* a bound on what waits beyond that window (``mqtt_max_queued_messages`` /
+  ``_bytes``, :meth:`MqttSession.bound`), applied by the core to each of its subscriptions,
+  online or offline; deliveries also pause while the connection's write buffer is full;
 * the incoming QoS 2 ids awaiting PUBREL, so a re-sent PUBLISH is not published twice
   ([MQTT-4.3.3-10]: exactly once).
 
@@ -137,8 +141,18 @@ class MqttSession:
         if rec.options.qos == 0:
             # Everything goes out at QoS 0: nothing to acknowledge, nothing to track.
             rec.consumer.core.track = False
+        self.bound(rec.consumer.core.endpoint, rec.options.qos)
         if self.paused:
             rec.consumer.core.pause()
+
+    def bound(self, sub: Any, qos: int) -> None:
+        """Bound the messages queued for this session on core subscription ``sub``
+        (mqtt_max_queued_messages / mqtt_max_queued_bytes, as mosquitto's max_queued_*):
+        past it the core drops a QoS 0 message for this client and applies the topic's
+        overflow policy to a QoS 1/2 one. Kept while the session is offline."""
+        server = self.server
+        if server.max_queued or server.max_queued_bytes:
+            sub.bound = (server.max_queued, server.max_queued_bytes, qos == 0)
 
     def unsubscribe(self, rec: SubRecord, *, drop: bool) -> None:
         if rec.consumer is not None:
@@ -157,6 +171,9 @@ class MqttSession:
                 rec.consumer.core.pause()
 
     def resume(self) -> None:
+        conn = self.conn
+        if conn is not None and conn.write_paused:
+            return  # the connection's write buffer resumes it when it drains
         self.paused = False
         for rec in self.subs.values():
             if rec.consumer is not None:

@@ -179,6 +179,7 @@ class StompConnection:
         self.send_seq = 0
         self.reading_paused = False
         self.write_paused = False
+        self.flow: Any = None  # the shell's adapters.listener.WriteFlow (admin views)
         self.closed = False
         self.heard = True  # bytes arrived since the last heart-beat check
         self.wrote = True  # bytes were written since the last heart-beat tick
@@ -235,6 +236,12 @@ class StompConnection:
             self.transactions.clear()
             core.close()
             self.core = None
+
+    def core_id(self) -> str | None:
+        return str(self.core.id) if self.core is not None else None
+
+    def client_id(self) -> str | None:
+        return self.core.client_id if self.core is not None else None
 
     def pause_writing(self) -> None:
         self.write_paused = True

@@ -34,7 +34,6 @@ from mappings.stomp import (
 
 log = logging.getLogger("adapters.stomp")
 
-WRITE_HIGH_WATER = 1 << 20  # bytes buffered in the socket before subscriptions pause
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 MAX_HEADERS = 1000
@@ -101,6 +100,8 @@ class StompServer:
 class StompProtocol(BatchedProtocol):
     """One TCP (or TLS) connection."""
 
+    protocol_name = "stomp"
+
     server: StompServer
     conn: StompConnection | None
 
@@ -108,26 +109,18 @@ class StompProtocol(BatchedProtocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         address = f"{peer[0]}:{peer[1]}" if peer else "?"
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         self.conn = StompConnection(
             self.server, self.write, self.close, address,
             pause_reading=transport.pause_reading,  # type: ignore[attr-defined]
             resume_reading=self._resume_reading,
         )
+        self.watch(self.server.broker, transport, address)
         self.server.connections.add(self.conn)
 
     def _resume_reading(self) -> None:
         t = self.transport
         if t is not None and not t.is_closing():
             t.resume_reading()
-
-    def pause_writing(self) -> None:
-        if self.conn is not None:
-            self.conn.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.conn is not None:
-            self.conn.resume_writing()
 
 
 def _transform(msg: Message, headers: list[tuple[str, str]], body: bytes, transformation: str

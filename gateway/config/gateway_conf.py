@@ -54,6 +54,22 @@ parameter                           default            meaning
                                                        L8137-8159) but not needed: selectors are
                                                        compiled, never recurse, and their nesting
                                                        is capped when compiled
+``mqtt_max_inflight_messages``      20                 outgoing QoS 1 and 2 messages in flight (sent,
+                                                       not yet acknowledged) per MQTT 3.1/3.1.1
+                                                       client, as mosquitto's
+                                                       ``max_inflight_messages``; 0 = 65,535. An
+                                                       MQTT 5 client's own Receive Maximum is used
+                                                       for it (MQTT 5.0 §3.1.2.11.3)
+``mqtt_max_queued_messages``        1000               messages queued (beyond those in flight) per
+                                                       subscription of an MQTT session, connected
+                                                       or offline, as mosquitto's
+                                                       ``max_queued_messages``; past it a QoS 0
+                                                       message is dropped for that client and a
+                                                       QoS 1/2 one follows the topic's
+                                                       ``overflowPolicy``; 0 = no limit
+``mqtt_max_queued_bytes``           0                  the same bound in bytes (queued and in
+                                                       flight), as mosquitto's
+                                                       ``max_queued_bytes``; 0 = no limit
 ``mqtt_transports``                 disabled           run the ``type = mqtt`` transports of
                                                        ``transports.conf`` (as EMS's
                                                        ``tibrv_transports``, seed L8818-8858)
@@ -177,6 +193,9 @@ class GatewaySettings:
     max_connections: int = 0
     listen_backlog: int = 0  # 0: system_backlog()
     selector_logical_operator_limit: int = 5000
+    mqtt_max_inflight_messages: int = 20
+    mqtt_max_queued_messages: int = 1000
+    mqtt_max_queued_bytes: int = 0
     mqtt_transports: bool = False
     amqp_transports: bool = False
     stomp_transports: bool = False
@@ -311,6 +330,10 @@ def _backlog(v: str) -> int:
     return parse_int(v, minimum=0, maximum=MAX_BACKLOG)
 
 
+def _inflight(v: str) -> int:
+    return parse_int(v, minimum=0, maximum=65535)  # a packet id's range (MQTT 5.0 §2.2.1)
+
+
 def _text(v: str) -> str:
     if not v:
         raise ValueError("value is empty")
@@ -334,6 +357,9 @@ _PARAMS: dict[str, Callable[[str], Any]] = {
     "max_connections": _count,
     "listen_backlog": _backlog,
     "selector_logical_operator_limit": _count,
+    "mqtt_max_inflight_messages": _inflight,
+    "mqtt_max_queued_messages": _count,
+    "mqtt_max_queued_bytes": parse_size,
     "mqtt_transports": parse_bool,
     "amqp_transports": parse_bool,
     "stomp_transports": parse_bool,
