@@ -18,10 +18,15 @@ that the rules call as converters (:mod:`mappings.converters`). The tables that 
 code are the module constants ``_MODE_BY_QOS`` and ``_QOS_BY_MODE``; how typed property
 values are written as text and read back is :mod:`mappings.typedtext`.
 
-What MQTT 5 cannot carry natively rides in user properties: the gateway trace id
-(``gw-trace-id``), the JMS header fields with no MQTT slot (``JMSType``, ``JMSPriority``,
-``JMSMessageID``) and the types of non-string JMS properties (``gw-types``), so a message
-that goes core → MQTT 5 → core keeps every property with its width.
+What MQTT 5 cannot carry natively rides in user properties: the JMS header fields with no
+MQTT slot (``JMSType``, ``JMSPriority``, and ``JMSMessageID`` of a message that did not come
+from an MQTT publisher) and the types of non-string JMS properties (``gw-types``), so a
+message that goes core → MQTT 5 → core keeps every property with its width. Nothing else is
+added: a message an MQTT 5 client published reaches MQTT 5 subscribers with its own user
+properties and Payload Format Indicator ([MQTT-3.3.2-4], [MQTT-3.3.2-17], [MQTT-3.3.2-18]);
+the JMSMessageID and trace id the gateway stamps on it stay in the delivery log. The trace id
+travels as the ``gw-trace-id`` user property only where it is asked for: the mqtt transport
+adds it (:func:`trace_user_property`) and a mapping rule may (``mappings/README.md``).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from mappings.typedtext import (
 
 __all__ = [
     "CONTENT_TYPE_PROPERTY",
+    "PFI_PROPERTY",
     "QOS_PROPERTY",
     "RETAIN_PROPERTY",
     "TRACE_USER_PROPERTY",
@@ -58,11 +64,15 @@ __all__ = [
     "PayloadFormatInvalid",
     "message_to_mqtt",
     "mqtt_to_message",
+    "trace_user_property",
 ]
 
 QOS_PROPERTY = "JMS_GW_MQTT_QOS"  # int8: the publisher's MQTT QoS, so a later MQTT hop knows it
 RETAIN_PROPERTY = "JMS_GW_MQTT_RETAIN"  # boolean, present (true) only when the retain flag was set
 CONTENT_TYPE_PROPERTY = "JMS_GW_CONTENT_TYPE"  # string; shared with AMQP and STOMP content-type
+# int8: the MQTT 5 publisher's Payload Format Indicator (0 or 1), present only when it sent
+# one, so MQTT 5 subscribers get it unaltered [MQTT-3.3.2-4] (and none when it sent none).
+PFI_PROPERTY = "JMS_GW_MQTT_PFI"
 TRACE_USER_PROPERTY = "gw-trace-id"  # MQTT 5 user property carrying the gateway trace id
 TYPES_USER_PROPERTY = "gw-types"  # MQTT 5 user property listing non-string property types
 
@@ -95,6 +105,7 @@ _PERSISTENT = DeliveryMode.PERSISTENT
 # In: QoS 0 → NON_PERSISTENT, QoS 1 and 2 → PERSISTENT; the QoS itself kept as an int8.
 _MODE_BY_QOS = (_NON_PERSISTENT, _PERSISTENT, _PERSISTENT)
 _QOS_INT8 = (Int8(0), Int8(1), Int8(2))
+_PFI_INT8 = (Int8(0), Int8(1))
 
 # Out: a message without the publisher's QoS gets one from its delivery mode.
 _QOS_BY_MODE: dict[int, int] = {
@@ -108,15 +119,16 @@ _QOS_VALUES = {0: 0, 1: 1, 2: 2}  # legal QOS_PROPERTY values (Int8(1) hashes as
 # own MQTT properties are set from the packet, never from a user property of the same name.
 _SPECIAL_IN = frozenset(
     (TRACE_USER_PROPERTY, TYPES_USER_PROPERTY, QOS_PROPERTY, RETAIN_PROPERTY,
-     CONTENT_TYPE_PROPERTY, JMS_TYPE, JMS_PRIORITY)
+     CONTENT_TYPE_PROPERTY, PFI_PROPERTY, JMS_TYPE, JMS_PRIORITY)
 )  # fmt: skip
 
 # Out: JMS properties that are not sent as user properties (they are MQTT fields already, or
-# the trace id, which has its own user property, or names the gateway's own ones would shadow).
+# the trace id, or names the gateway's own ones would shadow).
 _SKIP_OUT = frozenset(
-    (QOS_PROPERTY, RETAIN_PROPERTY, CONTENT_TYPE_PROPERTY, PROP_TRACE_ID, TRACE_USER_PROPERTY,
-     TYPES_USER_PROPERTY)
+    (QOS_PROPERTY, RETAIN_PROPERTY, CONTENT_TYPE_PROPERTY, PFI_PROPERTY, PROP_TRACE_ID,
+     TRACE_USER_PROPERTY, TYPES_USER_PROPERTY)
 )  # fmt: skip
+_PFI_VALUES = {0: 0, 1: 1}  # legal PFI_PROPERTY values (Int8(1) hashes as 1)
 
 # -- MQTT → core -------------------------------------------------------------------------------
 
@@ -220,6 +232,9 @@ def mqtt_to_message(
                     priority = ord(value) - 48
         if content_type is not None:
             props[CONTENT_TYPE_PROPERTY] = content_type
+        pfi = properties.get(PFI)
+        if pfi is not None:
+            props[PFI_PROPERTY] = _PFI_INT8[pfi] if pfi in _PFI_VALUES else Int8(pfi)
     props[QOS_PROPERTY] = _QOS_INT8[qos]
     if retain:
         props[RETAIN_PROPERTY] = True
@@ -336,6 +351,7 @@ def message_to_mqtt(msg: Message, *, level: int, now_ms: int, reply_topic: str |
         utf8 = json_body = True
     props = msg.properties
     qos = None
+    q = None
     if props:
         q = props.get(QOS_PROPERTY)
         if q is not None:
@@ -345,7 +361,12 @@ def message_to_mqtt(msg: Message, *, level: int, now_ms: int, reply_topic: str |
     out: dict[str, Any] = {}
     if level < 5:
         return MqttOut(payload, qos, out)
-    if utf8:
+    if props:
+        # The publisher's own indicator, or none if an MQTT publisher sent none [MQTT-3.3.2-4].
+        pfi = pfi_out(utf8, json_body, props.get(PFI_PROPERTY), q)
+        if pfi is not None:
+            out[PFI] = pfi
+    elif utf8:
         out[PFI] = 1
     if json_body:
         out[CONTENT_TYPE] = JSON_CONTENT_TYPE
@@ -375,6 +396,21 @@ def message_to_mqtt(msg: Message, *, level: int, now_ms: int, reply_topic: str |
 
 
 # -- the rules of message_to_mqtt that are more than one line, for the default mapping rules
+
+
+def pfi_out(utf8: bool, json_body: bool, recorded: Any, qos_property: Any) -> int | None:
+    """The Payload Format Indicator sent (README "Body rules", Out): 1 for our JSON; the
+    publisher's recorded one (``JMS_GW_MQTT_PFI``) when there is one; none for a message an
+    MQTT publisher sent without one (``JMS_GW_MQTT_QOS`` is set); 1 for any other UTF-8 text."""
+    if json_body:
+        return 1
+    if recorded is not None:
+        pfi = _PFI_VALUES.get(recorded)
+        if pfi is not None:
+            return pfi
+    if not utf8 or qos_property is not None:
+        return None
+    return 1
 
 
 def body_out(kind: BodyKind, body: Any) -> tuple[bytes, bool, bool]:
@@ -417,7 +453,12 @@ def header_text_out(name: str, value: str, types: list[str]) -> str:
 
 
 def _user_properties(msg: Message, props: dict[str, Any]) -> list[tuple[str, str]]:
-    """JMS properties, then JMSType / JMSPriority / JMSMessageID, gw-types and gw-trace-id."""
+    """JMS properties, then JMSType / JMSPriority / JMSMessageID and gw-types.
+
+    ``JMSMessageID`` is left out for a message an MQTT publisher sent (it has
+    ``JMS_GW_MQTT_QOS``): the id is the gateway's, not the publisher's, and nothing may be
+    added to the user properties an MQTT subscriber gets [MQTT-3.3.2-17]. The trace id is
+    never added here (see the module docstring)."""
     pairs: list[tuple[str, str]] = []
     append = pairs.append
     types = render_properties(pairs, None, props, _SKIP_OUT)
@@ -431,26 +472,48 @@ def _user_properties(msg: Message, props: dict[str, Any]) -> list[tuple[str, str
     if msg.priority != DEFAULT_PRIORITY:
         append((JMS_PRIORITY, str(msg.priority)))
     header = msg.message_id
-    if header is not None:
+    if header is not None and QOS_PROPERTY not in props:
         if header.isascii() and "\x00" not in header:
             append((JMS_MESSAGE_ID, header))
         else:
             types = _header_pair(pairs, types, JMS_MESSAGE_ID, header)
-    # gw-types, then the trace id last (its escape, if any, is listed in gw-types).
-    header = msg.trace_id
-    if header is None:
-        trace = None
-    elif header.isascii() and "\x00" not in header:
-        trace = (TRACE_USER_PROPERTY, header)
-    else:
-        held: list[tuple[str, str]] = []
-        types = _header_pair(held, types, TRACE_USER_PROPERTY, header)
-        trace = held[0]
     if types is not None:
         append((TYPES_USER_PROPERTY, ",".join(types)))
-    if trace is not None:
-        append(trace)
     return pairs
+
+
+def message_id_out(message_id: str | None, qos_property: Any, types: list[str]) -> str | None:
+    """``JMSMessageID`` as a user property's text, for a message that did not come from an
+    MQTT publisher (no ``JMS_GW_MQTT_QOS``); ``None`` for one that did."""
+    if message_id is None or qos_property is not None:
+        return None
+    return header_text_out(JMS_MESSAGE_ID, message_id, types)
+
+
+def trace_user_property(pairs: list[tuple[str, str]] | None,
+                        trace_id: str | None) -> list[tuple[str, str]]:
+    """``pairs`` (a PUBLISH's user properties, not changed) with the trace id added last as
+    ``gw-trace-id``, for a hop between gateways: escaped, with its ``gw-types`` entry, when an
+    MQTT string cannot carry it (README "Escaping what MQTT cannot carry"). A ``gw-trace-id``
+    already there (a mapping rule's) is kept and nothing is added."""
+    out = list(pairs) if pairs else []
+    if trace_id is None:
+        return out
+    for name, _ in out:
+        if name == TRACE_USER_PROPERTY:
+            return out
+    if trace_id.isascii() and "\x00" not in trace_id or wire_safe(trace_id):
+        out.append((TRACE_USER_PROPERTY, trace_id))
+        return out
+    entry = TRACE_USER_PROPERTY + ":string:esc"
+    for i, (name, value) in enumerate(out):
+        if name == TYPES_USER_PROPERTY:
+            out[i] = (name, value + "," + entry)
+            break
+    else:
+        out.append((TYPES_USER_PROPERTY, entry))
+    out.append((TRACE_USER_PROPERTY, wire_escape(trace_id)))
+    return out
 
 
 def _header_pair(
