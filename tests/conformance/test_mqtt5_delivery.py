@@ -21,6 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import gmqtt
@@ -517,33 +518,54 @@ def test_03_a_refused_filter_fails_alone(client: MakeClient, acl_gw: GatewayThre
 # ------------------------------------------------------------- 4. resend after a reconnect
 
 
-def test_04_a_merged_publish_is_resent_once_and_settles_every_subscription(
-        gw: GatewayThread) -> None:
-    """A QoS 1 PUBLISH sent once for two overlapping subscriptions and not acknowledged is
-    sent again on reconnect with the same packet id and DUP set ([MQTT-4.4.0-1],
-    [MQTT-3.3.1-1]) -- once, not once per subscription -- and its PUBACK settles both
-    subscriptions' deliveries in the core."""
-    port = gw.port("mqtt")
-    cid = "raw-04"
+@pytest.fixture
+def restart_gw(tmp_path: Path) -> Iterator[GatewayThread]:
+    g = GatewayThread(tmp_path / "gw").start()
+    yield g
+    g.stop()
+
+
+def persistent(port: int, cid: str, *, clean: bool) -> RawClient:
     c = RawClient(port)
-    c.connect(cid, 5, properties={"session_expiry_interval": 300})
-    c.subscribe(("d04/raw/#", 1), ("d04/raw/+", 1))
-    pub = RawClient(port)
-    pub.connect("raw-04-pub", 5)
+    c.connect(cid, 5, clean=clean, properties={"session_expiry_interval": 300})
+    return c
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["reconnect", "gateway-restart"])
+def test_04_a_merged_publish_is_resent_once_and_settles_every_subscription(
+        restart_gw: GatewayThread, restart: bool) -> None:
+    """A QoS 1 PUBLISH sent once for two overlapping subscriptions of a persistent session
+    and not acknowledged is sent again when the client comes back -- also after a gateway
+    restart -- with the same packet id and DUP set ([MQTT-4.4.0-1], [MQTT-3.3.1-1]), once,
+    not once per subscription; its PUBACK settles both subscriptions' deliveries in the
+    core, so nothing comes on the next reconnect either."""
+    g = restart_gw
+    cid = f"raw-04-{restart}"
+    c = persistent(g.port("mqtt"), cid, clean=True)
+    c.subscribe(("d04/raw/#", 1), properties={"subscription_identifier": [4]})
+    c.subscribe(("d04/raw/+", 1), properties={"subscription_identifier": [5]})
+    pub = RawClient(g.port("mqtt"))
+    pub.connect(f"{cid}-pub", 5)
     pub.publish("d04/raw/x", b"once", 1)
     pub.expect(PubAck)
+    pub.close()
     first = c.expect(Publish)
     assert first.qos == 1 and not first.dup
+    assert sorted(first.properties["subscription_identifier"]) == [4, 5]
     c.close()
-    again = RawClient(port)
-    again.connect(cid, 5, clean=False, properties={"session_expiry_interval": 300})
+    if restart:
+        g.restart()
+    again = persistent(g.port("mqtt"), cid, clean=False)
     resent = again.expect(Publish)
     assert (resent.packet_id, resent.dup, resent.payload) == (first.packet_id, True, b"once")
+    assert sorted(resent.properties["subscription_identifier"]) == [4, 5]
     assert [p for p in again.drain(NOTHING) if isinstance(p, Publish)] == []
     again.send(PubAck(resent.packet_id))
-    wait_for(lambda: session_unacked(gw, cid) == 0, what="both deliveries acknowledged")
+    wait_for(lambda: session_unacked(g, cid) == 0, what="both deliveries acknowledged")
     again.close()
-    pub.close()
+    last = persistent(g.port("mqtt"), cid, clean=False)
+    assert [p for p in last.drain(NOTHING) if isinstance(p, Publish)] == []
+    last.close()
 
 
 # ----------------------------------------------------------------- 5. from another protocol
