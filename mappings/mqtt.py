@@ -31,6 +31,7 @@ adds it (:func:`trace_user_property`) and a mapping rule may (``mappings/README.
 
 from __future__ import annotations
 
+import json
 from typing import Any, NamedTuple
 
 from gateway.message import (
@@ -60,6 +61,7 @@ __all__ = [
     "RETAIN_PROPERTY",
     "TRACE_USER_PROPERTY",
     "TYPES_USER_PROPERTY",
+    "USER_RECORD_PROPERTY",
     "MqttOut",
     "PayloadFormatInvalid",
     "message_to_mqtt",
@@ -73,6 +75,10 @@ CONTENT_TYPE_PROPERTY = "JMS_GW_CONTENT_TYPE"  # string; shared with AMQP and ST
 # int8: the MQTT 5 publisher's Payload Format Indicator (0 or 1), present only when it sent
 # one, so MQTT 5 subscribers get it unaltered [MQTT-3.3.2-4] (and none when it sent none).
 PFI_PROPERTY = "JMS_GW_MQTT_PFI"
+# string: the MQTT 5 publisher's user properties as sent (a JSON array of [name, value]),
+# present only when JMS properties cannot hold them (a name repeated, or empty), so MQTT 5
+# subscribers get them all, in order [MQTT-3.3.2-17], [MQTT-3.3.2-18].
+USER_RECORD_PROPERTY = "JMS_GW_MQTT_USER_PROPERTIES"
 TRACE_USER_PROPERTY = "gw-trace-id"  # MQTT 5 user property carrying the gateway trace id
 TYPES_USER_PROPERTY = "gw-types"  # MQTT 5 user property listing non-string property types
 
@@ -119,14 +125,14 @@ _QOS_VALUES = {0: 0, 1: 1, 2: 2}  # legal QOS_PROPERTY values (Int8(1) hashes as
 # own MQTT properties are set from the packet, never from a user property of the same name.
 _SPECIAL_IN = frozenset(
     (TRACE_USER_PROPERTY, TYPES_USER_PROPERTY, QOS_PROPERTY, RETAIN_PROPERTY,
-     CONTENT_TYPE_PROPERTY, PFI_PROPERTY, JMS_TYPE, JMS_PRIORITY)
+     CONTENT_TYPE_PROPERTY, PFI_PROPERTY, USER_RECORD_PROPERTY, JMS_TYPE, JMS_PRIORITY)
 )  # fmt: skip
 
 # Out: JMS properties that are not sent as user properties (they are MQTT fields already, or
 # the trace id, or names the gateway's own ones would shadow).
 _SKIP_OUT = frozenset(
-    (QOS_PROPERTY, RETAIN_PROPERTY, CONTENT_TYPE_PROPERTY, PFI_PROPERTY, PROP_TRACE_ID,
-     TRACE_USER_PROPERTY, TYPES_USER_PROPERTY)
+    (QOS_PROPERTY, RETAIN_PROPERTY, CONTENT_TYPE_PROPERTY, PFI_PROPERTY, USER_RECORD_PROPERTY,
+     PROP_TRACE_ID, TRACE_USER_PROPERTY, TYPES_USER_PROPERTY)
 )  # fmt: skip
 _PFI_VALUES = {0: 0, 1: 1}  # legal PFI_PROPERTY values (Int8(1) hashes as 1)
 
@@ -201,6 +207,7 @@ def mqtt_to_message(
         correlation_id = properties.get(CORRELATION_DATA)
         # User Properties → JMS properties (first value of a repeated name wins).
         pairs = properties.get(USER_PROPERTY)
+        repeated = False
         if pairs:
             setdefault = props.setdefault
             special: dict[str, str] | None = None
@@ -209,8 +216,10 @@ def mqtt_to_message(
                     if special is None:
                         special = {}
                     special.setdefault(name, value)
-                elif name:
-                    setdefault(name, value)
+                elif name and name not in props:
+                    props[name] = value
+                else:
+                    repeated = True
             if special is not None:
                 # The headers carried as user properties join the properties until gw-types
                 # has been applied (it may mark them escaped), then leave them.
@@ -230,6 +239,8 @@ def mqtt_to_message(
                 if type(value) is str and len(value) == 1 and "0" <= value <= "9":
                     del props[JMS_PRIORITY]
                     priority = ord(value) - 48
+        if repeated and pairs:
+            props[USER_RECORD_PROPERTY] = _user_record(pairs)
         if content_type is not None:
             props[CONTENT_TYPE_PROPERTY] = content_type
         pfi = properties.get(PFI)
@@ -306,6 +317,58 @@ def user_headers_in(props: dict[str, Any], types: str | None, jms_type: str | No
         del props[JMS_PRIORITY]
         priority = ord(value) - 48
     return props, msg_type, priority, trace_id
+
+
+def _user_record(pairs: list[tuple[str, str]]) -> str:
+    """The JSON of the user properties with the gateway's own names left out."""
+    return json.dumps([[n, v] for n, v in pairs if n not in _SPECIAL_IN], ensure_ascii=False,
+                      separators=(",", ":"))
+
+
+def user_record_in(pairs: list[tuple[str, str]] | None) -> str | None:
+    """``JMS_GW_MQTT_USER_PROPERTIES`` for a PUBLISH's user properties: their JSON when a
+    name (other than the gateway's own) repeats or is empty, else ``None``."""
+    if not pairs:
+        return None
+    seen: set[str] = set()
+    for name, _ in pairs:
+        if name in _SPECIAL_IN:
+            continue
+        if not name or name in seen:
+            return _user_record(pairs)
+        seen.add(name)
+    return None
+
+
+def user_record_out(record: Any, rendered: list[tuple[str, str]]
+                    ) -> list[tuple[str, str]] | None:
+    """The recorded user properties (``JMS_GW_MQTT_USER_PROPERTIES``) to send instead of
+    ``rendered`` (the properties as user properties): when the record is well formed and
+    still agrees with them -- the first value of each name, in order, is what they hold --
+    so a mapping rule that changed a property is not undone; else ``None``."""
+    if type(record) is not str:
+        return None
+    try:
+        kept = json.loads(record)
+    except ValueError:
+        return None
+    if type(kept) is not list:
+        return None
+    out: list[tuple[str, str]] = []
+    firsts: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for item in kept:
+        if type(item) is not list or len(item) != 2:
+            return None
+        name, value = item
+        if type(name) is not str or type(value) is not str or not wire_safe(name) or \
+                not wire_safe(value):
+            return None
+        out.append((name, value))
+        if name and name not in seen:
+            seen.add(name)
+            firsts.append((name, value))
+    return out if firsts == rendered else None
 
 
 def mode_in(qos: int) -> DeliveryMode:
@@ -460,8 +523,13 @@ def _user_properties(msg: Message, props: dict[str, Any]) -> list[tuple[str, str
     added to the user properties an MQTT subscriber gets [MQTT-3.3.2-17]. The trace id is
     never added here (see the module docstring)."""
     pairs: list[tuple[str, str]] = []
-    append = pairs.append
     types = render_properties(pairs, None, props, _SKIP_OUT)
+    if types is None and props and USER_RECORD_PROPERTY in props:
+        # The publisher's user properties, repeated names and all [MQTT-3.3.2-17].
+        recorded = user_record_out(props[USER_RECORD_PROPERTY], pairs)
+        if recorded is not None:
+            pairs = recorded
+    append = pairs.append
     # JMS header fields with no MQTT slot, so nothing of a JMS message is lost.
     header = msg.type
     if header is not None:

@@ -298,6 +298,20 @@ def test_01a_user_properties_arrive_as_sent_in_order_and_nothing_is_added(
     assert sub.get().props == {}
 
 
+def test_01e_repeated_and_empty_user_property_names_all_arrive_in_order(
+        client: MakeClient) -> None:
+    """A user property name may appear more than once ([MQTT-3.3.2-17]: all of them are
+    forwarded unaltered; [MQTT-3.3.2-18]: in order), and a name may be empty (a UTF-8 string
+    pair): the subscriber gets the list exactly as published."""
+    t = f"d01e/{client.name}"
+    sub = client("01e-sub")
+    sub.subscribe(Sub(f"{t}/#", 1))
+    pub = client("01e-pub")
+    user = [("k", "first"), ("x", "1"), ("k", "second"), ("", "no name"), ("k", "first")]
+    pub.publish(f"{t}/x", b"r", 1, user_property=user)
+    assert sub.get().props == {"user_property": user}
+
+
 def test_01b_the_payload_format_indicator_is_the_publishers(client: MakeClient) -> None:
     """The Payload Format Indicator is sent unaltered to every subscriber [MQTT-3.3.2-4]:
     1 stays 1, 0 stays 0, none stays none -- also for a payload the gateway reads as text

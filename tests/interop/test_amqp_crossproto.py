@@ -179,7 +179,10 @@ def test_mqtt5_publish_reaches_an_amqp_receiver_field_by_field(gw, listen):
         "x-opt-jms-msg-type": T("byte", 5), "x-opt-jms-dest": T("byte", 1),
         "x-opt-jms-reply-to": T("byte", 1), "x-opt-gw-trace-id": S("trace-mqtt-42")}
     # user properties in order, first value of a repeated name, typed by gw-types; the QoS
+    # (and all of them, as sent, for MQTT 5 subscribers: the name "unit" repeats)
     assert app_props(m) == [("unit", S("C")), ("n", T("int", 7)), ("empty", S("")),
+                            ("JMS_GW_MQTT_USER_PROPERTIES", S(
+                                '[["unit","C"],["n","7"],["empty",""],["unit","second value"]]')),
                             ("JMS_GW_MQTT_PFI", T("byte", 1)), ("JMS_GW_MQTT_QOS", T("byte", 1))]
     assert m["body"] == {"section": "value", "value": S("21.5")}  # PFI 1 → TEXT
 

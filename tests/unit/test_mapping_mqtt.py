@@ -44,6 +44,7 @@ from mappings.mqtt import (
     RETAIN_PROPERTY,
     TRACE_USER_PROPERTY,
     TYPES_USER_PROPERTY,
+    USER_RECORD_PROPERTY,
     MqttOut,
     PayloadFormatInvalid,
     message_to_mqtt,
@@ -286,17 +287,28 @@ def test_user_properties_become_string_properties_in_order():
     assert all(type(m.properties[k]) is str for k in ("zeta", "alpha", "mid"))
 
 
-def test_a_repeated_user_property_keeps_its_first_value():
-    m = m_in(user_property=[("k", "first"), ("x", "1"), ("k", "second"), ("k", "third")])
+def test_a_repeated_user_property_keeps_its_first_value_and_all_go_out_again():
+    sent = [("k", "first"), ("x", "1"), ("k", "second"), ("k", "third")]
+    m = m_in(user_property=sent + [("JMSType", "t")])
     assert m.properties["k"] == "first"
-    assert [k for k in m.properties if k != QOS_PROPERTY] == ["k", "x"]
+    assert [k for k in m.properties if k != QOS_PROPERTY] == ["k", "x", USER_RECORD_PROPERTY]
+    assert json.loads(m.properties[USER_RECORD_PROPERTY]) == [list(p) for p in sent]
+    # [MQTT-3.3.2-17], [MQTT-3.3.2-18]: every one, in order, to an MQTT 5 subscriber
+    assert user_props(m) == sent + [("JMSType", "t")]
+    assert USER_RECORD_PROPERTY not in dict(user_props(m))
 
 
-def test_a_user_property_with_an_empty_name_is_dropped():
+def test_a_user_property_with_an_empty_name_is_dropped_but_goes_out_again():
     m = m_in(user_property=[("", "v"), ("a", "b")])
     assert "" not in m.properties
     assert m.properties["a"] == "b"
     m.validate()
+    assert user_props(m) == [("", "v"), ("a", "b")]
+
+
+def test_without_repeats_no_record_is_kept():
+    m = m_in(user_property=[("a", "1"), ("b", "2"), ("gw-types", "a:int8")])
+    assert USER_RECORD_PROPERTY not in m.properties
 
 
 def test_trace_user_property_sets_the_trace_id_not_a_property():
@@ -972,6 +984,7 @@ def test_readme_names_every_constant_and_rule():
         TRACE_USER_PROPERTY,
         TYPES_USER_PROPERTY,
         PFI_PROPERTY,
+        USER_RECORD_PROPERTY,
         "0x99",
         "MQTT-3.3.2-6",
         "payload_format_indicator",
