@@ -89,7 +89,7 @@ class SubRecord:
         f = mqtt_filter_to_subject(flt)
         self.pattern, self.parent, self.share = f.pattern, f.parent_match, f.share
         # The session's other non-shared subscriptions whose filters intersect this one's,
-        # as of the session's subs_version (MqttSession.overlapping).
+        # as of the session's subs_version (MqttSession._matching_others).
         self.overlaps: tuple[SubRecord, ...] = ()
         self.overlaps_version = -1
 
@@ -106,10 +106,15 @@ class Merge:
     """One message that several subscriptions of a session match, sent once (module
     docstring, "Overlapping subscriptions")."""
 
-    __slots__ = ("msg", "waiting", "flight")
+    __slots__ = ("msg", "store_id", "waiting", "flight")
 
     def __init__(self, msg: Message, waiting: list[SubRecord], flight: OutFlight | None) -> None:
         self.msg = msg  # kept, so its id() is not reused while the merge lives
+        # Its id in the store when it was sent: after a restart each durable subscription
+        # may hold a message object of its own, and the id is what they share. (Read now:
+        # the store forgets it, and the message gets a new one, when its first stored copy
+        # is acknowledged before the next subscription has it -- dispatch is synchronous.)
+        self.store_id = msg.store_id
         self.waiting = waiting  # the subscriptions whose delivery of it has not come yet
         self.flight = flight  # the PUBLISH it went out in (None: QoS 0, or not sent)
 
@@ -154,9 +159,11 @@ class MqttSession:
         self.paused = False
         # In-flight records read from the store at start-up: pid → (store id, released, filter).
         self.restored: dict[int, tuple[int, bool, str]] = {}
-        # Overlapping subscriptions: merges by message (store id, else id()); subs_version
-        # changes whenever self.subs does, so SubRecord.overlaps is computed again.
+        # Overlapping subscriptions: merges by id() of the message, and by its store id when it
+        # has one; subs_version changes whenever self.subs does, so SubRecord.overlaps is
+        # computed again.
         self.merges: dict[int, Merge] = {}
+        self.merges_stored: dict[int, Merge] = {}
         self.subs_version = 0
 
     # -- core attachment --------------------------------------------------------------------
@@ -197,11 +204,11 @@ class MqttSession:
             rec.consumer = None
         self.subs_version += 1
         if self.merges:  # its deliveries will not come now
-            for key, m in list(self.merges.items()):
+            for m in list(self.merges.values()):
                 if rec in m.waiting:
                     m.waiting.remove(rec)
                     if not m.waiting:
-                        del self.merges[key]
+                        self._forget_merge(m)
         if drop and self.persistent and rec.share is None:
             try:
                 self.core_session.unsubscribe(f"mqtt:{rec.filter}")
@@ -237,10 +244,13 @@ class MqttSession:
             # already for another subscription, or another may match it too.
             merges = self.merges
             if merges:
-                key = msg.store_id or id(msg)
-                m = merges.get(key)
+                m = merges.get(id(msg))
+                if m is not None and m.msg is not msg:
+                    m = None
+                if m is None and msg.store_id:
+                    m = self.merges_stored.get(msg.store_id)
                 if m is not None and rec in m.waiting:
-                    self._join(m, key, d, rec)
+                    self._join(m, d, rec)
                     return
             others = self._matching_others(rec, msg)
             if others:
@@ -330,19 +340,30 @@ class MqttSession:
                         # Restored after a restart from the durable of the highest QoS,
                         # which does not acknowledge on delivery as a QoS 0 one does.
                         self.save_inflight(f, msg.store_id, lead.filter)
-        merges = self.merges
-        if len(merges) >= MERGES_KEPT:
-            del merges[next(iter(merges))]
-        merges[msg.store_id or id(msg)] = Merge(msg, [r for r in recs if r is not rec], f)
+        self._remember_merge(Merge(msg, [r for r in recs if r is not rec], f))
         if f is not None and len(self.outgoing) >= self.receive_maximum:
             self.pause()
 
-    def _join(self, m: Merge, key: int, d: Delivery, rec: SubRecord) -> None:
+    def _remember_merge(self, m: Merge) -> None:
+        merges = self.merges
+        if len(merges) >= MERGES_KEPT:
+            self._forget_merge(next(iter(merges.values())))
+        merges[id(m.msg)] = m
+        if m.store_id:
+            self.merges_stored[m.store_id] = m
+
+    def _forget_merge(self, m: Merge) -> None:
+        if self.merges.get(id(m.msg)) is m:
+            del self.merges[id(m.msg)]
+        if m.store_id and self.merges_stored.get(m.store_id) is m:
+            del self.merges_stored[m.store_id]
+
+    def _join(self, m: Merge, d: Delivery, rec: SubRecord) -> None:
         """A delivery of a message sent already for another subscription: it is settled
         with that PUBLISH, or now if that exchange is over (or went at QoS 0)."""
         m.waiting.remove(rec)
         if not m.waiting:
-            del self.merges[key]
+            self._forget_merge(m)
         f = m.flight
         if f is not None and not f.released and self.outgoing.get(f.pid) is f:
             if f.joined is None:
@@ -423,7 +444,7 @@ class MqttSession:
             f.saved = True
             self.next_pid = max(self.next_pid, pid % 65535 + 1)
             if others:
-                self.merges[d.msg.store_id or id(d.msg)] = Merge(d.msg, others, f)
+                self._remember_merge(Merge(d.msg, others, f))
 
     def _prepare(self, msg: Message, rec: SubRecord, conn: MqttConnection, now: int,
                  merged: list[SubRecord] | None = None) -> tuple[Any, int, str, dict[str, Any]]:

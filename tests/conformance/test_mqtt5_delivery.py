@@ -493,6 +493,22 @@ def test_02f_overlap_in_a_persistent_session_is_one_copy_and_fully_acknowledged(
     assert again.none()
 
 
+def test_02g_overlapping_qos0_subscriptions_of_a_persistent_session_one_copy(
+        client: MakeClient, gw: GatewayThread) -> None:
+    """Two overlapping QoS 0 subscriptions of a persistent session (durables whose copies
+    are settled as they are sent) and a QoS 1 message: one PUBLISH at QoS 0 ([MQTT-3.3.4-2],
+    the granted QoS caps it), and nothing is left held in the core."""
+    t = f"d02g/{client.name}"
+    c = client("02g", expiry=300)
+    c.subscribe(Sub(f"{t}/#", 0))
+    c.subscribe(Sub(f"{t}/+", 0))
+    client("02g-pub").publish(f"{t}/x", b"m", 1)
+    got = c.get()
+    assert (got.payload, got.qos) == (b"m", 0)
+    assert c.none()
+    wait_for(lambda: session_unacked(gw, f"{client.name}-02g") == 0, what="nothing held")
+
+
 # ----------------------------------------------------------------- 3. refused subscriptions
 
 
