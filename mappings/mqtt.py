@@ -298,10 +298,13 @@ def user_headers_in(props: dict[str, Any], types: str | None, jms_type: str | No
     properties (first values given), which join the properties meanwhile; then the trace id,
     JMSType and a one-digit JMSPriority leave them (others stay properties)."""
     setdefault = props.setdefault
-    for name, value in ((JMS_TYPE, jms_type), (JMS_PRIORITY, jms_priority),
+    # (Not "value": compiled, that name would be typed str | None, and gw-types may make the
+    # property read below any type.)
+    for name, given in ((JMS_TYPE, jms_type), (JMS_PRIORITY, jms_priority),
                         (TRACE_USER_PROPERTY, trace)):
-        if value is not None:
-            setdefault(name, value)
+        if given is not None:
+            setdefault(name, given)
+    value: Any
     if types:
         props = apply_types(props, types)
     trace_id = props.pop(TRACE_USER_PROPERTY, None)
