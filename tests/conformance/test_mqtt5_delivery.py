@@ -35,7 +35,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from adapters.mqtt.packets import PubAck, Publish
+from adapters.mqtt.packets import PubAck, PubComp, Publish, PubRec, PubRel
 
 NOTHING = 0.5  # seconds to wait for "nothing arrives"
 
@@ -377,11 +377,13 @@ def test_01d_message_expiry_interval_is_what_is_left(client: MakeClient) -> None
 # ------------------------------------------------------ 2. subscription identifiers, options
 
 
-def test_02a_overlapping_subscriptions_one_copy_at_the_highest_qos(client: MakeClient) -> None:
+def test_02a_overlapping_subscriptions_one_copy_at_the_highest_qos(client: MakeClient,
+                                                                   gw: GatewayThread) -> None:
     """Two subscriptions of one client match a message (``a/+`` at QoS 0 and ``a/#`` at
     QoS 2; then ``a`` and ``a/#``, where ``#`` matches the parent [MQTT-4.7.1-2]): one
     PUBLISH at the highest granted QoS ([MQTT-3.3.4-2]; §3.3.4 allows one copy), carrying
-    both Subscription Identifiers ([MQTT-3.3.4-3], [MQTT-3.3.4-5])."""
+    both Subscription Identifiers ([MQTT-3.3.4-3], [MQTT-3.3.4-5]); the client's PUBREC /
+    PUBACK settles every matching subscription's delivery in the core."""
     t = f"d02a/{client.name}"
     sub = client("02a-sub")
     assert sub.subscribe(Sub(f"{t}/+", 0), sub_id=11) == [0]
@@ -397,6 +399,8 @@ def test_02a_overlapping_subscriptions_one_copy_at_the_highest_qos(client: MakeC
     assert (got.topic, got.qos) == (t, 1)  # the message's own QoS 1 caps the 2 granted
     assert sorted(got.props["subscription_identifier"]) == [12, 13]
     assert sub.none()
+    wait_for(lambda: session_unacked(gw, f"{client.name}-02a-sub") == 0,
+             what="every delivery settled")
 
 
 def test_02b_each_subscription_identifier_alone_when_one_matches(client: MakeClient) -> None:
@@ -596,6 +600,30 @@ def test_04_a_merged_publish_is_resent_once_and_settles_every_subscription(
     last = persistent(g.port("mqtt"), cid, clean=False)
     assert [p for p in last.drain(NOTHING) if isinstance(p, Publish)] == []
     last.close()
+
+
+def test_04b_pubrec_settles_every_subscription_of_a_merged_qos2_publish(
+        gw: GatewayThread) -> None:
+    """QoS 2: from PUBREC on the client owns the message ([MQTT-4.3.3-8]: the PUBLISH is
+    not sent again), so the PUBREC of a PUBLISH sent once for two overlapping
+    subscriptions settles both subscriptions' deliveries in the core, before PUBCOMP."""
+    port = gw.port("mqtt")
+    c = RawClient(port)
+    c.connect("raw-04b", 5)
+    c.subscribe(("d04b/raw/#", 2), ("d04b/raw/+", 2))
+    pub = RawClient(port)
+    pub.connect("raw-04b-pub", 5)
+    pub.publish("d04b/raw/x", b"two", 2)
+    pub.expect(PubRec)
+    m = c.expect(Publish)
+    assert m.qos == 2
+    assert [p for p in c.drain(NOTHING) if isinstance(p, Publish)] == []
+    c.send(PubRec(m.packet_id))
+    assert c.expect(PubRel).packet_id == m.packet_id
+    wait_for(lambda: session_unacked(gw, "raw-04b") == 0, what="both settled at PUBREC")
+    c.send(PubComp(m.packet_id))
+    c.close()
+    pub.close()
 
 
 # ----------------------------------------------------------------- 5. from another protocol
