@@ -657,3 +657,48 @@ def test_05_a_stomp_message_carries_only_what_the_mapping_says(client: MakeClien
     assert user[2] == ("JMSType", "reading")
     assert [n for n, _ in user[3:]] == ["JMSMessageID"] and user[3][1].startswith("ID:")
     assert set(got.props) == {"payload_format_indicator", "content_type", "user_property"}
+
+
+RULES = """\
+mappings:
+  - name: no message ids to MQTT here
+    replaces: mqtt.out.message-id
+    match: {destination: "d06.>"}
+    steps: []
+  - name: trace ids to MQTT here
+    match: {protocol: mqtt, direction: out, destination: "d06.>"}
+    steps:
+      - convert: {from: trace_id, to: wire.user.gw-trace-id, via: mqtt-text-out}
+"""
+
+
+def test_06_mapping_rules_turn_a_header_off_and_the_trace_id_on(client: MakeClient,
+                                                                tmp_path: Path) -> None:
+    """What the default mapping adds for a message from another protocol is a rule each
+    (mappings/README.md): a rule with ``replaces: mqtt.out.message-id`` and no steps leaves
+    JMSMessageID out, and a rule sends the trace id where it is asked for -- for its
+    destinations only."""
+    (tmp_path / "gw" / "mappings").mkdir(parents=True)
+    (tmp_path / "gw" / "mappings" / "mqtt.yaml").write_text(RULES)
+    g = GatewayThread(tmp_path / "gw",
+                      gateway="listen = mqtt://127.0.0.1:0\nlisten = stomp://127.0.0.1:0\n"
+                              "listen = http://127.0.0.1:0\n").start()
+    try:
+        sub = client("06-sub", port=g.port("mqtt"))
+        sub.subscribe(Sub("d06/#", 1), Sub("d06x/#", 1))
+        s = stomp.Connection([("127.0.0.1", g.port("stomp"))])
+        s.connect(wait=True)
+        try:
+            s.send(destination="/topic/d06.a", body="ruled", headers={"k": "v"})
+            ruled = sub.get()
+            s.send(destination="/topic/d06x.a", body="default", headers={"k": "v"})
+            default = sub.get()
+        finally:
+            s.disconnect()
+        names = [n for n, _ in ruled.props["user_property"]]
+        assert names == ["k", "gw-trace-id"]
+        assert ruled.props["user_property"][1][1]  # the message's trace id
+        assert [n for n, _ in default.props["user_property"]] == ["k", "JMSMessageID"]
+        sub.close()
+    finally:
+        g.stop()
