@@ -477,8 +477,7 @@ class MqttConnection:
             return
         # From PUBREC on the client owns the message: settle it in the core.
         store_id = f.delivery.msg.store_id if f.delivery is not None else 0
-        if f.delivery is not None and not f.delivery.settled:
-            session.core_session.ack(f.delivery)
+        session.settle(f)  # its delivery and those of overlapping subscriptions
         f.released = True
         if f.saved:
             session.save_inflight(f, store_id, "")

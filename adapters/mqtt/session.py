@@ -19,6 +19,19 @@ Interval > 0) and owns:
 * the incoming QoS 2 ids awaiting PUBREL, so a re-sent PUBLISH is not published twice
   ([MQTT-4.3.3-10]: exactly once).
 
+Overlapping subscriptions. When several (non-shared) subscriptions of a session match one
+message (``a`` and ``a/#``, ``a/+`` and ``a/#``), each core consumer delivers it, but the
+client gets one PUBLISH: at the highest QoS granted among them (capped by the message's),
+carrying every matching Subscription Identifier, with the RETAIN flag by the Retain As
+Published option of the subscription with the highest QoS (the first subscribed of those, on a
+tie). MQTT 5.0 §3.3.4 allows one copy or one per subscription; one is what clients expect.
+The first delivery to arrive sends the PUBLISH and leaves a :class:`Merge` behind that names
+the other matching subscriptions; their deliveries of that message, whenever they come (a
+paused consumer's later, a detached session's after the reconnect), join the in-flight entry
+and are acknowledged in the core with it (PUBACK, or PUBREC for QoS 2), or at once when the
+exchange is over. At most :data:`MERGES_KEPT` merges are remembered: past that a very late
+delivery would go out as a copy of its own. Shared subscriptions are never merged.
+
 The protocol logic of one network connection is :mod:`adapters.mqtt.connection`.
 
 Runs on the loop; never awaits.
@@ -38,6 +51,7 @@ from adapters.mqtt.packets import (
 from adapters.mqtt.topics import (
     mqtt_filter_to_subject,
 )
+from gateway import subject
 from gateway.client import AckMode
 from gateway.endpoint import Delivery
 from gateway.errors import (
@@ -59,12 +73,17 @@ SESSION_NS = "mqtt.session"
 # packet ids are used again after a gateway restart ([MQTT-4.4.0-1]).
 INFLIGHT_NS = "mqtt.inflight"
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "never expires" (MQTT 5 3.1.2.11.2)
+# Merges of overlapping subscriptions' deliveries remembered per session: each is dropped as
+# soon as every matching subscription has delivered, so only deliveries held back (a paused
+# or filtered consumer) keep one; the oldest goes first past this.
+MERGES_KEPT = 4096
 
 
 class SubRecord:
     """One MQTT subscription of a session and the core consumer behind it."""
 
-    __slots__ = ("filter", "options", "sub_id", "consumer", "pattern", "parent", "share")
+    __slots__ = ("filter", "options", "sub_id", "consumer", "pattern", "parent", "share",
+                 "overlaps", "overlaps_version")
 
     def __init__(self, flt: str, options: SubscriptionOptions, sub_id: int | None) -> None:
         self.filter = flt
@@ -73,12 +92,41 @@ class SubRecord:
         self.consumer: Any = None
         f = mqtt_filter_to_subject(flt)
         self.pattern, self.parent, self.share = f.pattern, f.parent_match, f.share
+        # The session's other non-shared subscriptions whose filters intersect this one's,
+        # as of the session's subs_version (MqttSession._matching_others).
+        self.overlaps: tuple[SubRecord, ...] = ()
+        self.overlaps_version = -1
+
+    def matches(self, name: str) -> bool:
+        """Whether this subscription's filter matches the subject ``name``."""
+        pattern = self.pattern
+        if subject.matches(pattern, name):
+            return True
+        # MQTT's "a/#" also matches "a" itself [MQTT-4.7.1-2].
+        return self.parent and pattern.endswith(".>") and subject.matches(pattern[:-2], name)
+
+
+class Merge:
+    """One message that several subscriptions of a session match, sent once (module
+    docstring, "Overlapping subscriptions")."""
+
+    __slots__ = ("msg", "store_id", "waiting", "flight")
+
+    def __init__(self, msg: Message, waiting: list[SubRecord], flight: OutFlight | None) -> None:
+        self.msg = msg  # kept, so its id() is not reused while the merge lives
+        # Its id in the store when it was sent: after a restart each durable subscription
+        # may hold a message object of its own, and the id is what they share. (Read now:
+        # the store forgets it, and the message gets a new one, when its first stored copy
+        # is acknowledged before the next subscription has it -- dispatch is synchronous.)
+        self.store_id = msg.store_id
+        self.waiting = waiting  # the subscriptions whose delivery of it has not come yet
+        self.flight = flight  # the PUBLISH it went out in (None: QoS 0, or not sent)
 
 
 class OutFlight:
     """An outgoing QoS 1/2 PUBLISH awaiting its acknowledgement (or a PUBREL awaiting PUBCOMP)."""
 
-    __slots__ = ("pid", "delivery", "packet", "released", "saved")
+    __slots__ = ("pid", "delivery", "packet", "released", "saved", "joined")
 
     def __init__(self, pid: int, delivery: Delivery | None, packet: bytes) -> None:
         self.pid = pid
@@ -86,6 +134,9 @@ class OutFlight:
         self.packet = packet  # the encoded PUBLISH, re-sent with DUP on reconnect
         self.released = False  # PUBREC received, PUBREL sent
         self.saved = False  # recorded in the store (INFLIGHT_NS)
+        # Deliveries of the same message to the session's other matching subscriptions,
+        # settled with ``delivery`` (module docstring, "Overlapping subscriptions").
+        self.joined: list[Delivery] | None = None
 
 
 class MqttSession:
@@ -112,6 +163,12 @@ class MqttSession:
         self.paused = False
         # In-flight records read from the store at start-up: pid → (store id, released, filter).
         self.restored: dict[int, tuple[int, bool, str]] = {}
+        # Overlapping subscriptions: merges by id() of the message, and by its store id when it
+        # has one; subs_version changes whenever self.subs does, so SubRecord.overlaps is
+        # computed again.
+        self.merges: dict[int, Merge] = {}
+        self.merges_stored: dict[int, Merge] = {}
+        self.subs_version = 0
 
     # -- core attachment --------------------------------------------------------------------
 
@@ -138,6 +195,7 @@ class MqttSession:
             parent_match=rec.parent, window=0 if self.paused else self.receive_maximum,
             share_scope="mqtt" if shared is not None else None,
         )
+        self.subs_version += 1
         if rec.options.qos == 0:
             # Everything goes out at QoS 0: nothing to acknowledge, nothing to track.
             rec.consumer.core.track = False
@@ -158,6 +216,13 @@ class MqttSession:
         if rec.consumer is not None:
             rec.consumer.close()
             rec.consumer = None
+        self.subs_version += 1
+        if self.merges:  # its deliveries will not come now
+            for m in list(self.merges.values()):
+                if rec in m.waiting:
+                    m.waiting.remove(rec)
+                    if not m.waiting:
+                        self._forget_merge(m)
         if drop and self.persistent and rec.share is None:
             try:
                 self.core_session.unsubscribe(f"mqtt:{rec.filter}")
@@ -191,6 +256,23 @@ class MqttSession:
         if conn is None:  # detached: paused consumers should not get here; keep it queued
             self.core_session.release(d, count_delivery=False)
             return
+        if rec.share is None and len(self.subs) > 1:
+            # Overlapping subscriptions (module docstring): this message may have gone out
+            # already for another subscription, or another may match it too.
+            merges = self.merges
+            if merges:
+                m = merges.get(id(msg))
+                if m is not None and m.msg is not msg:
+                    m = None
+                if m is None and msg.store_id:
+                    m = self.merges_stored.get(msg.store_id)
+                if m is not None and rec in m.waiting:
+                    self._join(m, d, rec)
+                    return
+            others = self._matching_others(rec, msg)
+            if others:
+                self._deliver_merged(d, rec, others, conn)
+                return
         now = server.broker.now()
         exp = msg.expires_at or msg.expiration
         if exp and exp <= now:
@@ -217,6 +299,108 @@ class MqttSession:
             self.save_inflight(f, msg.store_id, rec.filter)
         if len(self.outgoing) >= self.receive_maximum:
             self.pause()
+
+    # -- overlapping subscriptions (module docstring) ----------------------------------------
+
+    def _matching_others(self, rec: SubRecord, msg: Message) -> list[SubRecord]:
+        """The session's other non-shared subscriptions that get ``msg`` too."""
+        if rec.overlaps_version != self.subs_version:
+            rec.overlaps = tuple(r for r in self.subs.values()
+                                 if r is not rec and r.share is None and _intersect(r, rec))
+            rec.overlaps_version = self.subs_version
+        if not rec.overlaps or msg.destination is None:
+            return []
+        name = msg.destination.name
+        own = msg.producer_conn is not None and self.core is not None and \
+            msg.producer_conn == self.core.id
+        return [r for r in rec.overlaps
+                if r.consumer is not None and not (own and r.options.no_local)
+                and r.matches(name)]
+
+    def _deliver_merged(self, d: Delivery, rec: SubRecord, others: list[SubRecord],
+                        conn: MqttConnection) -> None:
+        """Send ``d`` once for ``rec`` and ``others`` and remember that their deliveries of
+        the same message are to join it (MQTT 5.0 §3.3.4: every matching Subscription
+        Identifier; QoS and Retain As Published of the subscription with the highest QoS)."""
+        msg = d.msg
+        now = self.server.broker.now()
+        exp = msg.expires_at or msg.expiration
+        recs = [r for r in self.subs.values() if r is rec or r in others]  # subscription order
+        lead = recs[0]
+        for r in recs:
+            if r.options.qos > lead.options.qos:
+                lead = r
+        f: OutFlight | None = None
+        if exp and exp <= now:
+            self.core_session.ack(d)
+        else:
+            try:
+                out, qos, topic, props = self._prepare(msg, lead, conn, now, recs)
+            except GatewayError as exc:  # a declarative mapping refused it: undeliverable
+                log.warning("mqtt %s: message %s not sent: %s", self.client_id, msg.message_id,
+                            exc)
+                self.core_session.reject(d, "mapping")
+                return  # each other delivery tries (and is refused) on its own
+            retain = bool(lead.options.retain_as_published and
+                          msg.properties.get(RETAIN_PROPERTY))
+            if qos == 0:
+                self.core_session.ack(d)
+                conn.send_publish(topic, out.payload, 0, retain, None, props)
+            else:
+                pid = self.allocate_pid()
+                data = conn.send_publish(topic, out.payload, qos, retain, pid, props)
+                if data is None:  # too large for the client: dropped as the spec requires
+                    self.core_session.ack(d)
+                else:
+                    f = self.outgoing[pid] = OutFlight(pid, d, data)
+                    if self.persistent and msg.store_id:
+                        # Restored after a restart from the durable of the highest QoS,
+                        # which does not acknowledge on delivery as a QoS 0 one does.
+                        self.save_inflight(f, msg.store_id, lead.filter)
+        self._remember_merge(Merge(msg, [r for r in recs if r is not rec], f))
+        if f is not None and len(self.outgoing) >= self.receive_maximum:
+            self.pause()
+
+    def _remember_merge(self, m: Merge) -> None:
+        merges = self.merges
+        if len(merges) >= MERGES_KEPT:
+            self._forget_merge(next(iter(merges.values())))
+        merges[id(m.msg)] = m
+        if m.store_id:
+            self.merges_stored[m.store_id] = m
+
+    def _forget_merge(self, m: Merge) -> None:
+        if self.merges.get(id(m.msg)) is m:
+            del self.merges[id(m.msg)]
+        if m.store_id and self.merges_stored.get(m.store_id) is m:
+            del self.merges_stored[m.store_id]
+
+    def _join(self, m: Merge, d: Delivery, rec: SubRecord) -> None:
+        """A delivery of a message sent already for another subscription: it is settled
+        with that PUBLISH, or now if that exchange is over (or went at QoS 0)."""
+        m.waiting.remove(rec)
+        if not m.waiting:
+            self._forget_merge(m)
+        f = m.flight
+        if f is not None and not f.released and self.outgoing.get(f.pid) is f:
+            if f.joined is None:
+                f.joined = [d]
+            else:
+                f.joined.append(d)
+        else:
+            self.core_session.ack(d)
+
+    def settle(self, f: OutFlight) -> None:
+        """Acknowledge in the core every delivery ``f`` carries (PUBACK, PUBREC, PUBCOMP)."""
+        d = f.delivery
+        if d is not None and not d.settled:
+            self.core_session.ack(d)
+        joined = f.joined
+        if joined is not None:
+            f.joined = None
+            for j in joined:
+                if not j.settled:
+                    self.core_session.ack(j)
 
     def _inflight_key(self, pid: int) -> str:
         return f"{self.client_id}\x00{pid}"
@@ -257,9 +441,12 @@ class MqttSession:
                 self.forget_inflight(pid)
                 continue
             assert rec is not None  # claim() found it through rec
+            # The other subscriptions matching it deliver it again: they join this one.
+            others = self._matching_others(rec, d.msg) if rec.share is None else []
+            merged = [r for r in self.subs.values() if r is rec or r in others] or None
             try:
                 out, qos, topic, props = self._prepare(d.msg, rec, conn,
-                                                       self.server.broker.now())
+                                                       self.server.broker.now(), merged)
             except GatewayError:
                 self.core_session.reject(d, "mapping")
                 self.forget_inflight(pid)
@@ -273,18 +460,29 @@ class MqttSession:
             f = self.outgoing[pid] = OutFlight(pid, d, data)
             f.saved = True
             self.next_pid = max(self.next_pid, pid % 65535 + 1)
+            if others:
+                self._remember_merge(Merge(d.msg, others, f))
 
-    def _prepare(self, msg: Message, rec: SubRecord, conn: MqttConnection,
-                 now: int) -> tuple[Any, int, str, dict[str, Any]]:
-        """The MQTT form of ``msg`` for one subscription: (mapped, QoS, topic, properties)."""
+    def _prepare(self, msg: Message, rec: SubRecord, conn: MqttConnection, now: int,
+                 merged: list[SubRecord] | None = None) -> tuple[Any, int, str, dict[str, Any]]:
+        """The MQTT form of ``msg`` for one subscription: (mapped, QoS, topic, properties).
+
+        ``merged``: every subscription it goes out for (``rec`` the one of the highest QoS),
+        whose Subscription Identifiers it carries ([MQTT-3.3.4-3], [MQTT-3.3.4-5])."""
         server = self.server
         out = server.mapped(msg, conn.level, now)
         qos = min(rec.options.qos, out.qos)
         topic = server.mqtt_topic(msg.destination.name) if msg.destination else ""
         props = out.properties
-        if conn.level >= MQTT_5 and rec.sub_id is not None:
-            props = dict(props)
-            props["subscription_identifier"] = [rec.sub_id]
+        if conn.level >= MQTT_5:
+            if merged is not None:
+                ids = [r.sub_id for r in merged if r.sub_id is not None]
+                if ids:
+                    props = dict(props)
+                    props["subscription_identifier"] = ids
+            elif rec.sub_id is not None:
+                props = dict(props)
+                props["subscription_identifier"] = [rec.sub_id]
         return out, qos, topic, props
 
     def deliver_retained(self, msg: Message, rec: SubRecord) -> None:
@@ -318,8 +516,7 @@ class MqttSession:
         f = self.outgoing.pop(pid, None)
         if f is None:
             return False
-        if f.delivery is not None and not f.delivery.settled:
-            self.core_session.ack(f.delivery)
+        self.settle(f)
         if f.saved:
             self.forget_inflight(pid)
         if self.paused and self.conn is not None and len(self.outgoing) < self.receive_maximum:
@@ -416,3 +613,10 @@ class MqttSession:
             store = self.server.broker.store
             store.put_kv(SESSION_NS, self.client_id, json.dumps(self.record()).encode())
             store.commit(None)
+
+
+def _intersect(a: SubRecord, b: SubRecord) -> bool:
+    """Whether some topic matches both subscriptions' filters (with "a/#" matching "a")."""
+    pa = [a.pattern, a.pattern[:-2]] if a.parent and a.pattern.endswith(".>") else [a.pattern]
+    pb = [b.pattern, b.pattern[:-2]] if b.parent and b.pattern.endswith(".>") else [b.pattern]
+    return any(subject.intersects(x, y) for x in pa for y in pb)
