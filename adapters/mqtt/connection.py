@@ -299,10 +299,13 @@ class MqttConnection:
             session.conn.disconnect(ReasonCode.SESSION_TAKEN_OVER, "session taken over")
             session = server.sessions.get(cid)  # a non-persistent one ended with it
         present = False
-        if session is not None and (p.clean_start or not persistent):
-            session.end()
+        if session is not None and p.clean_start:
+            session.end()  # Clean Start 1: the old session goes, with all it held [MQTT-3.1.2-4]
             session = None
         if session is not None:
+            # Clean Start 0 resumes the session whatever Session Expiry Interval this CONNECT
+            # has [MQTT-3.1.2-5]; the new interval applies from now on (MQTT 5 3.1.2.11.2),
+            # so a session resumed with 0 ends when this connection closes.
             present = True
             session.persistent = persistent
             session.expiry = expiry
@@ -339,7 +342,7 @@ class MqttConnection:
                 ack_props["assigned_client_identifier"] = assigned
             if props.get("request_response_information"):
                 ack_props["response_information"] = f"reply/{cid}"
-        self.send(ConnAck(present and not p.clean_start, ReasonCode.SUCCESS, ack_props))
+        self.send(ConnAck(present, ReasonCode.SUCCESS, ack_props))
         session.save()
         if present:
             # CONNACK first, then what was in flight, then new deliveries ([MQTT-4.4.0-1]).

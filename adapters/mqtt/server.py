@@ -83,12 +83,14 @@ class MqttServer:
                                       level=int(rec.get("level", 4)))
                 for flt, qos, nl, rap, rh, sid in rec["subs"]:
                     opts = SubscriptionOptions(int(qos), bool(nl), bool(rap), int(rh))
-                    session.subs[flt] = SubRecord(flt, opts, sid)
+                    sub = session.subs[flt] = SubRecord(flt, opts, sid)
+                    sub.durable = sub.share is None
             except (ValueError, KeyError, TypeError, InvalidDestinationError) as exc:
                 log.warning("dropping unreadable MQTT session record %r: %s", cid, exc)
                 self.broker.store.delete_kv(SESSION_NS, cid)
                 continue
             session.paused = True
+            session.stored = True
             session.restored = flights.pop(cid, {})
             self.sessions[cid] = session
             if session.expiry != NEVER:
@@ -96,6 +98,28 @@ class MqttServer:
         for cid, orphans in flights.items():  # records of sessions that are gone
             for orphan in orphans:
                 self.broker.store.delete_kv(INFLIGHT_NS, f"{cid}\x00{orphan}")
+        self._drop_orphan_durables()
+
+    def _drop_orphan_durables(self) -> None:
+        """Delete the core's ``mqtt:<filter>`` durables that no restored session holds (a
+        session that ended while its durables stayed, or a stop between creating a durable
+        and writing the session record): their messages belong to no session, and a later
+        session of that client id must not inherit them ([MQTT-3.1.2-4])."""
+        broker = self.broker
+        for sub in list(broker.durables.values()):
+            name = sub.name or ""
+            if sub.shared or not name.startswith("mqtt:") or sub.client_id is None:
+                continue
+            session = self.sessions.get(sub.client_id)
+            if session is not None and name[5:] in session.subs:
+                continue
+            log.info("mqtt %s: deleting durable subscription %s of no session",
+                     sub.client_id, name)
+            try:
+                broker.unsubscribe(None, name, share_scope=sub.client_id)
+            except GatewayError as exc:
+                log.warning("mqtt %s: cannot delete durable subscription %s: %s",
+                            sub.client_id, name, exc)
 
     def restore_subscriptions(self, session: MqttSession) -> None:
         for rec in session.subs.values():

@@ -60,13 +60,17 @@ NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "never expires" (MQTT 5 3.
 class SubRecord:
     """One MQTT subscription of a session and the core consumer behind it."""
 
-    __slots__ = ("filter", "options", "sub_id", "consumer", "pattern", "parent", "share")
+    __slots__ = ("filter", "options", "sub_id", "consumer", "pattern", "parent", "share",
+                 "durable")
 
     def __init__(self, flt: str, options: SubscriptionOptions, sub_id: int | None) -> None:
         self.filter = flt
         self.options = options
         self.sub_id = sub_id
         self.consumer: Any = None
+        # Its core subscription is the durable ``mqtt:<filter>``: it stays durable for the
+        # session's life even when a resumed connection sets Session Expiry Interval 0.
+        self.durable = False
         f = mqtt_filter_to_subject(flt)
         self.pattern, self.parent, self.share = f.pattern, f.parent_match, f.share
 
@@ -106,6 +110,7 @@ class MqttSession:
         self.expiry_timer: Any = None
         self.receive_maximum = 65535
         self.paused = False
+        self.stored = False  # a session record is in the store (SESSION_NS)
         # In-flight records read from the store at start-up: pid → (store id, released, filter).
         self.restored: dict[int, tuple[int, bool, str]] = {}
 
@@ -126,8 +131,13 @@ class MqttSession:
             shared = f"mqtt/{rec.share}/{rec.pattern}"
             if self.persistent:
                 durable = shared
-        elif self.persistent:
+        elif self.persistent or rec.durable:
             durable = f"mqtt:{rec.filter}"
+            if rec.filter not in self.subs:
+                # A new subscription never inherits what an earlier session of this client id
+                # left queued under the same name ([MQTT-3.1.2-4]).
+                self.drop_durable(rec.filter)
+            rec.durable = True
         rec.consumer = self.core_session.consumer(
             Destination.topic(rec.pattern), listener=lambda d, r=rec: self.deliver(d, r),
             durable_name=durable, shared_name=shared, no_local=rec.options.no_local,
@@ -144,11 +154,26 @@ class MqttSession:
         if rec.consumer is not None:
             rec.consumer.close()
             rec.consumer = None
-        if drop and self.persistent and rec.share is None:
-            try:
-                self.core_session.unsubscribe(f"mqtt:{rec.filter}")
-            except GatewayError:
-                pass
+        if drop and rec.share is None:
+            # By name, not by ``rec.durable``: a subscription replaced while the session
+            # was not persistent leaves the durable it replaced.
+            self.drop_durable(rec.filter)
+
+    def drop_durable(self, flt: str) -> None:
+        """Delete this client id's durable subscription ``mqtt:<flt>`` and what it holds,
+        if there is one. Needs no core connection: a session restored from the store may
+        end (expiry, Clean Start) before its client ever came back."""
+        broker = self.server.broker
+        name = "mqtt:" + flt
+        # The core names durables by scope (the client id) and name; share_scope names
+        # the scope without a connection.
+        if broker.durables.get(f"sub:{self.client_id}:{name}") is None:
+            return
+        try:
+            broker.unsubscribe(None, name, share_scope=self.client_id)
+        except GatewayError as exc:
+            log.warning("mqtt %s: cannot delete durable subscription %s: %s",
+                        self.client_id, name, exc)
 
     def pause(self) -> None:
         self.paused = True
@@ -369,8 +394,7 @@ class MqttSession:
             self.expiry_timer.cancel()
             self.expiry_timer = None
         for rec in list(self.subs.values()):
-            if self.core_session is not None:
-                self.unsubscribe(rec, drop=True)
+            self.unsubscribe(rec, drop=True)
         self.subs.clear()
         for pid in [*self.outgoing, *self.restored]:
             if pid in self.restored or self.outgoing[pid].saved:
@@ -395,7 +419,15 @@ class MqttSession:
         }
 
     def save(self) -> None:
+        """Write the session record while the session is persistent; delete it once a
+        resumed connection made it end with the connection (Session Expiry Interval 0)."""
         if self.persistent:
             store = self.server.broker.store
             store.put_kv(SESSION_NS, self.client_id, json.dumps(self.record()).encode())
             store.commit(None)
+            self.stored = True
+        elif self.stored:
+            store = self.server.broker.store
+            store.delete_kv(SESSION_NS, self.client_id)
+            store.commit(None)
+            self.stored = False
