@@ -121,6 +121,12 @@ class MqttConnection:
         self.alias_max = 0  # aliases the client accepts from us
         self.aliases_out: dict[str, int] = {}
         self.pending_acks: deque[tuple[int, Any, int]] = deque()
+        # Incoming QoS 1/2 PUBLISHes of this connection not yet acknowledged, counted against
+        # our Receive Maximum: QoS 1 until its PUBACK is sent, QoS 2 (by packet id) until its
+        # PUBCOMP or a refusing PUBREC is sent (MQTT 5 3.3.4). Per connection: the quota
+        # starts afresh with each one (4.9).
+        self.in_qos1 = 0
+        self.in_qos2: set[int] = set()
         self.ack_watch: Any = None  # the future at the head of pending_acks we wait for
         self.user: str | None = None
         self.closing = False
@@ -250,7 +256,7 @@ class MqttConnection:
     # -- keepalive --------------------------------------------------------------------------
 
     def _check_keepalive(self) -> None:
-        """Close after 1.5 × keepalive without a packet ([MQTT-3.1.2-24])."""
+        """Close after 1.5 × keepalive without a packet ([MQTT-3.1.2-22])."""
         self.ka_timer = None
         if self.state is not State.CONNECTED:
             return
@@ -324,9 +330,10 @@ class MqttConnection:
         session.attach(self)
         session.will = p.will
         self.state = State.CONNECTED
-        self.keepalive = p.keepalive
-        if p.keepalive:
-            self.ka_timer = server.loop.call_later(p.keepalive * 1.5, self._check_keepalive)
+        keepalive = self._keepalive(p.keepalive)
+        self.keepalive = keepalive
+        if keepalive:
+            self.ka_timer = server.loop.call_later(keepalive * 1.5, self._check_keepalive)
         ack_props: dict[str, Any] = {}
         if self.level >= MQTT_5:
             ack_props = {
@@ -338,6 +345,8 @@ class MqttConnection:
                 "subscription_identifier_available": 1,
                 "shared_subscription_available": 1,
             }
+            if keepalive != p.keepalive:
+                ack_props["server_keep_alive"] = keepalive  # [MQTT-3.2.2-21]
             if assigned is not None:
                 ack_props["assigned_client_identifier"] = assigned
             if props.get("request_response_information"):
@@ -351,6 +360,26 @@ class MqttConnection:
             if session.restored:
                 session.resume_restored()
         session.resume()
+
+    def _keepalive(self, asked: int) -> int:
+        """The Keep Alive this connection is held to: the client's, or ``mqtt_max_keepalive``
+        when the client asked more or none (0), as mosquitto's ``max_keepalive``.
+
+        MQTT 5 clients are told with a Server Keep Alive in the CONNACK, which they must use
+        ([MQTT-3.2.2-21]); without one the server keeps the client's value
+        ([MQTT-3.2.2-22]). A 3.1/3.1.1 client cannot be told: it is held to the maximum all
+        the same (the server may close an inactive client at any time, 3.1.1 3.1.2.10), and
+        the log says so, since such a client that pings only at its own, longer interval is
+        closed as silent (and its will published).
+        """
+        top = self.server.max_keepalive
+        if not top or 0 < asked <= top:
+            return asked
+        if self.level < MQTT_5:
+            log.info("mqtt %s: keep alive %d asked, the server's maximum of %d s applies "
+                     "(MQTT %s cannot be told)", self.address, asked, top,
+                     "3.1.1" if self.level == 4 else "3.1")
+        return top
 
     def handle_publish(self, p: Publish) -> None:
         session = self.session
@@ -372,9 +401,16 @@ class MqttConnection:
         qos = p.qos
         pid = p.packet_id or 0
         if qos == 2 and pid in session.incoming_qos2:
-            self.send(PubRec(pid))  # a re-sent PUBLISH: already published once
+            # A re-sent PUBLISH: already published once. Re-sent after a reconnect, it is
+            # in this connection's quota from now on.
+            self.in_qos2.add(pid)
+            self.send(PubRec(pid))
             return
-        if qos and len(self.pending_acks) >= SERVER_RECEIVE_MAXIMUM and self.level >= MQTT_5:
+        if qos and self.in_qos1 + len(self.in_qos2) >= SERVER_RECEIVE_MAXIMUM and (
+                self.level >= MQTT_5):
+            # MQTT 5 3.3.4 (Flow Control): more unacknowledged QoS 1/2 PUBLISHes than our
+            # Receive Maximum; a QoS 2 one counts until its PUBCOMP ([MQTT-3.3.4-7] binds
+            # the client to the same count).
             raise MqttRemoteProtocolError("receive maximum exceeded",
                                           ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
         reason: int = ReasonCode.SUCCESS
@@ -386,8 +422,10 @@ class MqttConnection:
             log.info("mqtt %s: %s", session.client_id, exc)
         if qos == 0:
             return
-        if qos == 2 and reason < 0x80:
-            session.incoming_qos2.add(pid)
+        if qos == 2:
+            self.in_qos2.add(pid)  # until PUBCOMP, or a PUBREC >= 0x80, is sent
+            if reason < 0x80:
+                session.incoming_qos2.add(pid)
         if self.level < MQTT_5 and reason >= 0x80:
             # 3.1.1 has no negative acknowledgement: acknowledge and drop ([MQTT-3.3.5-2]).
             reason = ReasonCode.SUCCESS
@@ -397,6 +435,8 @@ class MqttConnection:
             return
         q = self.pending_acks
         q.append((pid, fut, reason | (qos << 16)))
+        if qos == 1:
+            self.in_qos1 += 1
         if len(q) == 1:  # else one before it waits, and sending that one goes on to this
             self._flush_acks()
 
@@ -419,9 +459,16 @@ class MqttConnection:
             if fut is not None and fut.exception() is not None:
                 log.warning("mqtt: a stored publish failed: %s", fut.exception())
                 reason = ReasonCode.UNSPECIFIED_ERROR
+            qos = packed >> 16
+            if qos == 1:
+                self.in_qos1 -= 1
+            elif reason >= 0x80:  # a refused QoS 2 exchange ends with its PUBREC
+                self.in_qos2.discard(pid)
+                if self.session is not None:
+                    self.session.incoming_qos2.discard(pid)
             if self.state is not State.CONNECTED:
                 continue
-            if packed >> 16 == 1:
+            if qos == 1:
                 self.send(PubAck(pid, reason if self.level >= MQTT_5 else 0))
             else:
                 self.send(PubRec(pid, reason if self.level >= MQTT_5 else 0))
@@ -464,6 +511,7 @@ class MqttConnection:
     def handle_pubrel(self, p: PubRel) -> None:
         session = self.session
         assert session is not None
+        self.in_qos2.discard(p.packet_id)  # PUBCOMP follows: the exchange is over
         if p.packet_id in session.incoming_qos2:
             session.incoming_qos2.discard(p.packet_id)
             self.send(PubComp(p.packet_id))

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from gw import GatewayThread, wait_for
 from libclients import LIBS, GmqttClient, PahoClient, connect
-from mqttclient import RawClient
+from mqttclient import RawClient, frame, utf8
 
 from adapters.mqtt.packets import (
     Disconnect,
@@ -292,3 +292,131 @@ def test_02a_clean_start_1_starts_from_nothing(
     m = c.get()
     assert (m.topic, m.payload) == (f"s02a/{history}/new", b"new")
     assert c.none(NOTHING)
+
+
+# ------------------------------------------------------------------ 3. CONNACK properties
+
+
+def test_03a_assigned_client_identifier(gw: GatewayThread, raw: Callable[..., RawClient]) -> None:
+    """[MQTT-3.1.3-6], [MQTT-3.1.3-7], [MQTT-3.2.2-16]: a zero-length Client Identifier gets
+    a unique one, returned as Assigned Client Identifier in the CONNACK, and the CONNECT is
+    processed as if the client had sent it: its session resumes under that id. (paho; gmqtt
+    always sends an id of its own, so the other client here is a raw one.)"""
+    port = gw.port("mqtt")
+    p = PahoClient(port, "", props={"session_expiry_interval": LONG})
+    try:
+        first = p.connack_props.get("assigned_client_identifier")
+        assert first, p.connack_props
+        p.sub("s03a/t", 1)
+        p.disconnect()
+    finally:
+        p.close()
+    r = raw(port, "", properties={"session_expiry_interval": LONG})
+    assert r.connack is not None
+    second = r.connack.properties.get("assigned_client_identifier")
+    assert second and second != first
+    again = raw(port, first, clean=False, properties={"session_expiry_interval": LONG})
+    assert again.connack is not None and again.connack.session_present
+    assert "assigned_client_identifier" not in again.connack.properties
+
+
+@EACH_LIB
+@pytest.mark.parametrize("asked,told", [(60, 2), (0, 2), (1, None), (2, None)])
+def test_03b_server_keep_alive(own_gw: Callable[..., GatewayThread],
+                               clients: Callable[..., Client], lib: str, asked: int,
+                               told: int | None) -> None:
+    """``mqtt_max_keepalive`` (as mosquitto's ``max_keepalive``): a client that asks a Keep
+    Alive above the maximum, or none (0), gets Server Keep Alive = the maximum in its
+    CONNACK (MQTT 5 3.2.2.3.14, [MQTT-3.2.2-21]); one that asks no more than the maximum
+    gets no Server Keep Alive, and its own value stands ([MQTT-3.2.2-22])."""
+    g = own_gw(gateway="mqtt_max_keepalive = 2\n")
+    c = clients(lib, g.port("mqtt"), f"s03b-{lib}-{asked}", keepalive=asked)
+    assert c.connack_props.get("server_keep_alive") == told, c.connack_props
+
+
+@pytest.mark.parametrize("level", [5, 4], ids=["5.0", "3.1.1"])
+def test_03c_the_server_keep_alive_is_the_one_enforced(
+        own_gw: Callable[..., GatewayThread], raw: Callable[..., RawClient],
+        level: int) -> None:
+    """[MQTT-3.1.2-22] with the server's value: a connection silent for 1.5 × the Server
+    Keep Alive (not 1.5 × the 60 s it asked) is closed, with DISCONNECT 0x8D (Keep Alive
+    timeout) on MQTT 5. A 3.1.1 client cannot be told the maximum (its CONNACK has no
+    properties) and is held to it all the same; a client that keeps talking within the
+    maximum stays connected."""
+    g = own_gw(gateway="mqtt_max_keepalive = 1\n")
+    port = g.port("mqtt")
+    talker = RawClient(port)
+    talker.connect("s03c-talker", level, keepalive=60)
+    silent = RawClient(port)
+    try:
+        ack = silent.connect("s03c-silent", level, keepalive=60)
+        if level >= 5:
+            assert ack.properties.get("server_keep_alive") == 1
+        started = time.monotonic()
+        while not silent.closed and time.monotonic() - started < 10:
+            from adapters.mqtt.packets import PingReq, PingResp
+
+            talker.send(PingReq())
+            talker.expect(PingResp)
+            silent.wait_closed(0.4)
+        assert silent.closed, "a client silent past 1.5 x the maximum was left connected"
+        if level >= 5:
+            d = [p for p in silent.packets if isinstance(p, Disconnect)]
+            assert d and d[0].reason_code == 0x8D, silent.packets
+        assert not talker.closed, "a client within the maximum was closed"
+    finally:
+        silent.close()
+        talker.close()
+
+
+def test_03d_advertised_limits_are_the_enforced_ones(
+        own_gw: Callable[..., GatewayThread], raw: Callable[..., RawClient]) -> None:
+    """The CONNACK's Maximum Packet Size (3.2.2.3.6), Topic Alias Maximum (3.2.2.3.8) and
+    Receive Maximum (3.2.2.3.3) are exactly what the server enforces: a packet of exactly
+    Maximum Packet Size is accepted and one byte more is refused with DISCONNECT 0x95
+    ([MQTT-3.2.2-15] binds the client; 4.13 the server's answer); Topic Alias Maximum is
+    accepted and one more is 0x94 ([MQTT-3.3.2-9]); Receive Maximum unacknowledged
+    QoS 2 PUBLISHes are accepted, a QoS 2 one counting until its PUBCOMP, and one more is
+    0x93 (3.3.4 Flow Control; [MQTT-3.3.4-7] binds the client to that count)."""
+    g = own_gw(gateway="max_client_msg_size = 1KB\n")
+    port = g.port("mqtt")
+    c = raw(port, "s03d")
+    assert c.connack is not None
+    props = c.connack.properties
+    size, aliases, window = (props["maximum_packet_size"], props["topic_alias_maximum"],
+                             props["receive_maximum"])
+    assert size == 1024
+
+    def publish_of(total: int, topic: str = "s03d/t") -> bytes:
+        head = utf8(topic) + b"\x00"  # QoS 0: topic, empty properties
+        body_len = total - 3  # fixed header: type byte + 2-byte length (128..16383)
+        return frame(0x30, head + b"x" * (body_len - len(head)))
+
+    exact = publish_of(size)
+    assert len(exact) == size
+    c.send_raw(exact)
+    from adapters.mqtt.packets import PingReq, PingResp
+
+    c.send(PingReq())
+    c.expect(PingResp)
+    c.send_raw(publish_of(size + 1))
+    c.expect_disconnect({0x95})
+
+    c = raw(port, "s03d-alias")
+    c.publish("s03d/a", b"1", 0, properties={"topic_alias": aliases})
+    c.send(PingReq())
+    c.expect(PingResp)
+    c.send_raw(frame(0x30, utf8("s03d/a") + b"\x03\x23" + (aliases + 1).to_bytes(2, "big")))
+    c.expect_disconnect({0x94})
+
+    c = raw(port, "s03d-window")
+    for i in range(window):
+        c.publish("s03d/w", b"%d" % i, 2)
+    recs = [c.expect(PubRec) for _ in range(window)]
+    assert len({r.packet_id for r in recs}) == window
+    c.send(PubRel(recs[0].packet_id))  # PUBCOMP frees one slot; PUBREC did not
+    assert c.expect(PubComp).packet_id == recs[0].packet_id
+    c.publish("s03d/w", b"in the freed slot", 2)
+    c.expect(PubRec)
+    c.publish("s03d/w", b"one too many", 2)
+    c.expect_disconnect({0x93})
