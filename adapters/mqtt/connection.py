@@ -186,31 +186,68 @@ class MqttConnection:
 
     def send_publish(self, topic: str, payload: bytes, qos: int, retain: bool, pid: int | None,
                      props: dict[str, Any], *, dup: bool = False) -> bytes | None:
-        """Encode and write one PUBLISH; ``None`` if the client's Maximum Packet Size forbids it."""
-        if self.level >= MQTT_5 and self.alias_max:
+        """Encode and write one PUBLISH, or nothing and ``None`` when the packet would be
+        larger than the client's Maximum Packet Size [MQTT-3.1.2-24] (the caller drops the
+        message for this client, [MQTT-3.1.2-25]); the size is that of the packet as sent,
+        with every property and alias in it.
+
+        On MQTT 5, topics get aliases up to the client's Topic Alias Maximum
+        ([MQTT-3.1.2-26]): the first PUBLISH of a topic carries topic and alias, later ones
+        the alias alone. An alias is recorded only with the PUBLISH that sets it sent, so the
+        client never gets an alias it was not told.
+        """
+        limit = self.codec.peer_max_packet_size
+        level = self.level
+        if level >= MQTT_5 and self.alias_max:
             alias = self.aliases_out.get(topic)
             if alias is not None:
                 props = dict(props)
                 props["topic_alias"] = alias
-                data = encode_publish("", payload, qos, retain, False, pid, props, self.level)
+                data = encode_publish("", payload, qos, retain, dup, pid, props, level)
             else:
+                data = b""
                 if len(self.aliases_out) < self.alias_max:
                     alias = len(self.aliases_out) + 1
-                    self.aliases_out[topic] = alias
-                    props = dict(props)
-                    props["topic_alias"] = alias
-                data = encode_publish(topic, payload, qos, retain, False, pid, props, self.level)
+                    with_alias = dict(props)
+                    with_alias["topic_alias"] = alias
+                    data = encode_publish(topic, payload, qos, retain, dup, pid, with_alias,
+                                          level)
+                    if limit and len(data) > limit:
+                        data = b""  # perhaps it fits without the alias's 3 bytes
+                    else:
+                        self.aliases_out[topic] = alias
+                if not data:
+                    data = encode_publish(topic, payload, qos, retain, dup, pid, props, level)
         else:
-            data = self.server.encoded(topic, payload, qos, retain, pid, props, self.level)
-        if dup:
-            data = bytes([data[0] | 0x08]) + data[1:]
-        limit = self.codec.peer_max_packet_size
+            data = self.server.encoded(topic, payload, qos, retain, pid, props, level)
+            if dup:
+                data = bytes([data[0] | 0x08]) + data[1:]
         if limit and len(data) > limit:
-            log.info("dropped a %d-byte message for %s: over its Maximum Packet Size %d",
-                     len(data), self.session.client_id if self.session else "?", limit)
             return None
         self._write(data)
         return data
+
+    def resend_publish(self, packet: bytes, level: int, aliases: dict[int, str]) -> bytes | None:
+        """Send again, with DUP set, a PUBLISH first sent on an earlier connection of the
+        session ([MQTT-4.4.0-1]): encoded anew for this connection, since the earlier one's
+        topic aliases do not carry over ([MQTT-3.3.2-7]), its protocol level may differ and
+        this client's Maximum Packet Size may be smaller (``None``: too large, not sent).
+
+        ``level`` and ``aliases`` (alias → topic) are those of the connection that sent it.
+        """
+        codec = MqttCodec(Side.CLIENT, max_packet_size=len(packet) + 1)
+        codec.protocol_level = level
+        codec.receive_data(packet)
+        p = codec.events_received()[0]
+        assert isinstance(p, Publish)
+        props = p.properties
+        topic = p.topic
+        if "topic_alias" in props:
+            props = dict(props)
+            alias = int(props.pop("topic_alias"))
+            topic = topic or aliases.get(alias, "")
+        return self.send_publish(topic, p.payload, p.qos, p.retain, p.packet_id, props,
+                                 dup=True)
 
     def protocol_error(self, reason: int, text: str) -> None:
         """Close this connection for a protocol error, logged once ([MQTT-4.13.1-1])."""

@@ -49,6 +49,7 @@ class MqttServer:
         limit = int(broker.config.gateway.max_client_msg_size)
         self.max_packet_size = min(limit, DEFAULT_MAX_PACKET_SIZE) if limit else DEFAULT_MAX_PACKET_SIZE
         self.max_keepalive = int(broker.config.gateway.mqtt_max_keepalive)
+        self.too_large = 0  # messages dropped: over a client's Maximum Packet Size
         kv = getattr(broker, "kv", {})
         self.retained = RetainedStore(broker.store, kv.get(RETAINED_NS))
         self.sessions: dict[str, MqttSession] = {}

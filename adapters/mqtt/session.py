@@ -55,6 +55,7 @@ SESSION_NS = "mqtt.session"
 # packet ids are used again after a gateway restart ([MQTT-4.4.0-1]).
 INFLIGHT_NS = "mqtt.inflight"
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "never expires" (MQTT 5 3.1.2.11.2)
+TOO_LARGE = "packet_too_large"  # delivery log reason: over the client's Maximum Packet Size
 
 
 class SubRecord:
@@ -111,6 +112,10 @@ class MqttSession:
         self.receive_maximum = 65535
         self.paused = False
         self.stored = False  # a session record is in the store (SESSION_NS)
+        # Protocol level and outgoing topic aliases (alias → topic) of the connection that
+        # last sent the PUBLISH packets in ``outgoing``, to encode them anew on the next.
+        self.sent_level = level
+        self.sent_aliases: dict[int, str] = {}
         # In-flight records read from the store at start-up: pid → (store id, released, filter).
         self.restored: dict[int, tuple[int, bool, str]] = {}
 
@@ -213,12 +218,13 @@ class MqttSession:
         retain = bool(rec.options.retain_as_published and msg.properties.get(RETAIN_PROPERTY))
         if qos == 0:
             self.core_session.ack(d)
-            conn.send_publish(topic, out.payload, 0, retain, None, props)
+            if conn.send_publish(topic, out.payload, 0, retain, None, props) is None:
+                self.drop_too_large(msg, None)
             return
         pid = self.allocate_pid()
         data = conn.send_publish(topic, out.payload, qos, retain, pid, props)
         if data is None:  # too large for the client: dropped as the spec requires
-            self.core_session.ack(d)
+            self.drop_too_large(msg, d)
             return
         f = self.outgoing[pid] = OutFlight(pid, d, data)
         if self.persistent and msg.store_id and rec.share is None:
@@ -275,7 +281,7 @@ class MqttSession:
             data = conn.send_publish(topic, out.payload, max(1, qos), False, pid, props,
                                      dup=True)
             if data is None:
-                self.core_session.ack(d)
+                self.drop_too_large(d.msg, d)
                 self.forget_inflight(pid)
                 continue
             f = self.outgoing[pid] = OutFlight(pid, d, data)
@@ -307,12 +313,31 @@ class MqttSession:
                         exc)
             return
         if qos == 0:
-            conn.send_publish(topic, out.payload, 0, True, None, props)
+            if conn.send_publish(topic, out.payload, 0, True, None, props) is None:
+                self.drop_too_large(msg, None)
             return
         pid = self.allocate_pid()
         data = conn.send_publish(topic, out.payload, qos, True, pid, props)
-        if data is not None:
+        if data is None:
+            self.drop_too_large(msg, None)
+        else:
             self.outgoing[pid] = OutFlight(pid, None, data)
+
+    def drop_too_large(self, msg: Message, d: Delivery | None) -> None:
+        """A PUBLISH larger than the client's Maximum Packet Size was not sent: the message
+        is dropped for this client as if it had been sent ([MQTT-3.1.2-25]), written to the
+        delivery log as a ``drop`` with reason ``packet_too_large`` and counted in the
+        core's ``dropped`` (or, for a message that asks to be kept, moved to
+        ``$sys.undelivered`` as any undeliverable message is)."""
+        self.server.too_large += 1
+        if d is not None and d.tag in self.core_session.unacked:
+            self.core_session.reject(d, TOO_LARGE)
+            return
+        broker = self.server.broker
+        broker.stats["dropped"] += 1
+        if broker.log_enabled and msg.destination is not None:
+            broker.dlog.record("drop", msg, broker.dest_text(msg.destination),
+                               self.core.id if self.core is not None else None, 0, TOO_LARGE)
 
     def allocate_pid(self) -> int:
         pid = self.next_pid
@@ -351,17 +376,35 @@ class MqttSession:
                 rec.consumer.core.set_window(self.receive_maximum)
 
     def resend_inflight(self) -> None:
-        """Re-send unacknowledged PUBLISH (DUP) and PUBREL packets, in order ([MQTT-4.4.0-1])."""
+        """Re-send unacknowledged PUBLISH (DUP) and PUBREL packets, in order ([MQTT-4.4.0-1]).
+
+        Each PUBLISH is encoded anew for this connection (see
+        :meth:`MqttConnection.resend_publish`); one now larger than the client's Maximum
+        Packet Size is dropped as a new one would be ([MQTT-3.1.2-25])."""
         conn = self.conn
         assert conn is not None
         for f in list(self.outgoing.values()):
             if f.released:
                 conn.send(PubRel(f.pid))
-            else:
-                conn.write(bytes([f.packet[0] | 0x08]) + f.packet[1:])
+                continue
+            data = conn.resend_publish(f.packet, self.sent_level, self.sent_aliases)
+            if data is not None:
+                f.packet = data
+                continue
+            del self.outgoing[f.pid]
+            if f.delivery is not None:
+                self.drop_too_large(f.delivery.msg, f.delivery)
+            else:  # a retained message: nothing in the core holds it
+                self.server.too_large += 1
+            if f.saved:
+                self.forget_inflight(f.pid)
 
     def detach(self, *, publish_will: bool) -> None:
         """The network connection ended; keep or end the session."""
+        conn = self.conn
+        if conn is not None:
+            self.sent_level = conn.level
+            self.sent_aliases = {a: t for t, a in conn.aliases_out.items()}
         self.conn = None
         self.pause()
         if publish_will and self.will is not None:

@@ -16,6 +16,7 @@ library, so scenarios sharing a gateway never see each other's traffic.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ from adapters.mqtt.packets import (
     Disconnect,
     PubAck,
     PubComp,
+    Publish,
     PubRec,
     PubRel,
 )
@@ -420,3 +422,196 @@ def test_03d_advertised_limits_are_the_enforced_ones(
     c.expect(PubRec)
     c.publish("s03d/w", b"one too many", 2)
     c.expect_disconnect({0x93})
+
+
+# --------------------------------------------------------- 4. Maximum Packet Size, aliases
+
+
+def _log_records(g: GatewayThread) -> list[dict[str, Any]]:
+    """The delivery log so far (flushed first)."""
+    g.call(lambda: g.broker.dlog.flush())
+    out = []
+    for f in sorted((g.directory / "data" / "delivery-log").glob("*.jsonl")):
+        out += [json.loads(line) for line in f.read_text().splitlines()]
+    return out
+
+
+@EACH_LIB
+def test_04a_nothing_over_the_client_maximum_packet_size(
+        gw: GatewayThread, clients: Callable[..., Client], raw: Callable[..., RawClient],
+        lib: str) -> None:
+    """[MQTT-3.1.2-24]: the server sends no packet larger than the client's Maximum Packet
+    Size: not a live QoS 0 or QoS 1 message, not a retained one sent on SUBSCRIBE;
+    [MQTT-3.1.2-25]: each is discarded as if sent (the QoS 1 one holds no Receive Maximum
+    slot: the small message after it arrives). Each such drop is a delivery log ``drop``
+    record with reason ``packet_too_large``."""
+    port = gw.port("mqtt")
+    top = f"s04a/{lib}"
+    pub = raw(port, f"s04a-{lib}-pub")
+    publish_all(pub, [(f"{top}/retained/big", b"R" * 400, 1)])
+    pub.publish(f"{top}/retained/small", b"r", 1, retain=True)
+    pub.expect(PubAck)
+    pub.publish(f"{top}/retained/big", b"R" * 400, 1, retain=True)
+    pub.expect(PubAck)
+    before = gw.call(lambda: _server(gw).too_large)
+    sub = clients(lib, port, f"s04a-{lib}",
+                  props={"maximum_packet_size": 256, "receive_maximum": 1})
+    assert sub.sub(f"{top}/#", 1) == [1]
+    m = sub.get()
+    assert (m.topic, m.payload, m.retain) == (f"{top}/retained/small", b"r", True)
+    publish_all(pub, [(f"{top}/live", b"Q" * 400, 1), (f"{top}/live", b"Z" * 400, 0),
+                      (f"{top}/live", b"small", 1)])
+    m = sub.get()
+    assert (m.topic, m.payload) == (f"{top}/live", b"small")
+    assert sub.none(NOTHING), "a packet over the Maximum Packet Size was delivered"
+    assert gw.call(lambda: _server(gw).too_large) - before == 3
+    drops = [r for r in _log_records(gw)
+             if r["event"] == "drop" and r["reason"] == "packet_too_large"
+             and r["dest"].startswith(f"topic:s04a.{lib}.")]
+    # (a subscription's drop names the subscription's topic, s04a.<lib>.> here)
+    assert len(drops) == 3, drops
+
+
+def test_04b_the_size_counts_every_property_added_for_the_client(
+        gw: GatewayThread, raw: Callable[..., RawClient]) -> None:
+    """[MQTT-3.1.2-24] on the packet as sent: a message that fits a client's Maximum Packet
+    Size exactly reaches a subscription without a Subscription Identifier, and is dropped
+    for one whose identifier (3.8.2.1.2, added to the PUBLISH, [MQTT-3.3.4-3]) makes the
+    packet 2 bytes too large; a small one reaches both."""
+    port = gw.port("mqtt")
+    limit = 100
+    plain = raw(port, "s04b-plain", properties={"maximum_packet_size": limit})
+    plain.subscribe(("s04b/t", 0))
+    tagged = raw(port, "s04b-tagged", properties={"maximum_packet_size": limit})
+    tagged.subscribe(("s04b/t", 0), properties={"subscription_identifier": [7]})
+    pub = raw(port, "s04b-pub")
+    start = len(plain.raw_in)
+    pub.publish("s04b/t", b"", 0)
+    plain.expect(Publish)
+    tagged.expect(Publish)
+    empty = len(plain.raw_in) - start  # the packet with no payload, as this client gets it
+    start = len(plain.raw_in)
+    pub.publish("s04b/t", b"x" * (limit - empty), 0)
+    assert len(plain.expect(Publish).payload) == limit - empty
+    assert len(plain.raw_in) - start == limit
+    assert tagged.nothing(NOTHING), "a packet 2 bytes over the limit was sent"
+    pub.publish("s04b/t", b"small", 0)
+    assert plain.expect(Publish).payload == b"small"
+    m = tagged.expect(Publish)
+    assert (m.payload, m.properties.get("subscription_identifier")) == (b"small", [7])
+
+
+def test_04c_resent_publishes_are_encoded_for_the_new_connection(
+        gw: GatewayThread, raw: Callable[..., RawClient]) -> None:
+    """[MQTT-4.4.0-1]: unacknowledged PUBLISHes are sent again on reconnect with their packet
+    ids and DUP set ([MQTT-3.3.1-1]), but as the new connection needs them: the topic aliases
+    of the earlier connection are not carried over ([MQTT-3.3.2-7]), so a PUBLISH first
+    sent with an alias alone carries its topic again; and one now over the new
+    connection's Maximum Packet Size is not sent ([MQTT-3.1.2-24]) and is dropped
+    ([MQTT-3.1.2-25]), for good (no later delivery)."""
+    port = gw.port("mqtt")
+    cid = "s04c"
+    sub = raw(port, cid, properties={"session_expiry_interval": LONG,
+                                      "topic_alias_maximum": 4})
+    sub.subscribe(("s04c/#", 1))
+    pub = raw(port, "s04c-pub")
+    publish_all(pub, [("s04c/t", b"one", 1), ("s04c/t", b"two", 1),
+                      ("s04c/big", b"B" * 300, 1), ("s04c/t", b"three", 1)])
+    first = [sub.expect(Publish) for _ in range(4)]
+    assert [m.topic for m in first] == ["s04c/t", "", "s04c/big", ""]  # aliases at work
+    sub.close()
+    again = raw(port, cid, clean=False, properties={"session_expiry_interval": LONG,
+                                                    "maximum_packet_size": 200})
+    assert again.connack is not None and again.connack.session_present
+    resent = again.drain(NOTHING)
+    assert [(m.topic, m.payload, m.packet_id, m.dup) for m in resent  # type: ignore[union-attr]
+            ] == [("s04c/t", b"one", first[0].packet_id, True),
+                  ("s04c/t", b"two", first[1].packet_id, True),
+                  ("s04c/t", b"three", first[3].packet_id, True)], resent
+    for m in resent:
+        again.send(PubAck(m.packet_id))  # type: ignore[union-attr]
+    again.close()
+    last = raw(port, cid, clean=False, properties={"session_expiry_interval": LONG})
+    assert last.nothing(NOTHING), "the dropped message came back"
+
+
+@EACH_LIB
+def test_04d_client_topic_aliases_last_the_connection_and_no_longer(
+        gw: GatewayThread, clients: Callable[..., Client], raw: Callable[..., RawClient],
+        lib: str) -> None:
+    """MQTT 5 3.3.2.3.4: an alias the client sets with a topic stands for it in every later
+    PUBLISH of the connection that carries the alias alone, until the client maps it to
+    another topic ([MQTT-3.3.2-12]: any alias up to the maximum); [MQTT-3.3.2-7]: the
+    mapping does not survive into the next connection: an alias-only PUBLISH there is a
+    Protocol Error (DISCONNECT 0x82) and is not published."""
+    port = gw.port("mqtt")
+    top = f"s04d/{lib}"
+    watcher = raw(port, f"s04d-{lib}-w")
+    watcher.subscribe((f"{top}/#", 0))
+    c = clients(lib, port, f"s04d-{lib}")
+    c.pub(f"{top}/a", b"a0", 1, props={"topic_alias": 3})
+    for i in range(1, 4):
+        c.pub("", b"a%d" % i, i % 3, props={"topic_alias": 3})
+    c.pub(f"{top}/b", b"b0", 0, props={"topic_alias": 3})
+    c.pub("", b"b1", 1, props={"topic_alias": 3})
+    got = [watcher.expect(Publish) for _ in range(6)]
+    assert [(m.topic, m.payload) for m in got] == [
+        (f"{top}/a", b"a0"), (f"{top}/a", b"a1"), (f"{top}/a", b"a2"), (f"{top}/a", b"a3"),
+        (f"{top}/b", b"b0"), (f"{top}/b", b"b1")]
+    c.disconnect()
+    d = raw(port, f"s04d-{lib}")
+    d.send_raw(frame(0x30, utf8("") + b"\x03\x23\x00\x03" + b"orphan"))
+    d.expect_disconnect({0x82})
+    assert watcher.nothing(NOTHING)
+
+
+def test_04e_server_topic_aliases_up_to_the_client_maximum(
+        gw: GatewayThread, clients: Callable[..., Client], raw: Callable[..., RawClient]) -> None:
+    """[MQTT-3.1.2-26]: the server sends no Topic Alias above the client's Topic Alias
+    Maximum; an alias goes out with its topic before any PUBLISH carries it alone, and then
+    stands for that topic (3.3.2.3.4): gmqtt, which resolves the server's aliases, gets
+    every topic right; the raw client sees the packets themselves. (paho-mqtt 2.2 does not
+    resolve aliases from the server: it hands on the empty topic.)"""
+    port = gw.port("mqtt")
+    names = ["a", "b", "c", "a", "b", "c", "a"]
+    lib = clients("gmqtt", port, "s04e-gmqtt", props={"topic_alias_maximum": 2})
+    lib.sub("s04e/#", 0)
+    packets = raw(port, "s04e-raw", properties={"topic_alias_maximum": 2})
+    packets.subscribe(("s04e/#", 0))
+    pub = raw(port, "s04e-pub")
+    for i, n in enumerate(names):
+        pub.publish(f"s04e/{n}", b"%d" % i, 0)
+    got = [lib.get() for _ in names]
+    assert [(m.topic, m.payload) for m in got] == [
+        (f"s04e/{n}", b"%d" % i) for i, n in enumerate(names)]
+    known: dict[int, str] = {}
+    for n in names:
+        m = packets.expect(Publish)
+        alias = m.properties.get("topic_alias")
+        if alias is None:
+            assert m.topic == f"s04e/{n}"
+            continue
+        assert 1 <= alias <= 2, m
+        if m.topic:
+            known[alias] = m.topic
+        assert known.get(alias) == f"s04e/{n}", (m, known)
+
+
+def test_04f_a_dropped_publish_sets_no_alias(gw: GatewayThread,
+                                             raw: Callable[..., RawClient]) -> None:
+    """[MQTT-3.1.2-25] with topic aliases: a PUBLISH discarded for the client's Maximum
+    Packet Size did not reach it, so the alias it would have set is not set: the next
+    PUBLISH of that topic carries the topic (with the alias), never the alias alone
+    (3.3.2.3.4: an alias-only PUBLISH needs a mapping the receiver knows)."""
+    port = gw.port("mqtt")
+    sub = raw(port, "s04f", properties={"topic_alias_maximum": 2,
+                                        "maximum_packet_size": 200})
+    sub.subscribe(("s04f/t", 0))
+    pub = raw(port, "s04f-pub")
+    pub.publish("s04f/t", b"B" * 300, 0)
+    pub.publish("s04f/t", b"small", 0)
+    m = sub.expect(Publish)
+    assert (m.topic, m.payload) == ("s04f/t", b"small"), m
+    pub.publish("s04f/t", b"again", 0)
+    m = sub.expect(Publish)
+    assert m.payload == b"again" and m.properties.get("topic_alias") is not None
