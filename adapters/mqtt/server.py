@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 from adapters.listener import BatchedProtocol, Listener, listen
@@ -78,6 +79,8 @@ class MqttServer:
                 flights.setdefault(cid, {})[int(pid)] = (int(store_id), bool(released), flt)
             except (ValueError, TypeError):
                 self.broker.store.delete_kv(INFLIGHT_NS, key)
+        now = time.time()
+        ended: list[MqttSession] = []
         for cid, raw in records.items():
             try:
                 rec = json.loads(bytes(raw))
@@ -96,7 +99,15 @@ class MqttServer:
             session.restored = flights.pop(cid, {})
             self.sessions[cid] = session
             if session.expiry != NEVER:
-                session.expiry_timer = self.loop.call_later(session.expiry, session.end)
+                # Counted from when the client left, if the record says ([MQTT-4.1.0-2]).
+                left = float(rec.get("left") or 0) or now
+                due = session.expiry - max(0.0, now - left)
+                if due <= 0:
+                    ended.append(session)
+                else:
+                    session.expiry_timer = self.loop.call_later(due, session.end)
+        for session in ended:  # expired while the gateway was down
+            session.end()
         for cid, orphans in flights.items():  # records of sessions that are gone
             for orphan in orphans:
                 self.broker.store.delete_kv(INFLIGHT_NS, f"{cid}\x00{orphan}")

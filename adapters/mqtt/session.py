@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from adapters.mqtt.packets import (
@@ -112,6 +113,9 @@ class MqttSession:
         self.receive_maximum = 65535
         self.paused = False
         self.stored = False  # a session record is in the store (SESSION_NS)
+        # When the client left (wall clock, seconds; 0 while connected): in the record, so a
+        # restart counts the Session Expiry Interval from there, not from the restart.
+        self.left = 0.0
         # Protocol level and outgoing topic aliases (alias → topic) of the connection that
         # last sent the PUBLISH packets in ``outgoing``, to encode them anew on the next.
         self.sent_level = level
@@ -371,6 +375,7 @@ class MqttSession:
         if self.expiry_timer is not None:
             self.expiry_timer.cancel()
             self.expiry_timer = None
+        self.left = 0.0
         for rec in self.subs.values():
             if rec.consumer is not None:
                 rec.consumer.core.set_window(self.receive_maximum)
@@ -418,8 +423,14 @@ class MqttSession:
             self.will = None
         if not self.persistent or self.expiry == 0:
             self.end()
-        elif self.expiry != NEVER:
+            return
+        if self.expiry != NEVER:
             self.expiry_timer = self.server.loop.call_later(self.expiry, self.end)
+        if self.level >= MQTT_5:
+            # The interval (perhaps changed by the DISCONNECT) runs from now, also across a
+            # restart ([MQTT-4.1.0-2]: the session state goes when it has passed).
+            self.left = time.time()
+            self.save()
 
     def publish_will(self) -> None:
         self.will_timer = None
@@ -454,6 +465,7 @@ class MqttSession:
         return {
             "level": self.level,
             "expiry": self.expiry,
+            "left": self.left,
             "subs": [
                 [r.filter, r.options.qos, r.options.no_local, r.options.retain_as_published,
                  r.options.retain_handling, r.sub_id]

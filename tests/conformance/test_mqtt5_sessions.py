@@ -615,3 +615,165 @@ def test_04f_a_dropped_publish_sets_no_alias(gw: GatewayThread,
     pub.publish("s04f/t", b"again", 0)
     m = sub.expect(Publish)
     assert m.payload == b"again" and m.properties.get("topic_alias") is not None
+
+
+# ------------------------------------------------------------------------------ 5. wills
+
+
+def _will(topic: str, payload: bytes = b"gone", delay: int = 0, retain: bool = False,
+          **props: Any) -> tuple[str, bytes, int, bool, dict[str, Any]]:
+    if delay:
+        props["will_delay_interval"] = delay
+    return (topic, payload, 1, retain, props)
+
+
+@EACH_LIB
+@pytest.mark.parametrize("case", ["delay-passes", "session-ends-first", "expiry-0",
+                                  "resumed-in-time", "clean-start-in-time", "taken-over"])
+def test_05a_will_delay_and_session_end(gw: GatewayThread, clients: Callable[..., Client],
+                                        raw: Callable[..., RawClient], lib: str,
+                                        case: str) -> None:
+    """[MQTT-3.1.2-8]: after an abnormal close the will is published when the Will Delay
+    Interval has passed or the session ends, whichever is first (3.1.3.2.2): with a delay
+    of 1 s and a long session, after about 1 s and not at once; with a delay of 60 s and a
+    Session Expiry Interval of 1 s, when the session ends; with Session Expiry Interval 0,
+    at once. [MQTT-3.1.3-9]: a new connection resuming the session (Clean Start 0) before
+    the delay passed means no will. A new connection with Clean Start 1 ends the old
+    session, so its will is published then (as mosquitto does). A connection taken over
+    ([MQTT-3.1.4-3]) publishes its will (no delay) as any abnormal close would."""
+    port = gw.port("mqtt")
+    cid, topic = f"s05a-{lib}-{case}", f"s05a/{lib}/{case}"
+    watcher = raw(port, f"{cid}-w")
+    watcher.subscribe((topic, 1))
+    delay, expiry = {"delay-passes": (1, LONG), "session-ends-first": (60, 1),
+                     "expiry-0": (60, 0), "resumed-in-time": (60, LONG),
+                     "clean-start-in-time": (60, LONG), "taken-over": (0, LONG)}[case]
+    a = clients(lib, port, cid, will=_will(topic, delay=delay),
+                props={"session_expiry_interval": expiry})
+    if case == "taken-over":
+        clients(lib, port, cid, clean=False, props={"session_expiry_interval": expiry})
+    else:
+        a.kill()
+    if case in ("delay-passes", "session-ends-first"):
+        assert watcher.nothing(0.3), "the will came before its delay or the session's end"
+        assert watcher.expect(Publish, timeout=10).payload == b"gone"
+    elif case in ("expiry-0", "taken-over"):
+        assert watcher.expect(Publish).payload == b"gone"
+    else:
+        wait_for(lambda: gw.call(lambda: _server(gw).sessions[cid].conn is None),
+                 what="the connection to go")
+        b = clients(lib, port, cid, clean=case != "resumed-in-time",
+                    props={"session_expiry_interval": LONG})
+        if case == "resumed-in-time":
+            assert b.session_present
+            assert watcher.nothing(NOTHING), "a will although the session was resumed in time"
+            b.disconnect()  # normal: the will was deleted with the resumption
+            assert watcher.nothing(NOTHING)
+        else:
+            assert not b.session_present
+            assert watcher.expect(Publish).payload == b"gone"
+    assert watcher.nothing(NOTHING), "a second will"
+
+
+@EACH_LIB
+def test_05b_will_retain_and_will_properties(gw: GatewayThread,
+                                             clients: Callable[..., Client],
+                                             raw: Callable[..., RawClient], lib: str) -> None:
+    """[MQTT-3.1.2-15]: Will Retain 1: the will is published as a retained message (a later
+    subscriber gets it, retain flag set); 3.1.3.2.4: the will's Message Expiry Interval is
+    sent as the message's; 3.1.3.2.5-6: its Content Type and Response Topic too."""
+    port = gw.port("mqtt")
+    topic = f"s05b/{lib}"
+    a = clients(lib, port, f"s05b-{lib}", will=_will(
+        topic, b"last words", retain=True, message_expiry_interval=600,
+        content_type="text/plain", response_topic=f"{topic}/reply"))
+    a.kill()
+    later = clients(lib, port, f"s05b-{lib}-later")
+    wait_for(lambda: gw.call(lambda: f"s05b.{lib}" in _server(gw).retained.messages),
+             what="the will to be retained")
+    later.sub(topic, 1)
+    m = later.get()
+    assert (m.topic, m.payload, m.retain) == (topic, b"last words", True)
+    assert 590 <= m.props.get("message_expiry_interval", 0) <= 600, m.props
+    assert m.props.get("content_type") == "text/plain", m.props
+    assert m.props.get("response_topic") == f"{topic}/reply", m.props
+    clear = raw(port, f"s05b-{lib}-clear")
+    clear.publish(topic, b"", 1, retain=True)
+    clear.expect(PubAck)
+
+
+# ---------------------------------------------------------- 6. retained messages, expiry
+
+
+@EACH_LIB
+def test_06_retained_messages_expire_and_carry_the_remaining_interval(
+        gw: GatewayThread, clients: Callable[..., Client], raw: Callable[..., RawClient],
+        lib: str) -> None:
+    """[MQTT-3.3.1-5]: a retained message is kept for later subscribers, with the retain
+    flag ([MQTT-3.3.1-9]); [MQTT-3.3.2-5]: once its Message Expiry Interval has passed it is
+    no longer sent; [MQTT-3.3.2-6]: one still alive carries the interval that remains;
+    [MQTT-3.3.1-10]: a retained PUBLISH with an empty payload removes the topic's retained
+    message and is not itself retained ([MQTT-3.3.1-11])."""
+    port = gw.port("mqtt")
+    top = f"s06/{lib}"
+    pub = raw(port, f"s06-{lib}-pub")
+    for name, expiry in (("short", 1), ("long", 60), ("cleared", 60)):
+        pub.publish(f"{top}/{name}", name.encode(), 1, retain=True,
+                    properties={"message_expiry_interval": expiry})
+        pub.expect(PubAck)
+    pub.publish(f"{top}/cleared", b"", 1, retain=True)
+    pub.expect(PubAck)
+    time.sleep(1.6)  # the short one's interval passes
+    sub = clients(lib, port, f"s06-{lib}")
+    sub.sub(f"{top}/#", 1)
+    m = sub.get()
+    assert (m.topic, m.payload, m.retain) == (f"{top}/long", b"long", True)
+    assert 57 <= m.props.get("message_expiry_interval", 0) <= 59, m.props
+    assert sub.none(NOTHING), "an expired or cleared retained message was sent"
+
+
+# ------------------------------------------------------------------ 7. session expiry
+
+
+@EACH_LIB
+def test_07a_disconnect_changes_the_session_expiry_interval(
+        gw: GatewayThread, clients: Callable[..., Client], lib: str) -> None:
+    """MQTT 5 3.14.2.2.2: a Session Expiry Interval in the client's DISCONNECT replaces the
+    CONNECT's: set to 1 s, the session ends 1 s after the close ([MQTT-4.1.0-2]: its state
+    is discarded), so the next Clean Start 0 finds none ([MQTT-3.2.2-2]... Session
+    Present 0)."""
+    port = gw.port("mqtt")
+    cid = f"s07a-{lib}"
+    a = clients(lib, port, cid, props={"session_expiry_interval": LONG})
+    a.sub(f"s07a/{lib}", 1)
+    a.disconnect(props={"session_expiry_interval": 1})
+    assert gw.call(lambda: cid in _server(gw).sessions), "ended at once, not after 1 s"
+    _session_gone(gw, cid)
+    b = clients(lib, port, cid, clean=False, props={"session_expiry_interval": LONG})
+    assert not b.session_present
+
+
+@pytest.mark.slow
+def test_07b_session_expiry_counts_from_the_disconnect_across_a_restart(
+        own_gw: Callable[..., GatewayThread], raw: Callable[..., RawClient]) -> None:
+    """[MQTT-4.1.0-2]: the session state is discarded when the Session Expiry Interval has
+    passed since the Network Connection closed -- counted from the close, also when the
+    gateway was stopped meanwhile: a session whose interval ran out while the gateway was
+    down is gone when it starts (Session Present 0, its durable deleted), while one whose
+    interval has not run out is resumed (Session Present 1, [MQTT-3.1.2-23])."""
+    g = own_gw()
+    for cid, expiry in (("s07b-short", 2), ("s07b-long", LONG)):
+        c = raw(g.port("mqtt"), cid, properties={"session_expiry_interval": expiry})
+        c.subscribe((f"{cid}/t", 1))
+        c.send(Disconnect(0))
+        assert c.wait_closed()
+    closed = time.monotonic()
+    g.stop()
+    time.sleep(max(0.0, 2.5 - (time.monotonic() - closed)))  # the short interval runs out
+    g.start()
+    port = g.port("mqtt")
+    short = raw(port, "s07b-short", clean=False, properties={"session_expiry_interval": 60})
+    assert short.connack is not None and not short.connack.session_present
+    assert g.call(lambda: "sub:s07b-short:mqtt:s07b-short/t" not in g.broker.durables)
+    long = raw(port, "s07b-long", clean=False, properties={"session_expiry_interval": LONG})
+    assert long.connack is not None and long.connack.session_present
