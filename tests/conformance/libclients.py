@@ -38,6 +38,7 @@ class Received(NamedTuple):
     qos: int
     retain: bool
     props: dict[str, Any]
+    dup: bool = False
 
 
 def _snake(name: str) -> str:
@@ -119,7 +120,8 @@ class PahoClient(_Base):
 
         def on_message(_c: Any, _u: Any, m: Any) -> None:
             self.messages.put(Received(m.topic, m.payload, m.qos, bool(m.retain),
-                                       _paho_props(getattr(m, "properties", None))))
+                                       _paho_props(getattr(m, "properties", None)),
+                                       bool(m.dup)))
 
         def on_disconnect(_c: Any, _u: Any, _f: Any, rc: Any, _p: Any = None) -> None:
             self.disconnects.put(int(getattr(rc, "value", rc)))
@@ -214,7 +216,8 @@ class GmqttClient(_Base):
     def _on_message(self, _c: Any, topic: str, payload: bytes, qos: int,
                     props: dict[str, Any]) -> int:
         retain = bool(props.get("retain"))
-        self.messages.put(Received(topic, payload, qos, retain, _gmqtt_props(props)))
+        self.messages.put(Received(topic, payload, qos, retain, _gmqtt_props(props),
+                                   bool(props.get("dup"))))
         return 0
 
     def _run(self, coro: Any) -> Any:

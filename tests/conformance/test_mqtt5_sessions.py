@@ -777,3 +777,38 @@ def test_07b_session_expiry_counts_from_the_disconnect_across_a_restart(
     assert g.call(lambda: "sub:s07b-short:mqtt:s07b-short/t" not in g.broker.durables)
     long = raw(port, "s07b-long", clean=False, properties={"session_expiry_interval": LONG})
     assert long.connack is not None and long.connack.session_present
+
+
+# ------------------------------------------------------------------------- 8. takeover
+
+
+@EACH_LIB
+def test_08_takeover_with_clean_start_0_moves_the_session(
+        gw: GatewayThread, clients: Callable[..., Client], raw: Callable[..., RawClient],
+        lib: str) -> None:
+    """[MQTT-3.1.4-3]: a second CONNECT with the client id closes the first connection
+    (DISCONNECT 0x8E, Session taken over); with Clean Start 0 the new connection gets the
+    session ([MQTT-3.1.2-5], Session Present 1): the QoS 1 PUBLISH the first connection
+    left unacknowledged comes again with its packet id and DUP set ([MQTT-4.4.0-1]), and
+    with its topic, although the first connection had got it as an alias alone
+    ([MQTT-3.3.2-7]); later messages follow on the new connection."""
+    port = gw.port("mqtt")
+    cid, topic = f"s08-{lib}", f"s08/{lib}"
+    first = raw(port, cid, properties={"session_expiry_interval": LONG,
+                                      "topic_alias_maximum": 4})
+    first.subscribe((topic, 1))
+    pub = raw(port, f"{cid}-pub")
+    publish_all(pub, [(topic, b"one", 1), (topic, b"two", 1)])
+    one, two = first.expect(Publish), first.expect(Publish)
+    assert two.topic == ""  # the alias alone
+    first.send(PubAck(one.packet_id))
+    second = clients(lib, port, cid, clean=False, props={"session_expiry_interval": LONG})
+    assert second.session_present
+    d = first.expect_disconnect({0x8E})
+    assert d.reason_code == 0x8E
+    m = second.get()
+    assert (m.topic, m.payload, m.dup) == (topic, b"two", True), m
+    publish_all(pub, [(topic, b"three", 1)])
+    m = second.get()
+    assert (m.topic, m.payload) == (topic, b"three")
+    assert second.none(NOTHING)
