@@ -20,6 +20,7 @@ Runs on the loop; never awaits.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import struct
@@ -34,6 +35,7 @@ from adapters.mqtt.packets import (
     ConnAck,
     Connect,
     Disconnect,
+    MqttLocalProtocolError,
     MqttRemoteProtocolError,
     PingReq,
     PingResp,
@@ -78,6 +80,8 @@ SERVER_TOPIC_ALIAS_MAXIMUM = 64
 # Success PUBACK / PUBREC: fixed header, remaining length 2, packet id — the short form MQTT 5
 # also allows when the reason code is 0 and there are no properties (3.4.2.1, 3.5.2.1).
 _PID = struct.Struct(">H")
+# Properties a packet goes without rather than exceed the client's Maximum Packet Size.
+_OPTIONAL_PROPS = frozenset({"reason_string", "user_property"})
 _PUBACK_HEAD = b"\x40\x02"
 _PUBREC_HEAD = b"\x50\x02"
 
@@ -177,9 +181,34 @@ class MqttConnection:
 
     # -- output -----------------------------------------------------------------------------
 
-    def send(self, packet: Any) -> None:
-        self.codec.send(packet)
+    def send(self, packet: Any) -> bool:
+        """Encode and write a packet other than a delivery's PUBLISH; False if not sent.
+
+        Nothing larger than the client's Maximum Packet Size goes out [MQTT-3.1.2-24]: a
+        packet that would be is sent without its Reason String and User Properties, as the
+        spec has it for each packet that may carry them ([MQTT-3.2.2-19],
+        [MQTT-3.2.2-20] CONNACK; [MQTT-3.14.2-3], [MQTT-3.14.2-4] DISCONNECT; the same for
+        the acknowledgements), and not at all if it is still too large.
+        """
+        try:
+            self.codec.send(packet)
+        except MqttLocalProtocolError as exc:
+            if exc.reason_code != ReasonCode.PACKET_TOO_LARGE:
+                raise
+            props = getattr(packet, "properties", None)
+            slim = None
+            if props and ("reason_string" in props or "user_property" in props):
+                slim = dataclasses.replace(packet, properties={
+                    k: v for k, v in props.items() if k not in _OPTIONAL_PROPS})
+                try:
+                    self.codec.send(slim)
+                except MqttLocalProtocolError:
+                    slim = None
+            if slim is None:
+                log.info("mqtt %s: %s not sent: %s", self.address, type(packet).__name__, exc)
+                return False
         self._write(self.codec.data_to_send())
+        return True
 
     def write(self, data: bytes) -> None:
         self._write(data)
@@ -388,7 +417,12 @@ class MqttConnection:
                 ack_props["assigned_client_identifier"] = assigned
             if props.get("request_response_information"):
                 ack_props["response_information"] = f"reply/{cid}"
-        self.send(ConnAck(present, ReasonCode.SUCCESS, ack_props))
+        if not self.send(ConnAck(present, ReasonCode.SUCCESS, ack_props)):
+            # Even without optional properties the CONNACK is over the client's Maximum
+            # Packet Size: no other packet may precede it ([MQTT-3.2.0-1]), so close.
+            self._end(publish_will=False)
+            self._close()
+            return
         session.save()
         if present:
             # CONNACK first, then what was in flight, then new deliveries ([MQTT-4.4.0-1]).

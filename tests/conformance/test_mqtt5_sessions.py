@@ -812,3 +812,27 @@ def test_08_takeover_with_clean_start_0_moves_the_session(
     m = second.get()
     assert (m.topic, m.payload) == (topic, b"three")
     assert second.none(NOTHING)
+
+
+# ------------------------------------------------- 9. small Maximum Packet Size, other packets
+
+
+def test_09_no_packet_of_any_kind_over_the_client_maximum_packet_size(
+        gw: GatewayThread, raw: Callable[..., RawClient]) -> None:
+    """[MQTT-3.1.2-24] for packets other than PUBLISH: a DISCONNECT whose Reason String would
+    make it too large goes without it ([MQTT-3.14.2-3]) and the connection closes; a
+    CONNACK that cannot fit even so is not sent, and since nothing may precede a CONNACK
+    ([MQTT-3.2.0-1]) the server just closes."""
+    port = gw.port("mqtt")
+    c = raw(port, "s09-disconnect", properties={"maximum_packet_size": 30})
+    c.send_raw(frame(0x30, utf8("s09/t") + b"\x03\x23\x00\x00" + b"x"))  # Topic Alias 0
+    d = c.expect_disconnect({0x94})
+    assert "reason_string" not in d.properties
+    assert len(c.after_connack()) <= 30
+    tiny = raw(port)
+    from adapters.mqtt.packets import Connect
+
+    tiny.send(Connect("MQTT", 5, True, 0, "s09-tiny", None, None, None,
+                      {"maximum_packet_size": 12}))
+    assert tiny.wait_closed()
+    assert bytes(tiny.raw_in) == b"", bytes(tiny.raw_in).hex()
