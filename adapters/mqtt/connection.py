@@ -52,7 +52,7 @@ from adapters.mqtt.packets import (
     UnsupportedProtocolVersion,
     v3_connack_return_code,
 )
-from adapters.mqtt.session import MQTT_5, NEVER, MqttSession, SubRecord
+from adapters.mqtt.session import MQTT_5, NEVER, MqttSession, SubRecord, sent_publish
 from adapters.mqtt.topics import (
     mqtt_topic_to_subject,
 )
@@ -264,19 +264,9 @@ class MqttConnection:
 
         ``level`` and ``aliases`` (alias → topic) are those of the connection that sent it.
         """
-        codec = MqttCodec(Side.CLIENT, max_packet_size=len(packet) + 1)
-        codec.protocol_level = level
-        codec.receive_data(packet)
-        p = codec.events_received()[0]
-        assert isinstance(p, Publish)
-        props = p.properties
-        topic = p.topic
-        if "topic_alias" in props:
-            props = dict(props)
-            alias = int(props.pop("topic_alias"))
-            topic = topic or aliases.get(alias, "")
-        return self.send_publish(topic, p.payload, p.qos, p.retain, p.packet_id, props,
-                                 dup=True)
+        p = sent_publish(packet, level, aliases)
+        return self.send_publish(p.topic, p.payload, p.qos, p.retain, p.packet_id,
+                                 p.properties, dup=True)
 
     def protocol_error(self, reason: int, text: str) -> None:
         """Close this connection for a protocol error, logged once ([MQTT-4.13.1-1])."""
@@ -430,7 +420,8 @@ class MqttConnection:
             server.restore_subscriptions(session)
             if session.restored:
                 session.resume_restored()
-        session.resume()
+        if len(session.outgoing) < session.receive_maximum:
+            session.resume()  # else acknowledgements of what was re-sent resume it
 
     def _keepalive(self, asked: int) -> int:
         """The Keep Alive this connection is held to: the client's, or ``mqtt_max_keepalive``

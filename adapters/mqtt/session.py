@@ -25,9 +25,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from adapters.mqtt.codec import MqttCodec, Side, encode_publish
 from adapters.mqtt.packets import (
+    Publish,
     PubRel,
     SubscriptionOptions,
     Will,
@@ -57,6 +60,22 @@ SESSION_NS = "mqtt.session"
 INFLIGHT_NS = "mqtt.inflight"
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "never expires" (MQTT 5 3.1.2.11.2)
 TOO_LARGE = "packet_too_large"  # delivery log reason: over the client's Maximum Packet Size
+
+
+def sent_publish(packet: bytes, level: int, aliases: dict[int, str]) -> Publish:
+    """A PUBLISH we encoded at protocol ``level``, read back with its topic whole and
+    no Topic Alias (``aliases``: alias → topic of the connection that sent it)."""
+    codec = MqttCodec(Side.CLIENT, max_packet_size=len(packet) + 1)
+    codec.protocol_level = level
+    codec.receive_data(packet)
+    p = codec.events_received()[0]
+    assert isinstance(p, Publish)
+    if "topic_alias" in p.properties:
+        props = dict(p.properties)
+        alias = int(props.pop("topic_alias"))
+        p = Publish(p.topic or aliases.get(alias, ""), p.payload, p.qos, p.retain, p.dup,
+                    p.packet_id, props)
+    return p
 
 
 class SubRecord:
@@ -120,6 +139,9 @@ class MqttSession:
         # last sent the PUBLISH packets in ``outgoing``, to encode them anew on the next.
         self.sent_level = level
         self.sent_aliases: dict[int, str] = {}
+        # Packet ids in ``outgoing`` still to be sent again on this connection: those past
+        # the client's Receive Maximum wait for acknowledgements of the ones before them.
+        self.resend_queue: deque[int] = deque()
         # In-flight records read from the store at start-up: pid → (store id, released, filter).
         self.restored: dict[int, tuple[int, bool, str]] = {}
 
@@ -359,7 +381,10 @@ class MqttSession:
             self.core_session.ack(f.delivery)
         if f.saved:
             self.forget_inflight(pid)
-        if self.paused and self.conn is not None and len(self.outgoing) < self.receive_maximum:
+        if self.resend_queue and self.conn is not None:
+            self._resend_next()
+        elif self.paused and self.conn is not None and (
+                len(self.outgoing) < self.receive_maximum):
             self.resume()
         return True
 
@@ -383,26 +408,56 @@ class MqttSession:
     def resend_inflight(self) -> None:
         """Re-send unacknowledged PUBLISH (DUP) and PUBREL packets, in order ([MQTT-4.4.0-1]).
 
-        Each PUBLISH is encoded anew for this connection (see
+        No more PUBLISHes than the client's Receive Maximum are out at once, counting the
+        exchanges waiting for PUBCOMP ([MQTT-3.3.4-9]; the quota starts afresh with each
+        connection, 4.9): the rest are sent as acknowledgements free their places. Each
+        PUBLISH is encoded anew for this connection (see
         :meth:`MqttConnection.resend_publish`); one now larger than the client's Maximum
         Packet Size is dropped as a new one would be ([MQTT-3.1.2-25])."""
         conn = self.conn
         assert conn is not None
+        self.resend_queue.clear()
+        budget = self.receive_maximum
         for f in list(self.outgoing.values()):
             if f.released:
                 conn.send(PubRel(f.pid))
-                continue
-            data = conn.resend_publish(f.packet, self.sent_level, self.sent_aliases)
-            if data is not None:
-                f.packet = data
-                continue
-            del self.outgoing[f.pid]
-            if f.delivery is not None:
-                self.drop_too_large(f.delivery.msg, f.delivery)
-            else:  # a retained message: nothing in the core holds it
-                self.server.too_large += 1
-            if f.saved:
-                self.forget_inflight(f.pid)
+                budget -= 1
+            elif budget > 0:
+                if self._resend(f):
+                    budget -= 1
+            else:
+                # Waits; kept meanwhile as this connection's level would send it, topic whole
+                # and no alias, so the next connection can read it back if this one ends.
+                p = sent_publish(f.packet, self.sent_level, self.sent_aliases)
+                f.packet = encode_publish(p.topic, p.payload, p.qos, p.retain, False,
+                                          p.packet_id, p.properties, conn.level)
+                self.resend_queue.append(f.pid)
+
+    def _resend_next(self) -> None:
+        """An acknowledgement freed a place: send the next PUBLISH waiting to be re-sent."""
+        while self.resend_queue:
+            f = self.outgoing.get(self.resend_queue.popleft())
+            if f is not None and self._resend(f):
+                return
+        if self.paused and len(self.outgoing) < self.receive_maximum:
+            self.resume()
+
+    def _resend(self, f: OutFlight) -> bool:
+        """Send ``f`` again on this connection; False if it was dropped as too large."""
+        conn = self.conn
+        assert conn is not None
+        data = conn.resend_publish(f.packet, self.sent_level, self.sent_aliases)
+        if data is not None:
+            f.packet = data
+            return True
+        del self.outgoing[f.pid]
+        if f.delivery is not None:
+            self.drop_too_large(f.delivery.msg, f.delivery)
+        else:  # a retained message: nothing in the core holds it
+            self.server.too_large += 1
+        if f.saved:
+            self.forget_inflight(f.pid)
+        return False
 
     def detach(self, *, publish_will: bool) -> None:
         """The network connection ended; keep or end the session."""
@@ -411,6 +466,7 @@ class MqttSession:
             self.sent_level = conn.level
             self.sent_aliases = {a: t for t, a in conn.aliases_out.items()}
         self.conn = None
+        self.resend_queue.clear()
         self.pause()
         if publish_will and self.will is not None:
             delay = int(self.will.properties.get("will_delay_interval", 0))

@@ -836,3 +836,49 @@ def test_09_no_packet_of_any_kind_over_the_client_maximum_packet_size(
                       {"maximum_packet_size": 12}))
     assert tiny.wait_closed()
     assert bytes(tiny.raw_in) == b"", bytes(tiny.raw_in).hex()
+
+
+# ------------------------------------- 10. Receive Maximum when in-flight messages are re-sent
+
+
+def test_10_resending_keeps_to_the_new_receive_maximum(gw: GatewayThread,
+                                                       raw: Callable[..., RawClient]) -> None:
+    """[MQTT-3.3.4-9] on reconnect: the quota starts afresh with the new connection's
+    Receive Maximum (4.9), so of four unacknowledged PUBLISHes from the earlier connection
+    only two are re-sent at once ([MQTT-4.4.0-1], DUP set, original ids, in order); each
+    PUBACK lets the next one go, and new messages follow only once there is room. A
+    connection lost before all were re-sent leaves them for the next, topics whole."""
+    port = gw.port("mqtt")
+    cid = "s10"
+    sub = raw(port, cid, properties={"session_expiry_interval": LONG,
+                                     "topic_alias_maximum": 2})
+    sub.subscribe(("s10/+", 1))
+    pub = raw(port, "s10-pub")
+    publish_all(pub, [(f"s10/{t}", b"%d" % i, 1) for i, t in enumerate("abab")])
+    first = [sub.expect(Publish) for _ in range(4)]
+    assert [m.topic for m in first] == ["s10/a", "s10/b", "", ""]
+    sub.close()
+    lost = raw(port, cid, clean=False, properties={"session_expiry_interval": LONG,
+                                                   "receive_maximum": 2})
+    got = [lost.expect(Publish) for _ in range(2)]
+    assert lost.nothing(NOTHING), "more re-sent PUBLISHes than the Receive Maximum"
+    assert [(m.payload, m.dup) for m in got] == [(b"0", True), (b"1", True)]
+    lost.close()  # two never re-sent on this connection
+    again = raw(port, cid, clean=False, properties={"session_expiry_interval": LONG,
+                                                    "receive_maximum": 2})
+    got = [again.expect(Publish) for _ in range(2)]
+    assert again.nothing(NOTHING)
+    assert [(m.topic, m.payload, m.packet_id, m.dup) for m in got] == [
+        ("s10/a", b"0", first[0].packet_id, True), ("s10/b", b"1", first[1].packet_id, True)]
+    publish_all(pub, [("s10/a", b"new", 1)])
+    again.send(PubAck(got[0].packet_id))
+    m = again.expect(Publish)
+    assert (m.topic, m.payload, m.packet_id, m.dup) == (
+        "s10/a", b"2", first[2].packet_id, True), m
+    assert again.nothing(NOTHING)
+    again.send(PubAck(got[1].packet_id))
+    m = again.expect(Publish)
+    assert (m.topic, m.payload, m.dup) == ("s10/b", b"3", True), m
+    again.send(PubAck(m.packet_id))
+    m = again.expect(Publish)
+    assert (m.topic, m.payload, m.dup) == ("s10/a", b"new", False), m
