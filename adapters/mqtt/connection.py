@@ -361,6 +361,8 @@ class MqttConnection:
             session.conn.disconnect(ReasonCode.SESSION_TAKEN_OVER, "session taken over")
             session = server.sessions.get(cid)  # a non-persistent one ended with it
         present = False
+        if session is not None:
+            session.cancel_will()
         if session is not None and p.clean_start:
             session.end()  # Clean Start 1: the old session goes, with all it held [MQTT-3.1.2-4]
             session = None

@@ -393,10 +393,7 @@ class MqttSession:
     def attach(self, conn: MqttConnection) -> None:
         self.conn = conn
         self.level = conn.level
-        if self.will_timer is not None:  # [MQTT-3.1.3-9]: back before the will delay ran out
-            self.will_timer.cancel()
-            self.will_timer = None
-            self.will = None
+        self.cancel_will()
         if self.expiry_timer is not None:
             self.expiry_timer.cancel()
             self.expiry_timer = None
@@ -487,6 +484,15 @@ class MqttSession:
             # restart ([MQTT-4.1.0-2]: the session state goes when it has passed).
             self.left = time.time()
             self.save()
+
+    def cancel_will(self) -> None:
+        """A new connection for the client id came before the Will Delay Interval ran out:
+        the waiting will is not published, whether the connection resumes the session or
+        starts a new one ([MQTT-3.1.2-8], [MQTT-3.1.3-9]; mosquitto does the same)."""
+        if self.will_timer is not None:
+            self.will_timer.cancel()
+            self.will_timer = None
+            self.will = None
 
     def publish_will(self) -> None:
         self.will_timer = None
