@@ -362,7 +362,7 @@ class MqttConnection:
             session = server.sessions.get(cid)  # a non-persistent one ended with it
         present = False
         if session is not None:
-            session.cancel_will()
+            session.cancel_will()  # a will waiting for its delay is not sent [MQTT-3.1.2-8]
         if session is not None and p.clean_start:
             session.end()  # Clean Start 1: the old session goes, with all it held [MQTT-3.1.2-4]
             session = None

@@ -6,7 +6,8 @@ Interval > 0) and owns:
 
 * a core connection (client id = the MQTT client id) and one EXPLICIT-acknowledge session;
 * one core subscription per MQTT subscription — durable when the session is persistent,
-  so its messages are kept in the store while the client is away and across restarts;
+  so its messages are kept in the store while the client is away and across restarts,
+  and deleted with the session whatever ends it (never inherited by a later session);
   ``$share/group/filter`` is a core shared subscription (shared durable when persistent);
 * the outgoing in-flight window: packet id → the core delivery, acknowledged in the core on
   PUBACK (QoS 1) or PUBREC (QoS 2) — so a message is never lost between the core and the
