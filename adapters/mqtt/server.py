@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 from adapters.listener import BatchedProtocol, Listener, listen
@@ -53,6 +54,8 @@ class MqttServer:
         self.max_inflight = int(gw.mqtt_max_inflight_messages) or 65535
         self.max_queued = int(gw.mqtt_max_queued_messages)
         self.max_queued_bytes = int(gw.mqtt_max_queued_bytes)
+        self.max_keepalive = int(gw.mqtt_max_keepalive)
+        self.too_large = 0  # messages dropped: over a client's Maximum Packet Size
         kv = getattr(broker, "kv", {})
         self.retained = RetainedStore(broker.store, kv.get(RETAINED_NS))
         self.sessions: dict[str, MqttSession] = {}
@@ -81,6 +84,8 @@ class MqttServer:
                 flights.setdefault(cid, {})[int(pid)] = (int(store_id), bool(released), flt)
             except (ValueError, TypeError):
                 self.broker.store.delete_kv(INFLIGHT_NS, key)
+        now = time.time()
+        ended: list[MqttSession] = []
         for cid, raw in records.items():
             try:
                 rec = json.loads(bytes(raw))
@@ -88,12 +93,14 @@ class MqttServer:
                                       level=int(rec.get("level", 4)))
                 for flt, qos, nl, rap, rh, sid in rec["subs"]:
                     opts = SubscriptionOptions(int(qos), bool(nl), bool(rap), int(rh))
-                    session.subs[flt] = SubRecord(flt, opts, sid)
+                    sub = session.subs[flt] = SubRecord(flt, opts, sid)
+                    sub.durable = sub.share is None
             except (ValueError, KeyError, TypeError, InvalidDestinationError) as exc:
                 log.warning("dropping unreadable MQTT session record %r: %s", cid, exc)
                 self.broker.store.delete_kv(SESSION_NS, cid)
                 continue
             session.paused = True
+            session.stored = True
             session.restored = flights.pop(cid, {})
             for rec in session.subs.values():  # the store kept the queue: bound it again
                 durable = self.broker.durables.get(
@@ -103,10 +110,40 @@ class MqttServer:
                     session.bound(durable, rec.options.qos)
             self.sessions[cid] = session
             if session.expiry != NEVER:
-                session.expiry_timer = self.loop.call_later(session.expiry, session.end)
+                # Counted from when the client left, if the record says ([MQTT-4.1.0-2]).
+                left = float(rec.get("left") or 0) or now
+                due = session.expiry - max(0.0, now - left)
+                if due <= 0:
+                    ended.append(session)
+                else:
+                    session.expiry_timer = self.loop.call_later(due, session.end)
+        for session in ended:  # expired while the gateway was down
+            session.end()
         for cid, orphans in flights.items():  # records of sessions that are gone
             for orphan in orphans:
                 self.broker.store.delete_kv(INFLIGHT_NS, f"{cid}\x00{orphan}")
+        self._drop_orphan_durables()
+
+    def _drop_orphan_durables(self) -> None:
+        """Delete the core's ``mqtt:<filter>`` durables that no restored session holds (a
+        session that ended while its durables stayed, or a stop between creating a durable
+        and writing the session record): their messages belong to no session, and a later
+        session of that client id must not inherit them ([MQTT-3.1.2-4])."""
+        broker = self.broker
+        for sub in list(broker.durables.values()):
+            name = sub.name or ""
+            if sub.shared or not name.startswith("mqtt:") or sub.client_id is None:
+                continue
+            session = self.sessions.get(sub.client_id)
+            if session is not None and name[5:] in session.subs:
+                continue
+            log.info("mqtt %s: deleting durable subscription %s of no session",
+                     sub.client_id, name)
+            try:
+                broker.unsubscribe(None, name, share_scope=sub.client_id)
+            except GatewayError as exc:
+                log.warning("mqtt %s: cannot delete durable subscription %s: %s",
+                            sub.client_id, name, exc)
 
     def restore_subscriptions(self, session: MqttSession) -> None:
         for rec in session.subs.values():

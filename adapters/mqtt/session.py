@@ -6,7 +6,8 @@ Interval > 0) and owns:
 
 * a core connection (client id = the MQTT client id) and one EXPLICIT-acknowledge session;
 * one core subscription per MQTT subscription — durable when the session is persistent,
-  so its messages are kept in the store while the client is away and across restarts;
+  so its messages are kept in the store while the client is away and across restarts,
+  and deleted with the session whatever ends it (never inherited by a later session);
   ``$share/group/filter`` is a core shared subscription (shared durable when persistent);
 * the outgoing in-flight window (the MQTT 5 client's Receive Maximum, else
   ``mqtt_max_inflight_messages``): packet id → the core delivery, acknowledged in the core on
@@ -41,9 +42,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from adapters.mqtt.codec import MqttCodec, Side, encode_publish
 from adapters.mqtt.packets import (
+    Publish,
     PubRel,
     SubscriptionOptions,
     Will,
@@ -77,19 +82,39 @@ NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "never expires" (MQTT 5 3.
 # soon as every matching subscription has delivered, so only deliveries held back (a paused
 # or filtered consumer) keep one; the oldest goes first past this.
 MERGES_KEPT = 4096
+TOO_LARGE = "packet_too_large"  # delivery log reason: over the client's Maximum Packet Size
+
+
+def sent_publish(packet: bytes, level: int, aliases: dict[int, str]) -> Publish:
+    """A PUBLISH we encoded at protocol ``level``, read back with its topic whole and
+    no Topic Alias (``aliases``: alias → topic of the connection that sent it)."""
+    codec = MqttCodec(Side.CLIENT, max_packet_size=len(packet) + 1)
+    codec.protocol_level = level
+    codec.receive_data(packet)
+    p = codec.events_received()[0]
+    assert isinstance(p, Publish)
+    if "topic_alias" in p.properties:
+        props = dict(p.properties)
+        alias = int(props.pop("topic_alias"))
+        p = Publish(p.topic or aliases.get(alias, ""), p.payload, p.qos, p.retain, p.dup,
+                    p.packet_id, props)
+    return p
 
 
 class SubRecord:
     """One MQTT subscription of a session and the core consumer behind it."""
 
     __slots__ = ("filter", "options", "sub_id", "consumer", "pattern", "parent", "share",
-                 "overlaps", "overlaps_version")
+                 "durable", "overlaps", "overlaps_version")
 
     def __init__(self, flt: str, options: SubscriptionOptions, sub_id: int | None) -> None:
         self.filter = flt
         self.options = options
         self.sub_id = sub_id
         self.consumer: Any = None
+        # Its core subscription is the durable ``mqtt:<filter>``: it stays durable for the
+        # session's life even when a resumed connection sets Session Expiry Interval 0.
+        self.durable = False
         f = mqtt_filter_to_subject(flt)
         self.pattern, self.parent, self.share = f.pattern, f.parent_match, f.share
         # The session's other non-shared subscriptions whose filters intersect this one's,
@@ -161,6 +186,17 @@ class MqttSession:
         self.expiry_timer: Any = None
         self.receive_maximum = 65535
         self.paused = False
+        self.stored = False  # a session record is in the store (SESSION_NS)
+        # When the client left (wall clock, seconds; 0 while connected): in the record, so a
+        # restart counts the Session Expiry Interval from there, not from the restart.
+        self.left = 0.0
+        # Protocol level and outgoing topic aliases (alias → topic) of the connection that
+        # last sent the PUBLISH packets in ``outgoing``, to encode them anew on the next.
+        self.sent_level = level
+        self.sent_aliases: dict[int, str] = {}
+        # Packet ids in ``outgoing`` still to be sent again on this connection: those past
+        # the client's Receive Maximum wait for acknowledgements of the ones before them.
+        self.resend_queue: deque[int] = deque()
         # In-flight records read from the store at start-up: pid → (store id, released, filter).
         self.restored: dict[int, tuple[int, bool, str]] = {}
         # Overlapping subscriptions: merges by id() of the message, and by its store id when it
@@ -187,8 +223,13 @@ class MqttSession:
             shared = f"mqtt/{rec.share}/{rec.pattern}"
             if self.persistent:
                 durable = shared
-        elif self.persistent:
+        elif self.persistent or rec.durable:
             durable = f"mqtt:{rec.filter}"
+            if rec.filter not in self.subs:
+                # A new subscription never inherits what an earlier session of this client id
+                # left queued under the same name ([MQTT-3.1.2-4]).
+                self.drop_durable(rec.filter)
+            rec.durable = True
         rec.consumer = self.core_session.consumer(
             Destination.topic(rec.pattern), listener=lambda d, r=rec: self.deliver(d, r),
             durable_name=durable, shared_name=shared, no_local=rec.options.no_local,
@@ -223,11 +264,26 @@ class MqttSession:
                     m.waiting.remove(rec)
                     if not m.waiting:
                         self._forget_merge(m)
-        if drop and self.persistent and rec.share is None:
-            try:
-                self.core_session.unsubscribe(f"mqtt:{rec.filter}")
-            except GatewayError:
-                pass
+        if drop and rec.share is None:
+            # By name, not by ``rec.durable``: a subscription replaced while the session
+            # was not persistent leaves the durable it replaced.
+            self.drop_durable(rec.filter)
+
+    def drop_durable(self, flt: str) -> None:
+        """Delete this client id's durable subscription ``mqtt:<flt>`` and what it holds,
+        if there is one. Needs no core connection: a session restored from the store may
+        end (expiry, Clean Start) before its client ever came back."""
+        broker = self.server.broker
+        name = "mqtt:" + flt
+        # The core names durables by scope (the client id) and name; share_scope names
+        # the scope without a connection.
+        if broker.durables.get(f"sub:{self.client_id}:{name}") is None:
+            return
+        try:
+            broker.unsubscribe(None, name, share_scope=self.client_id)
+        except GatewayError as exc:
+            log.warning("mqtt %s: cannot delete durable subscription %s: %s",
+                        self.client_id, name, exc)
 
     def pause(self) -> None:
         self.paused = True
@@ -287,12 +343,13 @@ class MqttSession:
         retain = bool(rec.options.retain_as_published and msg.properties.get(RETAIN_PROPERTY))
         if qos == 0:
             self.core_session.ack(d)
-            conn.send_publish(topic, out.payload, 0, retain, None, props)
+            if conn.send_publish(topic, out.payload, 0, retain, None, props) is None:
+                self.drop_too_large(msg, None)
             return
         pid = self.allocate_pid()
         data = conn.send_publish(topic, out.payload, qos, retain, pid, props)
         if data is None:  # too large for the client: dropped as the spec requires
-            self.core_session.ack(d)
+            self.drop_too_large(msg, d)
             return
         f = self.outgoing[pid] = OutFlight(pid, d, data)
         if self.persistent and msg.store_id and rec.share is None:
@@ -454,7 +511,7 @@ class MqttSession:
             data = conn.send_publish(topic, out.payload, max(1, qos), False, pid, props,
                                      dup=True)
             if data is None:
-                self.core_session.ack(d)
+                self.drop_too_large(d.msg, d)
                 self.forget_inflight(pid)
                 continue
             f = self.outgoing[pid] = OutFlight(pid, d, data)
@@ -497,12 +554,31 @@ class MqttSession:
                         exc)
             return
         if qos == 0:
-            conn.send_publish(topic, out.payload, 0, True, None, props)
+            if conn.send_publish(topic, out.payload, 0, True, None, props) is None:
+                self.drop_too_large(msg, None)
             return
         pid = self.allocate_pid()
         data = conn.send_publish(topic, out.payload, qos, True, pid, props)
-        if data is not None:
+        if data is None:
+            self.drop_too_large(msg, None)
+        else:
             self.outgoing[pid] = OutFlight(pid, None, data)
+
+    def drop_too_large(self, msg: Message, d: Delivery | None) -> None:
+        """A PUBLISH larger than the client's Maximum Packet Size was not sent: the message
+        is dropped for this client as if it had been sent ([MQTT-3.1.2-25]), written to the
+        delivery log as a ``drop`` with reason ``packet_too_large`` and counted in the
+        core's ``dropped`` (or, for a message that asks to be kept, moved to
+        ``$sys.undelivered`` as any undeliverable message is)."""
+        self.server.too_large += 1
+        if d is not None and d.tag in self.core_session.unacked:
+            self.core_session.reject(d, TOO_LARGE)
+            return
+        broker = self.server.broker
+        broker.stats["dropped"] += 1
+        if broker.log_enabled and msg.destination is not None:
+            broker.dlog.record("drop", msg, broker.dest_text(msg.destination),
+                               self.core.id if self.core is not None else None, 0, TOO_LARGE)
 
     def allocate_pid(self) -> int:
         pid = self.next_pid
@@ -519,7 +595,10 @@ class MqttSession:
         self.settle(f)
         if f.saved:
             self.forget_inflight(pid)
-        if self.paused and self.conn is not None and len(self.outgoing) < self.receive_maximum:
+        if self.resend_queue and self.conn is not None:
+            self._resend_next()
+        elif self.paused and self.conn is not None and (
+                len(self.outgoing) < self.receive_maximum):
             self.resume()
         return True
 
@@ -528,30 +607,77 @@ class MqttSession:
     def attach(self, conn: MqttConnection) -> None:
         self.conn = conn
         self.level = conn.level
-        if self.will_timer is not None:  # [MQTT-3.1.3-9]: back before the will delay ran out
-            self.will_timer.cancel()
-            self.will_timer = None
-            self.will = None
+        self.cancel_will()
         if self.expiry_timer is not None:
             self.expiry_timer.cancel()
             self.expiry_timer = None
+        self.left = 0.0
         for rec in self.subs.values():
             if rec.consumer is not None:
                 rec.consumer.core.set_window(self.receive_maximum)
 
     def resend_inflight(self) -> None:
-        """Re-send unacknowledged PUBLISH (DUP) and PUBREL packets, in order ([MQTT-4.4.0-1])."""
+        """Re-send unacknowledged PUBLISH (DUP) and PUBREL packets, in order ([MQTT-4.4.0-1]).
+
+        No more PUBLISHes than the client's Receive Maximum are out at once, counting the
+        exchanges waiting for PUBCOMP ([MQTT-3.3.4-9]; the quota starts afresh with each
+        connection, 4.9): the rest are sent as acknowledgements free their places. Each
+        PUBLISH is encoded anew for this connection (see
+        :meth:`MqttConnection.resend_publish`); one now larger than the client's Maximum
+        Packet Size is dropped as a new one would be ([MQTT-3.1.2-25])."""
         conn = self.conn
         assert conn is not None
+        self.resend_queue.clear()
+        budget = self.receive_maximum
         for f in list(self.outgoing.values()):
             if f.released:
                 conn.send(PubRel(f.pid))
+                budget -= 1
+            elif budget > 0:
+                if self._resend(f):
+                    budget -= 1
             else:
-                conn.write(bytes([f.packet[0] | 0x08]) + f.packet[1:])
+                # Waits; kept meanwhile as this connection's level would send it, topic whole
+                # and no alias, so the next connection can read it back if this one ends.
+                p = sent_publish(f.packet, self.sent_level, self.sent_aliases)
+                f.packet = encode_publish(p.topic, p.payload, p.qos, p.retain, False,
+                                          p.packet_id, p.properties, conn.level)
+                self.resend_queue.append(f.pid)
+
+    def _resend_next(self) -> None:
+        """An acknowledgement freed a place: send the next PUBLISH waiting to be re-sent."""
+        while self.resend_queue:
+            f = self.outgoing.get(self.resend_queue.popleft())
+            if f is not None and self._resend(f):
+                return
+        if self.paused and len(self.outgoing) < self.receive_maximum:
+            self.resume()
+
+    def _resend(self, f: OutFlight) -> bool:
+        """Send ``f`` again on this connection; False if it was dropped as too large."""
+        conn = self.conn
+        assert conn is not None
+        data = conn.resend_publish(f.packet, self.sent_level, self.sent_aliases)
+        if data is not None:
+            f.packet = data
+            return True
+        del self.outgoing[f.pid]
+        if f.delivery is not None:
+            self.drop_too_large(f.delivery.msg, f.delivery)
+        else:  # a retained message: nothing in the core holds it
+            self.server.too_large += 1
+        if f.saved:
+            self.forget_inflight(f.pid)
+        return False
 
     def detach(self, *, publish_will: bool) -> None:
         """The network connection ended; keep or end the session."""
+        conn = self.conn
+        if conn is not None:
+            self.sent_level = conn.level
+            self.sent_aliases = {a: t for t, a in conn.aliases_out.items()}
         self.conn = None
+        self.resend_queue.clear()
         self.pause()
         if publish_will and self.will is not None:
             delay = int(self.will.properties.get("will_delay_interval", 0))
@@ -564,8 +690,23 @@ class MqttSession:
             self.will = None
         if not self.persistent or self.expiry == 0:
             self.end()
-        elif self.expiry != NEVER:
+            return
+        if self.expiry != NEVER:
             self.expiry_timer = self.server.loop.call_later(self.expiry, self.end)
+        if self.level >= MQTT_5:
+            # The interval (perhaps changed by the DISCONNECT) runs from now, also across a
+            # restart ([MQTT-4.1.0-2]: the session state goes when it has passed).
+            self.left = time.time()
+            self.save()
+
+    def cancel_will(self) -> None:
+        """A new connection for the client id came before the Will Delay Interval ran out:
+        the waiting will is not published, whether the connection resumes the session or
+        starts a new one ([MQTT-3.1.2-8], [MQTT-3.1.3-9]; mosquitto does the same)."""
+        if self.will_timer is not None:
+            self.will_timer.cancel()
+            self.will_timer = None
+            self.will = None
 
     def publish_will(self) -> None:
         self.will_timer = None
@@ -583,8 +724,7 @@ class MqttSession:
             self.expiry_timer.cancel()
             self.expiry_timer = None
         for rec in list(self.subs.values()):
-            if self.core_session is not None:
-                self.unsubscribe(rec, drop=True)
+            self.unsubscribe(rec, drop=True)
         self.subs.clear()
         for pid in [*self.outgoing, *self.restored]:
             if pid in self.restored or self.outgoing[pid].saved:
@@ -601,6 +741,7 @@ class MqttSession:
         return {
             "level": self.level,
             "expiry": self.expiry,
+            "left": self.left,
             "subs": [
                 [r.filter, r.options.qos, r.options.no_local, r.options.retain_as_published,
                  r.options.retain_handling, r.sub_id]
@@ -609,10 +750,18 @@ class MqttSession:
         }
 
     def save(self) -> None:
+        """Write the session record while the session is persistent; delete it once a
+        resumed connection made it end with the connection (Session Expiry Interval 0)."""
         if self.persistent:
             store = self.server.broker.store
             store.put_kv(SESSION_NS, self.client_id, json.dumps(self.record()).encode())
             store.commit(None)
+            self.stored = True
+        elif self.stored:
+            store = self.server.broker.store
+            store.delete_kv(SESSION_NS, self.client_id)
+            store.commit(None)
+            self.stored = False
 
 
 def _intersect(a: SubRecord, b: SubRecord) -> bool:

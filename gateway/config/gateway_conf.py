@@ -89,6 +89,13 @@ parameter                           default            meaning
 ``tls_ca``                          (none)             PEM CA bundle to verify client certificates
 ``tls_require_client_cert``         disabled           TLS clients must present a certificate that
                                                        ``tls_ca`` verifies (seed L9099-9147)
+``mqtt_max_keepalive``              0                  the longest MQTT Keep Alive, in seconds (at most
+                                                       65535), as mosquitto's ``max_keepalive``: an
+                                                       MQTT 5 client asking more, or 0 (none), is
+                                                       told this value (CONNACK Server Keep Alive)
+                                                       and held to it; a 3.1/3.1.1 client, which
+                                                       cannot be told, is held to it too. 0 = no
+                                                       maximum: the client's Keep Alive stands
 ``amqp_default_destination``        ``queue``          what a bare AMQP address (no ``queue://`` or
                                                        ``topic://`` prefix, no capability or
                                                        ``x-opt-jms-dest`` saying) names: ``queue``
@@ -119,6 +126,7 @@ from gateway.errors import ConfigError
 
 MAX_SERVER_NAME = 64  # seed L8161-8166
 MAX_CLIENT_MSG_SIZE = 2 * 1024**3  # seed L8300-8310: "maximum 2 GB"
+MAX_KEEPALIVE = 65535  # MQTT Keep Alive is a Two Byte Integer (MQTT 5.0 3.1.2.10)
 
 DEFAULT_PORTS: dict[str, int] = {
     "mqtt": 1883,
@@ -206,6 +214,7 @@ class GatewaySettings:
     tls_ca: str | None = None
     tls_require_client_cert: bool = False
     amqp_default_destination: str = "queue"
+    mqtt_max_keepalive: int = 0
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -334,6 +343,10 @@ def _inflight(v: str) -> int:
     return parse_int(v, minimum=0, maximum=65535)  # a packet id's range (MQTT 5.0 §2.2.1)
 
 
+def _keepalive(v: str) -> int:
+    return parse_int(v, minimum=0, maximum=MAX_KEEPALIVE)
+
+
 def _text(v: str) -> str:
     if not v:
         raise ValueError("value is empty")
@@ -370,6 +383,7 @@ _PARAMS: dict[str, Callable[[str], Any]] = {
     "tls_ca": _text,
     "tls_require_client_cert": parse_bool,
     "amqp_default_destination": _choice(DEST_KINDS),
+    "mqtt_max_keepalive": _keepalive,
     "log_level": _choice(LOG_LEVELS),
 }
 _PATHS = ("store", "delivery_log_dir", "tls_cert", "tls_key", "tls_ca")

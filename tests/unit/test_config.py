@@ -208,6 +208,7 @@ def test_every_parameter_is_read_and_typed(tmp_path: Path) -> None:
         tls_key = certs/key.pem
         tls_ca = certs/ca.pem
         tls_require_client_cert = true
+        mqtt_max_keepalive = 120
         log_level = DEBUG
     """
     gw = load_config(write(tmp_path, gateway=text, topics=">", queues=">")).gateway
@@ -237,6 +238,7 @@ def test_every_parameter_is_read_and_typed(tmp_path: Path) -> None:
         tls_key=str(tmp_path / "certs" / "key.pem"),
         tls_ca=str(tmp_path / "certs" / "ca.pem"),
         tls_require_client_cert=True,
+        mqtt_max_keepalive=120,
         log_level="debug",
     )
     assert gw.listen[0].tls and not gw.listen[1].tls
@@ -269,6 +271,7 @@ def test_allow_anonymous_without_authorization_is_a_warning(tmp_path: Path) -> N
         ("max_connections = -1", "too small"),
         ("listen_backlog = -1", "too small"),
         ("listen_backlog = 65536", "too large; the maximum is 65535"),
+        ("mqtt_max_keepalive = 65536", "too large; the maximum is 65535"),
         ("startup_abort_list = TRANSPORTS,MULTICAST", "'MULTICAST' is not one of"),
         ("log_level = chatty", "not one of debug"),
         ('server = "unterminated', "unterminated double quote"),
