@@ -102,12 +102,12 @@ class MqttServer:
             session.paused = True
             session.stored = True
             session.restored = flights.pop(cid, {})
-            for rec in session.subs.values():  # the store kept the queue: bound it again
+            for sub in session.subs.values():  # the store kept the queue: bound it again
                 durable = self.broker.durables.get(
-                    f"sub:mqtt:mqtt/{rec.share}/{rec.pattern}" if rec.share is not None
-                    else f"sub:{cid}:mqtt:{rec.filter}")
+                    f"sub:mqtt:mqtt/{sub.share}/{sub.pattern}" if sub.share is not None
+                    else f"sub:{cid}:mqtt:{sub.filter}")
                 if durable is not None:
-                    session.bound(durable, rec.options.qos)
+                    session.bound(durable, sub.options.qos)
             self.sessions[cid] = session
             if session.expiry != NEVER:
                 # Counted from when the client left, if the record says ([MQTT-4.1.0-2]).
