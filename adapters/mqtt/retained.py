@@ -110,8 +110,9 @@ class RetainedStore:
         records[name] = blob
         if new:  # after the record: a merge keeps only names that have one
             self._add_name(name)
-        for stream in self.streams:
-            stream.changed(name)
+        if self.streams:
+            for stream in self.streams:
+                stream.changed(name)
         self.store.put_kv(NAMESPACE, name, blob)
         self.store.commit(None)
 
@@ -195,7 +196,8 @@ class RetainedStore:
         prefix, pattern, hide_dollar = s.prefix, s.pattern, s.hide_dollar
         i = bisect_right(names, s.cursor)
         end = min(len(names), i + SCAN_PER_TAKE)
-        matches = subject.matches
+        # "a.b.>" and ">" match every name in the range: no need to ask name by name.
+        matches = None if pattern == prefix + subject.GT else subject.matches
         while i < end and len(out) < limit:
             name = names[i]
             i += 1
@@ -206,7 +208,7 @@ class RetainedStore:
             blob = records.get(name)
             if blob is None or name in skip or (hide_dollar and name.startswith("$")):
                 continue
-            if not matches(pattern, name):
+            if matches is not None and not matches(pattern, name):
                 continue
             msg = self._decode(name, blob, now)
             if msg is not None:
