@@ -23,14 +23,20 @@ The parts (each chosen by its flag; none given: all):
     ``--connections`` connections (default 10,000): ``--publishers`` publishers, the rest
     subscribers; subscriber *i* subscribes to ``load/<i mod T>`` (T = subscribers /
     ``--fanout``), at QoS 0 or 1 alternately, and every tenth (``--stuck`` 0.1) never reads
-    after its SUBACK. The publishers send ``--rate`` messages a second in all (64-byte
-    payloads, QoS 0 and 1 alternately, to random topics) for ``--duration`` seconds. Every
-    ``--interval`` seconds a line: the broker's RSS and CPU, messages received by the
-    healthy subscribers a second, messages published a second, how many the healthy
-    subscribers are behind (deliveries owed to them so far minus received) and the drops the
-    broker itself reports (the gateway: ``dropped`` of /api/v1/server; mosquitto:
-    ``$SYS/broker/publish/messages/dropped``, published every 10 s). After the load the
-    healthy subscribers are given until they are quiet for 3 s; what they still miss is lost.
+    after its SUBACK. The publishers send ``--rate`` messages a second in all (QoS 0 and 1
+    alternately, to random topics) of ``--payload-size`` bytes (2 KB: with 1,000 messages a
+    second over 990 topics a subscriber is owed about 2 KB a second, so a stuck one, whose
+    receive buffer is made small, has its backlog pile up in the broker within a minute
+    rather than in the kernel for the whole run) for ``--duration`` seconds.
+    ``--stuck-filter 'load/#'`` makes the stuck ones owe the whole stream instead (each
+    message then goes to every stuck subscriber: a far heavier load). Every ``--interval``
+    seconds a line: the broker's RSS and CPU, messages received by the healthy subscribers
+    a second, messages published a second, how many the healthy subscribers are behind
+    (deliveries owed to them so far minus received) and the drops the broker itself
+    reports (the gateway: ``dropped`` of /api/v1/server, polled off the load's path;
+    mosquitto: ``$SYS/broker/publish/messages/dropped``, published every 10 s). After the
+    load the healthy subscribers are given until they are quiet for 3 s; what they still
+    miss is lost. The run stops early when the broker's RSS passes ``--rss-limit`` (4 GB).
 ``--storm``
     ``--storm-devices`` devices (default 10,000) connect in bursts of ``--burst`` (500): the
     next burst starts when the previous one's TCP connections are made. Each writes CONNECT
@@ -66,6 +72,7 @@ import os
 import random
 import resource
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -102,12 +109,12 @@ from peers.mosquitto import (  # noqa: E402
 
 BROKERS = ("gateway", "mosquitto")
 PARTS = ("overload", "storm", "commands", "retained")
-PAYLOAD = b"p" * 64
 CMD_PAYLOAD = b'{"cmd":"reboot","at":0000000000}'  # 32 bytes
 PUB_WINDOW = 1000  # unacknowledged QoS 1 publishes a publisher keeps (ids stay unique)
 WRITE_HIGH = 1 << 20  # bytes a client buffers before it waits for its socket
 QUIET = 3.0  # seconds without a delivery that end a wait for stragglers
 CONNECT_WAVE = 500  # connections opened at once when setting up a part
+STUCK_RCVBUF = 4096  # SO_RCVBUF of a stuck subscriber (the kernel doubles it)
 
 
 # --- MQTT 3.1.1 packets, pre-encoded ----------------------------------------------------------
@@ -242,16 +249,13 @@ async def open_clients(port: int, hellos: list[bytes], *, stuck: Callable[[int],
                        ) -> list[Client]:
     """Connect one client per ``hellos`` entry, ``CONNECT_WAVE`` at a time, and wait until each
     is ``served`` (default: has its CONNACK)."""
-    loop = asyncio.get_running_loop()
     clients: list[Client] = []
     is_served = served or (lambda c: c.connack > 0)
     deadline = time.monotonic() + timeout
     for start in range(0, len(hellos), CONNECT_WAVE):
         wave = [Client(h, stuck=bool(stuck and stuck(start + k)))
                 for k, h in enumerate(hellos[start:start + CONNECT_WAVE])]
-        results = await asyncio.gather(
-            *(loop.create_connection(lambda c=c: c, HOST, port) for c in wave),
-            return_exceptions=True)
+        results = await asyncio.gather(*(dial(c, port) for c in wave), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             for c in clients + wave:
@@ -261,6 +265,24 @@ async def open_clients(port: int, hellos: list[bytes], *, stuck: Callable[[int],
         await wait_until(lambda wave=wave: all(is_served(c) for c in wave),  # type: ignore[misc]
                          deadline, f"{len(wave)} clients served")
     return clients
+
+
+async def dial(client: Client, port: int) -> None:
+    """Connect ``client``; a stuck one with a small receive buffer, so what the broker owes
+    it piles up in the broker rather than in the kernel (which would hold megabytes)."""
+    loop = asyncio.get_running_loop()
+    if not client.stuck:
+        await loop.create_connection(lambda: client, HOST, port)
+        return
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, STUCK_RCVBUF)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, (HOST, port))
+    except OSError:
+        sock.close()
+        raise
+    await loop.create_connection(lambda: client, sock=sock)
 
 
 async def wait_until(cond: Callable[[], bool], deadline: float, what: str,
@@ -343,19 +365,25 @@ def start_broker(name: str, workdir: Path) -> Iterator[Broker]:
         yield Broker(running, http)
 
 
-async def broker_dropped(name: str, broker: Broker, sys_dropped: list[int]) -> int | None:
-    """What the broker says it dropped so far (None: it does not say)."""
-    if name == "mosquitto":
-        return sys_dropped[0] if sys_dropped else None
+def gateway_dropped(broker: Broker) -> int | None:
+    """``dropped`` of the gateway's /api/v1/server (None: no answer)."""
     url = f"http://{HOST}:{broker.http_port}/api/v1/server"
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return int(json.loads(r.read()).get("dropped", 0))
+    except (OSError, ValueError):
+        return None
 
-    def fetch() -> int | None:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                return int(json.loads(r.read()).get("dropped", 0))
-        except (OSError, ValueError):
-            return None
-    return await asyncio.get_running_loop().run_in_executor(None, fetch)
+
+async def poll_gateway_dropped(broker: Broker, drops: list[int], interval: float) -> None:
+    """Keep ``drops`` at the gateway's latest figure, off the load's path (a loaded gateway
+    may take seconds to answer)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        value = await loop.run_in_executor(None, gateway_dropped, broker)
+        if value is not None:
+            drops[:] = [value]
+        await asyncio.sleep(interval)
 
 
 # --- the parts ----------------------------------------------------------------------------------
@@ -384,18 +412,24 @@ async def run_overload(name: str, broker: Broker, args: argparse.Namespace,
             healthy[i % topics] += 1
     rss0 = broker.rss()
     t0 = time.monotonic()
+    def sub_filter(i: int) -> str:
+        return args.stuck_filter if is_stuck(i) and args.stuck_filter else f"load/{i % topics}"
+
     subs = await open_clients(
-        broker.port, [connect(f"load-sub-{i}") + subscribe(f"load/{i % topics}", i % 2)
+        broker.port, [connect(f"load-sub-{i}") + subscribe(sub_filter(i), i % 2)
                       for i in range(n_sub)],
         stuck=is_stuck, timeout=args.timeout, served=lambda c: c.suback > 0)
     pubs = await open_clients(broker.port, [connect(f"load-pub-{i}") for i in range(n_pub)],
                               timeout=args.timeout)
-    sys_dropped: list[int] = []
+    drops: list[int] = []  # what the broker says it dropped, latest
     monitor = None
+    poller = None
+    if name == "gateway":
+        poller = asyncio.ensure_future(poll_gateway_dropped(broker, drops, args.interval / 2))
     if name == "mosquitto":
         def on_sys(first: int, topic: bytes, payload: bytes) -> None:
             with contextlib.suppress(ValueError):
-                sys_dropped[:] = [int(payload)]
+                drops[:] = [int(payload)]
         monitor = Client(connect("load-monitor")
                          + subscribe("$SYS/broker/publish/messages/dropped", 0),
                          on_publish=on_sys)
@@ -411,6 +445,7 @@ async def run_overload(name: str, broker: Broker, args: argparse.Namespace,
     expected = 0
     published = 0
     topic_packets = [utf8(f"load/{k}") for k in range(topics)]
+    payload = b"p" * args.payload_size
     rng = random.Random(1)
     stop = time.monotonic() + args.duration
     start = time.monotonic()
@@ -436,7 +471,7 @@ async def run_overload(name: str, broker: Broker, args: argparse.Namespace,
                 p = rng.randrange(n_pub)
                 qos = published & 1
                 pub = pubs[p]
-                body = topic_packets[k] + (pub.pid().to_bytes(2, "big") if qos else b"") + PAYLOAD
+                body = topic_packets[k] + (pub.pid().to_bytes(2, "big") if qos else b"") + payload
                 batches.setdefault(p, []).append(packet(0x30 | (qos << 1), body))
                 expected += healthy[k]
                 published += 1
@@ -449,7 +484,7 @@ async def run_overload(name: str, broker: Broker, args: argparse.Namespace,
             cpu_self = process_cpu(os.getpid())
             t_prev, recv_prev, pub_prev, cpu_prev, self_prev = last
             span = now - t_prev
-            dropped = await broker_dropped(name, broker, sys_dropped)
+            dropped = drops[0] if drops else None
             sample = {"t": now - start, "rss_mb": broker.rss() / 2**20,
                       "cpu_pct": 100 * (cpu - cpu_prev) / span,
                       "recv_per_s": (received - recv_prev) / span,
@@ -458,6 +493,8 @@ async def run_overload(name: str, broker: Broker, args: argparse.Namespace,
                       "dropped": -1 if dropped is None else dropped,
                       "client_cpu_pct": 100 * (cpu_self - self_prev) / span}
             samples.append(sample)
+            if sample["rss_mb"] > args.rss_limit:
+                stop = now  # the run ends here: the broker's memory is out of bounds
             line = (f"{sample['t']:6.0f} {sample['rss_mb']:7.0f} {sample['cpu_pct']:6.0f} "
                     f"{sample['recv_per_s']:8.0f} {sample['pub_per_s']:7.0f} "
                     f"{sample['behind']:9,} {'-' if dropped is None else f'{dropped:,}':>8} "
@@ -467,9 +504,18 @@ async def run_overload(name: str, broker: Broker, args: argparse.Namespace,
             last = (now, received, published, cpu, cpu_self)
         await asyncio.sleep(tick)
     load_s = time.monotonic() - start
+    if load_s < args.duration - 1:
+        line = f"{name}: stopped after {load_s:.0f} s: RSS above --rss-limit {args.rss_limit:,.0f} MB"
+        log(line)
+        result.lines.append(line)
     await quiet(lambda: sum(c.received for c in healthy_subs), 60)
     received = sum(c.received for c in healthy_subs)
-    dropped = await broker_dropped(name, broker, sys_dropped)
+    if poller is not None:
+        poller.cancel()
+        value = await asyncio.get_running_loop().run_in_executor(None, gateway_dropped, broker)
+        if value is not None:
+            drops[:] = [value]
+    dropped = drops[0] if drops else None
     result.figures["overload"] = {
         "connections": args.connections, "publishers": n_pub, "subscribers": n_sub,
         "topics": topics, "setup_s": setup, "rss_before_mb": rss0 / 2**20,
@@ -478,7 +524,7 @@ async def run_overload(name: str, broker: Broker, args: argparse.Namespace,
         "received_by_healthy": received, "lost": expected - received,
         "healthy_rate": received / load_s, "broker_dropped": dropped,
         "rss_peak_mb": max([s["rss_mb"] for s in samples], default=rss_connected / 2**20),
-        "rss_end_mb": broker.rss() / 2**20, "samples": samples,
+        "rss_end_mb": broker.rss() / 2**20, "load_s": load_s, "samples": samples,
     }
     line = (f"{name}: published {published:,} in {load_s:.0f} s; healthy subscribers received "
             f"{received:,} of {expected:,} owed (lost {expected - received:,}); broker "
@@ -701,7 +747,8 @@ def report(results: dict[str, Result], names: list[str], parts: list[str]) -> No
                  ("overload: peak RSS MB", "rss_peak_mb", "overload", ".0f")]
     if "storm" in parts:
         rows += [("storm: all served s", "all_served_s", "storm", ".2f"),
-                 ("storm: p99 s", "p99_s", "storm", ".2f"),
+                 ("storm: device median s", "p50_s", "storm", ".2f"),
+                 ("storm: device p99 s", "p99_s", "storm", ".2f"),
                  ("storm: retries", "retries", "storm", ",")]
     if "commands" in parts:
         rows += [("commands: msgs/s", "msgs_per_s", "commands", ",.0f")]
@@ -733,6 +780,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--publishers", type=int, default=100)
     p.add_argument("--fanout", type=int, default=10, help="subscribers a topic")
     p.add_argument("--stuck", type=float, default=0.1, help="share of subscribers that never read")
+    p.add_argument("--payload-size", type=int, default=2048, help="bytes a message")
+    p.add_argument("--stuck-filter", default="",
+                   help="what the stuck subscribers subscribe to ('': their own topic)")
+    p.add_argument("--rss-limit", type=float, default=4096,
+                   help="MB of broker RSS at which the overload run stops")
     p.add_argument("--rate", type=float, default=1000.0, help="messages published a second")
     p.add_argument("--duration", type=float, default=600.0, help="seconds of overload")
     p.add_argument("--interval", type=float, default=10.0, help="seconds between lines")
