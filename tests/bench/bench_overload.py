@@ -33,7 +33,8 @@ The parts (each chosen by its flag; none given: all):
     seconds a line: the broker's RSS and CPU, messages received by the healthy subscribers
     a second, messages published a second, how many the healthy subscribers are behind
     (deliveries owed to them so far minus received) and the drops the broker itself
-    reports (the gateway: ``dropped`` of /api/v1/server, polled off the load's path;
+    reports (the gateway: ``dropped`` plus ``rejected`` of /api/v1/server, the latter the
+    publishes it refused, as at its ``max_msg_memory``; polled off the load's path;
     mosquitto: ``$SYS/broker/publish/messages/dropped``, published every 10 s). After the
     load the healthy subscribers are given until they are quiet for 3 s; what they still
     miss is lost. The run stops early when the broker's RSS passes ``--rss-limit`` (4 GB).
@@ -366,11 +367,12 @@ def start_broker(name: str, workdir: Path) -> Iterator[Broker]:
 
 
 def gateway_dropped(broker: Broker) -> int | None:
-    """``dropped`` of the gateway's /api/v1/server (None: no answer)."""
+    """``dropped`` + ``rejected`` of the gateway's /api/v1/server (None: no answer)."""
     url = f"http://{HOST}:{broker.http_port}/api/v1/server"
     try:
         with urllib.request.urlopen(url, timeout=30) as r:
-            return int(json.loads(r.read()).get("dropped", 0))
+            info = json.loads(r.read())
+            return int(info.get("dropped", 0)) + int(info.get("rejected", 0))
     except (OSError, ValueError):
         return None
 
