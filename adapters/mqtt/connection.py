@@ -63,7 +63,6 @@ from gateway.errors import (
     LimitExceededError,
     SecurityError,
 )
-from gateway.message import Message
 from mappings.mqtt import PayloadFormatInvalid
 
 if TYPE_CHECKING:
@@ -620,8 +619,7 @@ class MqttConnection:
         if isinstance(sub_id, list):
             sub_id = sub_id[0] if sub_id else None
         codes: list[int] = []
-        retained: list[tuple[Message, SubRecord]] = []
-        server = self.server
+        retained: list[SubRecord] = []
         for flt, opts in p.subscriptions:
             if not validate_topic_filter(flt):
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID)
@@ -655,14 +653,13 @@ class MqttConnection:
             codes.append(min(opts.qos, 2))
             if rec.share is None and (opts.retain_handling == 0 or (
                     opts.retain_handling == 1 and existed is None)):
-                for msg in server.retained.matching(rec.pattern, rec.parent):
-                    retained.append((msg, rec))
+                retained.append(rec)
         if self.level < MQTT_5:
             codes = [c if c < 0x80 else 0x80 for c in codes]
         self.send(SubAck(p.packet_id, codes))
         session.save()
-        for msg, rec in retained:
-            session.deliver_retained(msg, rec)
+        for rec in retained:  # streamed as the client's window allows
+            session.start_retained(rec)
 
     def handle_unsubscribe(self, p: Unsubscribe) -> None:
         session = self.session

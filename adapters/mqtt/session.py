@@ -67,6 +67,7 @@ from mappings.mqtt import RETAIN_PROPERTY
 
 if TYPE_CHECKING:
     from adapters.mqtt.connection import MqttConnection
+    from adapters.mqtt.retained import RetainedStream
     from adapters.mqtt.server import MqttServer
 
 log = logging.getLogger("adapters.mqtt")
@@ -99,6 +100,9 @@ def sent_publish(packet: bytes, level: int, aliases: dict[int, str]) -> Publish:
         p = Publish(p.topic or aliases.get(alias, ""), p.payload, p.qos, p.retain, p.dup,
                     p.packet_id, props)
     return p
+# Retained messages sent to new subscriptions per loop turn: enough to fill a socket's write
+# buffer in a few turns, few enough that a large retained set does not hold up the loop.
+RETAINED_BATCH = 256
 
 
 class SubRecord:
@@ -205,6 +209,9 @@ class MqttSession:
         self.merges: dict[int, Merge] = {}
         self.merges_stored: dict[int, Merge] = {}
         self.subs_version = 0
+        # Retained messages new subscriptions are owed, sent a batch at a time (pump_retained).
+        self.retained: list[tuple[RetainedStream, SubRecord]] = []
+        self.pump_scheduled = False
 
     # -- core attachment --------------------------------------------------------------------
 
@@ -301,6 +308,8 @@ class MqttSession:
                 core = rec.consumer.core
                 core.paused = False
                 core.set_window(self.receive_maximum)
+        if self.retained:
+            self.pump_retained()
 
     # -- delivery (core → client) -----------------------------------------------------------
 
@@ -542,6 +551,47 @@ class MqttSession:
                 props["subscription_identifier"] = [rec.sub_id]
         return out, qos, topic, props
 
+    def start_retained(self, rec: SubRecord) -> None:
+        """A new subscription gets the retained messages its filter matches ([MQTT-3.3.1-9]),
+        streamed by :meth:`pump_retained`."""
+        self.retained.append((self.server.retained.stream(rec.pattern, rec.parent), rec))
+        self.pump_retained()
+
+    def pump_retained(self) -> None:
+        """Send retained messages owed to new subscriptions while the session is not paused:
+        at most the client's Receive Maximum unacknowledged at QoS 1 and 2 ([MQTT-3.3.4-9]),
+        and no more once the socket's write buffer is full (its pause pauses the session;
+        :meth:`resume` comes back here). One call sends at most ``RETAINED_BATCH`` messages,
+        then lets the loop flush and serve others before the next batch."""
+        self.pump_scheduled = False
+        store = self.server.retained
+        streams = self.retained
+        budget = RETAINED_BATCH
+        now = self.server.broker.now()
+        while streams and budget > 0 and not self.paused and self.conn is not None:
+            stream, rec = streams[0]
+            if self.subs.get(rec.filter) is not rec:  # unsubscribed or replaced meanwhile
+                store.close(stream)
+                del streams[0]
+                continue
+            room = budget
+            if rec.options.qos:
+                room = min(room, self.receive_maximum - len(self.outgoing))
+                if room <= 0:
+                    self.pause()
+                    break
+            msgs = store.take(stream, room, now)
+            for msg in msgs:
+                self.deliver_retained(msg, rec)
+            if stream.done:
+                del streams[0]
+            elif not msgs:  # scanned its share of names without a match: go on next turn
+                break
+            budget -= len(msgs)
+        if streams and not self.paused and self.conn is not None and not self.pump_scheduled:
+            self.pump_scheduled = True
+            self.server.loop.call_soon(self.pump_retained)
+
     def deliver_retained(self, msg: Message, rec: SubRecord) -> None:
         """Send a retained message to a new subscription (retain flag set, [MQTT-3.3.1-9])."""
         conn = self.conn
@@ -563,6 +613,8 @@ class MqttSession:
             self.drop_too_large(msg, None)
         else:
             self.outgoing[pid] = OutFlight(pid, None, data)
+            if len(self.outgoing) >= self.receive_maximum:
+                self.pause()
 
     def drop_too_large(self, msg: Message, d: Delivery | None) -> None:
         """A PUBLISH larger than the client's Maximum Packet Size was not sent: the message
