@@ -687,7 +687,8 @@ def test_05b_will_retain_and_will_properties(gw: GatewayThread,
         content_type="text/plain", response_topic=f"{topic}/reply"))
     a.kill()
     later = clients(lib, port, f"s05b-{lib}-later")
-    wait_for(lambda: gw.call(lambda: f"s05b.{lib}" in _server(gw).retained.messages),
+    wait_for(lambda: gw.call(lambda: _server(gw).retained.get(
+        f"s05b.{lib}", _server(gw).broker.now()) is not None),
              what="the will to be retained")
     later.sub(topic, 1)
     m = later.get()
