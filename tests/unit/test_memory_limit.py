@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
 from corehelp import Q, T, collect, running_broker
+
 from gateway.client import AckMode
 from gateway.endpoint import MESSAGE_OVERHEAD, Swapped
 from gateway.errors import LimitExceededError
