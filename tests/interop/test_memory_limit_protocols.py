@@ -22,6 +22,7 @@ from gw import GatewayThread, wait_for
 from paho.mqtt.enums import CallbackAPIVersion
 from proton import Delivery, Message
 
+from gateway.endpoint import MESSAGE_OVERHEAD
 from gateway.message import Destination
 
 LIMIT = 8 * 1024 * 1024
@@ -121,6 +122,8 @@ def test_stomp_send_past_the_limit_without_flow_control_is_an_error_frame(tmp_pa
         assert b"max_msg_memory" in err.body
         accepted = g.call(lambda: g.broker.queues["mem"].count)
         assert 0 < accepted < sent + 1
+        # The core charged each accepted message its body and object overhead, up to the limit.
+        assert accepted * (BODY + MESSAGE_OVERHEAD) <= g.call(lambda: g.broker.memory) <= LIMIT
         consumer, got = stomp_peer(g)
         consumer.subscribe("/queue/mem", id="1", ack="auto")
         wait_for(lambda: len(got.numbers) == accepted, 30, "the accepted messages")
@@ -154,6 +157,7 @@ def test_mqtt5_publish_past_the_limit_without_flow_control_gets_quota_exceeded(t
             assert all(code == 0 for code in codes[:-1]) and len(codes) > 1
             held = g.call(lambda: g.broker.all_subscriptions()[0].count)
             assert held == len(codes) - 1  # every acknowledged message is there
+            assert held * (BODY + MESSAGE_OVERHEAD) <= g.call(lambda: g.broker.memory) <= LIMIT
         finally:
             c.loop_stop()
             c.disconnect()
@@ -177,6 +181,7 @@ def test_amqp_transfer_past_the_limit_without_flow_control_is_rejected(tmp_path)
             accepted += 1
         else:
             raise AssertionError("no transfer was rejected")
+        assert accepted * (BODY + MESSAGE_OVERHEAD) <= g.call(lambda: g.broker.memory) <= LIMIT
         r = c.create_receiver("queue://mem", credit=100)
         numbers = []
         for _ in range(accepted):
