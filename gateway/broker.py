@@ -129,8 +129,11 @@ class Broker:
         self.swapping = bool(gw.msg_swapping) and bool(getattr(store, "swappable", False))
         limit = self.max_memory
         self.swap_at = int(limit * SWAP_AT) if limit and self.swapping else 1 << 62
+        # Pending messages a queue keeps in memory before the ones behind them are swapped.
+        self.backlog_swapout = int(gw.destination_backlog_swapout) if self.swapping else 1 << 62
         self.resume_at = int(limit * RESUME_AT)
         self.swap_pending = False  # a swap pass is scheduled
+        self.swap_more = False  # the last pass stopped at its budget
         self.next_deep = 0  # memory past which the next deep swap pass may run
         self.swapped = 0  # pending messages whose body is in the store only
         # Confirmations of producers held by the memory limit (flow control).
@@ -585,6 +588,8 @@ class Broker:
             q.fresh += 1
         self.memory += msg.size + MESSAGE_OVERHEAD
         q.put(msg, now)
+        if q.npending - q.swapped > self.backlog_swapout and not self.swap_pending:
+            self._swap_soon()
         if q.flow_limit and q.bytes >= q.flow_limit and q.consumers:
             flow = self.loop.create_future()
             q.flow_waiters.append(flow)
@@ -673,20 +678,25 @@ class Broker:
         if self.closed:
             return
         self.swap_out()
-        if self.memory > self.swap_at:
+        if self.swap_more:
             self._swap_soon()  # more to do: after other work on the loop
 
     def swap_out(self, deep: bool = False) -> int:
-        """Swap pending persistent queue messages out until memory is down to SWAP_TO of the
-        limit, deepest queues first, looking at no more than SWAP_BUDGET messages; returns
-        the bytes freed (EMS ``msg_swapping``, seed L8277-8368).
+        """Swap pending persistent queue messages out (EMS ``msg_swapping``, seed
+        L8277-8368): each queue's messages behind its first ``destination_backlog_swapout``,
+        and, while memory is past SWAP_AT of the limit, more from the deepest queues until it
+        is down to SWAP_TO; looks at no more than SWAP_BUDGET messages. Returns the bytes
+        freed.
 
         A pass looks only at queues that got persistent messages since the last one, from
         their back; a ``deep`` pass (at the limit, see :meth:`_memory_full`) looks at every
         pending message of every queue."""
         if not self.swapping:
             return 0
-        want = self.memory - int(self.max_memory * SWAP_TO)
+        want = 0
+        if self.memory > self.swap_at or deep:
+            want = self.memory - int(self.max_memory * SWAP_TO)
+        backlog = self.backlog_swapout
         budget = SWAP_BUDGET
         freed = 0
         if deep:
@@ -695,11 +705,16 @@ class Broker:
             queues = [q for q in self.queues.values() if q.fresh]
         queues.sort(key=_depth, reverse=True)
         for q in queues:
-            if freed >= want or budget <= 0:
+            if budget <= 0:
                 break
-            got, seen = q.swap_out(want - freed, budget, deep)
+            over = q.npending - q.swapped - backlog
+            if freed >= want and over <= 0:
+                q.fresh = 0  # nothing to do here until more arrives
+                continue
+            got, seen = q.swap_out(want - freed, over, budget, deep)
             freed += got
             budget -= seen
+        self.swap_more = budget <= 0
         if self.memory_waiters and self.memory <= self.resume_at:
             self.release_memory()
         return freed

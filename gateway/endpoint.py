@@ -79,6 +79,21 @@ class Swapped:
         self.nbytes = nbytes
 
 
+# Markers by size, shared: most messages of a deep queue have bodies of a few sizes, and a
+# marker of its own would cost each swapped message another 48 bytes.
+_MARKERS: dict[int, Swapped] = {}
+MAX_MARKERS = 4096
+
+
+def swapped_marker(nbytes: int) -> Swapped:
+    marker = _MARKERS.get(nbytes)
+    if marker is None:
+        marker = Swapped(nbytes)
+        if len(_MARKERS) < MAX_MARKERS:
+            _MARKERS[nbytes] = marker
+    return marker
+
+
 def charge(msg: Message) -> int:
     """What ``msg`` costs in ``broker.memory`` while an endpoint holds it."""
     body = msg.body
@@ -587,10 +602,10 @@ class Endpoint:
 
     # -- message swapping (queues) ---------------------------------------------------------
 
-    def swap_out(self, want: int, budget: int, deep: bool) -> tuple[int, int]:
-        """Drop the bodies of pending persistent messages until ``want`` bytes are freed or
-        ``budget`` messages were looked at; from the back: lowest priority, newest first.
-        Returns (bytes freed, messages looked at).
+    def swap_out(self, want: int, count: int, budget: int, deep: bool) -> tuple[int, int]:
+        """Drop the bodies of pending persistent messages until ``want`` bytes are freed and
+        ``count`` messages swapped, or ``budget`` messages were looked at; from the back:
+        lowest priority, newest first. Returns (bytes freed, messages looked at).
 
         Without ``deep``, each priority's scan stops at its first swapped message: what lies
         before it was looked at by an earlier pass (or read back to be delivered next), so a
@@ -609,15 +624,15 @@ class Endpoint:
                 if (msg.store_id and msg.refs == 1 and msg.delivery_mode == PERSISTENT
                         and not preserved(msg)):
                     nbytes = body_size(body)
-                    msg.body = Swapped(nbytes)
+                    msg.body = swapped_marker(nbytes)
                     msg.wire = None
                     freed += nbytes
                     n += 1
-                    if freed >= want:
+                    if freed >= want and n >= count:
                         break
                 if seen >= budget:
                     break
-            if freed >= want or seen >= budget:
+            if (freed >= want and n >= count) or seen >= budget:
                 break
         else:
             self.fresh = 0  # looked at everything new
@@ -764,6 +779,7 @@ class Endpoint:
             "in_flight": self.count - self.npending - len(self.held),
             "count": self.count,
             "bytes": self.bytes,
+            "swapped": self.swapped,
             "consumers": len(self.consumers),
             "total_in": self.stats_in,
             "total_out": self.stats_out,

@@ -40,6 +40,10 @@ parameter                           default            meaning
                                                        the store past 75% of ``max_msg_memory`` and
                                                        are read back before delivery (seed
                                                        L8362-8368)
+``destination_backlog_swapout``     1024               with ``msg_swapping``, pending messages a
+                                                       queue keeps in memory; those behind them
+                                                       are swapped out as they come; 0 = all
+                                                       (seed L8277-8289)
 ``max_client_msg_size``             0                  reject larger incoming messages; 0 = any size;
                                                        at most 2GB (seed L8300-8310)
 ``max_connections``                 0                  simultaneous client connections; 0 = unlimited
@@ -165,6 +169,7 @@ class GatewaySettings:
     flow_control: bool = False
     max_msg_memory: int = 512 * 1024**2
     msg_swapping: bool = True
+    destination_backlog_swapout: int = 1024
     max_client_msg_size: int = 0
     max_connections: int = 0
     selector_logical_operator_limit: int = 5000
@@ -301,6 +306,7 @@ _PARAMS: dict[str, Callable[[str], Any]] = {
     "flow_control": parse_bool,
     "max_msg_memory": parse_size,
     "msg_swapping": parse_bool,
+    "destination_backlog_swapout": _count,
     "max_client_msg_size": _client_msg_size,
     "max_connections": _count,
     "selector_logical_operator_limit": _count,

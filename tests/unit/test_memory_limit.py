@@ -238,3 +238,31 @@ async def test_topic_subscribers_are_charged_and_held_like_queues(tmp_path):
         await until(lambda: all(f.done() for f in held), what="the held producers")
         assert b.memory == 0
         c.close()
+
+
+async def test_a_queue_keeps_its_backlog_in_memory_and_swaps_what_is_behind_it(tmp_path):
+    conf = "max_msg_memory = 0\ndestination_backlog_swapout = 100\n"
+    async with running_broker(tmp_path, gateway=conf, log=False) as b:
+        p = b.connect().session().producer(Q("backlog"))
+        futures = [p.send(numbered(i)) for i in range(1000)]
+        await asyncio.gather(*[f for f in futures if f is not None])
+        q = b.queues["backlog"]
+        assert q.swapped == 900  # with no memory limit at all
+        kinds = [type(m.body) is Swapped for m in q.iter_pending()]
+        assert kinds == [False] * 100 + [True] * 900
+        got: list[int] = []
+        b.connect().session().consumer(Q("backlog"), listener=lambda d: got.append(number(d)))
+        await until(lambda: len(got) == 1000, what="1000 messages")
+        assert got == list(range(1000))
+        assert b.memory == 0 and b.swapped == 0
+
+
+async def test_nothing_is_swapped_while_a_consumer_keeps_up(tmp_path):
+    async with running_broker(tmp_path, gateway="max_msg_memory = 8MB\n", log=False) as b:
+        got: list[int] = []
+        b.connect().session().consumer(Q("live"), listener=lambda d: got.append(number(d)))
+        p = b.connect().session().producer(Q("live"))
+        futures = [p.send(numbered(i)) for i in range(5000)]
+        await asyncio.gather(*[f for f in futures if f is not None])
+        assert got == list(range(5000))
+        assert b.stats["swapped_out"] == 0 and b.stats["swapped_in"] == 0
