@@ -183,8 +183,8 @@ class Broker:
             self.kv = recovered.kv
             recover(self, recovered)
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
-        if self.memory > self.swap_at:
-            self._swap_soon()
+        if self.swapping and self.memory:
+            self._swap_soon()  # what recovery brought back: backlogs and the limit apply
 
     def close(self) -> None:
         """Stop timers; the caller flushes the store and the delivery log afterwards."""
