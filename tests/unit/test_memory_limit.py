@@ -266,3 +266,59 @@ async def test_nothing_is_swapped_while_a_consumer_keeps_up(tmp_path):
         await asyncio.gather(*[f for f in futures if f is not None])
         assert got == list(range(5000))
         assert b.stats["swapped_out"] == 0 and b.stats["swapped_in"] == 0
+
+
+class LosingReads:
+    """The broker's store, with one message left out of every read (a row gone bad)."""
+
+    def __init__(self, store: Any, lost: int) -> None:
+        self.store = store
+        self.lost = lost
+
+    def read_messages(self, ids: list[int], callback: Any) -> None:
+        self.store.read_messages(
+            ids, lambda found: callback({k: v for k, v in found.items() if k != self.lost}))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+async def test_a_swapped_message_the_store_cannot_give_back_is_dropped_and_the_rest_flow(
+        tmp_path):
+    conf = "max_msg_memory = 0\ndestination_backlog_swapout = 10\n"
+    async with running_broker(tmp_path, gateway=conf) as b:
+        p = b.connect().session().producer(Q("bad"))
+        futures = [p.send(numbered(i)) for i in range(100)]
+        await asyncio.gather(*[f for f in futures if f is not None])
+        q = b.queues["bad"]
+        assert q.swapped == 90
+        victim = q.iter_pending()[50]
+        assert type(victim.body) is Swapped
+        store = b.store
+        b.store = LosingReads(store, victim.store_id)
+        try:
+            got: list[int] = []
+            b.connect().session().consumer(Q("bad"), listener=lambda d: got.append(number(d)))
+            await until(lambda: q.count == 0, what="the queue drained")
+        finally:
+            b.store = store
+        assert got == [i for i in range(100) if i != 50]
+        assert b.stats["dropped"] == 1 and b.memory == 0 and b.swapped == 0
+
+
+async def test_claiming_a_swapped_message_reads_its_body_at_once(tmp_path):
+    conf = "max_msg_memory = 0\ndestination_backlog_swapout = 0\n"
+    async with running_broker(tmp_path, gateway=conf, log=False) as b:
+        p = b.connect().session().producer(Q("claim"))
+        futures = [p.send(numbered(i)) for i in range(5)]
+        await asyncio.gather(*[f for f in futures if f is not None])
+        q = b.queues["claim"]
+        assert q.swapped == 5
+        target = q.iter_pending()[3]
+        s = b.connect().session(AckMode.CLIENT)
+        c = s.consumer(Q("claim"), window=0)  # takes nothing by itself
+        d = q.claim(target.store_id, c.core)
+        assert d is not None and number(d) == 3 and len(d.msg.body) == BODY
+        assert q.swapped == 4
+        s.ack(d)
+        assert q.count == 4
