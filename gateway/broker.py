@@ -20,10 +20,11 @@ in-process client, an adapter connection, a transport): stamp → route → stor
   be waited for, or a future that resolves when it is durable and, with flow control on,
   when the destination has drained below its ``flowControl`` limit (seed L3392-3398).
 
-Memory (``max_msg_memory``, seed L8317-8368). ``memory`` is what the messages held by
-endpoints cost (:func:`gateway.endpoint.charge`). Past :data:`SWAP_AT` of the limit, persistent
-messages pending on queues leave memory for the store, deepest queues first, until memory is
-down to :data:`SWAP_TO` (``msg_swapping``; :meth:`Broker.swap_out`). A message that would take
+Memory (``max_msg_memory``, seed L8277-8368). ``memory`` is what the messages held by
+endpoints cost (:func:`gateway.endpoint.charge`). With ``msg_swapping`` the persistent messages
+pending on a queue behind its first ``destination_backlog_swapout`` leave memory for the store
+as they come, and past :data:`SWAP_AT` of the limit more do, deepest queues first, until
+memory is down to :data:`SWAP_TO` (:meth:`Broker.swap_out`). A message that would take
 memory past the limit even so is, with ``flow_control`` enabled, accepted but its producer's
 confirmation waits until memory is back under :data:`RESUME_AT` of the limit -- the adapters
 stop reading or withhold credit while confirmations wait, so producers are paused, as EMS

@@ -102,8 +102,6 @@ def charge(msg: Message) -> int:
     return msg.size + MESSAGE_OVERHEAD
 
 
-
-
 class Delivery:
     """One delivery of a message to one consumer; what a listener receives.
 
@@ -412,6 +410,8 @@ class Endpoint:
                 if msg.store_id == store_id:
                     if type(msg.body) is Swapped:
                         self.load_now([msg])
+                        if type(msg.body) is Swapped:
+                            return None  # the store could not give it back: dropped
                     self.pending[p].remove(msg)
                     self.npending -= 1
                     count = self.counts.get(msg, 0) + 1
@@ -740,8 +740,9 @@ class Endpoint:
             return
         dq.remove(msg)
         self.npending -= 1
+        count = self.counts.get(msg, 0)
         self._remove(msg)
-        self.broker.undeliverable(msg, self, "store_read_failed", self.counts.get(msg, 0))
+        self.broker.undeliverable(msg, self, "store_read_failed", count)
 
     # -- consumers ------------------------------------------------------------------------
 
