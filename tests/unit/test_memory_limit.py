@@ -322,3 +322,22 @@ async def test_claiming_a_swapped_message_reads_its_body_at_once(tmp_path):
         assert q.swapped == 4
         s.ack(d)
         assert q.count == 4
+
+
+async def test_messages_kept_when_undeliverable_stay_in_memory_and_keep_their_bodies(tmp_path):
+    from gateway.message import PROP_PRESERVE_UNDELIVERED
+
+    conf = "max_msg_memory = 0\ndestination_backlog_swapout = 0\n"
+    async with running_broker(tmp_path, gateway=conf, log=False) as b:
+        p = b.connect().session().producer(Q("ttl"), ttl=1000)
+        futures = []
+        for i in range(20):
+            m = numbered(i)
+            if i % 2:
+                m.properties[PROP_PRESERVE_UNDELIVERED] = True
+            futures.append(p.send(m))
+        await asyncio.gather(*[f for f in futures if f is not None])
+        assert b.queues["ttl"].swapped == 10
+        await until(lambda: b.queues["ttl"].count == 0, what="the expiry sweep")
+        kept = b.queues["$sys.undelivered"].iter_pending()
+        assert [int.from_bytes(m.body[:4], "big") for m in kept] == list(range(1, 20, 2))
