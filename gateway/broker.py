@@ -126,6 +126,8 @@ class Broker:
         self.max_memory = int(gw.max_msg_memory)
         self.max_msg_size = int(gw.max_client_msg_size)
         self.memory = 0
+        # memory + a message's size past this: the message would take memory past the limit.
+        self.memory_cap = self.max_memory - MESSAGE_OVERHEAD
         # Message swapping needs a store that can give bodies back (not the memory store).
         self.swapping = bool(gw.msg_swapping) and bool(getattr(store, "swappable", False))
         limit = self.max_memory
@@ -432,7 +434,7 @@ class Broker:
                     f"message of {msg.size} bytes exceeds max_client_msg_size {self.max_msg_size}"
                 )
             held = False
-            if self.max_memory and self.memory + msg.size + MESSAGE_OVERHEAD > self.max_memory:
+            if self.max_memory and self.memory + msg.size > self.memory_cap:
                 held = self._memory_full(msg)
             is_topic = dest.kind is TOPIC
             if is_topic:
@@ -453,8 +455,6 @@ class Broker:
                 fut = self._route_topic(target, msg, now)  # type: ignore[arg-type]
             else:
                 fut = self._route_queue(target, msg, now)  # type: ignore[arg-type]
-            if self.memory > self.swap_at:
-                self._swap_soon()
             if held:
                 return self._hold_for_memory(fut)
             return fut
@@ -587,10 +587,16 @@ class Broker:
             store.add_entry(q.key, msg.store_id, 0)
             fut = self._commit_future(msg.store_id)
             q.fresh += 1
-        self.memory += msg.size + MESSAGE_OVERHEAD
-        q.put(msg, now)
-        if q.npending - q.swapped > self.backlog_swapout and not self.swap_pending:
-            self._swap_soon()
+            self.memory += msg.size + MESSAGE_OVERHEAD
+            q.put(msg, now)
+            # Only a queue's persistent messages can be swapped: the trigger is here alone (at
+            # the limit _memory_full swaps whatever the message).
+            if ((q.npending - q.swapped > self.backlog_swapout or self.memory > self.swap_at)
+                    and not self.swap_pending):
+                self._swap_soon()
+        else:
+            self.memory += msg.size + MESSAGE_OVERHEAD
+            q.put(msg, now)
         if q.flow_limit and q.bytes >= q.flow_limit and q.consumers:
             flow = self.loop.create_future()
             q.flow_waiters.append(flow)

@@ -40,7 +40,7 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from gateway.message import (
     PROP_PRESERVE_UNDELIVERED,
@@ -65,7 +65,7 @@ _seq = itertools.count()
 # strings 136 B, the property dict 64 B, the timestamp, store id and other int objects 96 B,
 # the bytes object's header 33 B, the deque slot 8 B: about 560 B in all, 64 of them already in
 # ``size``. Without it a queue of small messages used several times the memory it was charged.
-MESSAGE_OVERHEAD = 480
+MESSAGE_OVERHEAD: Final = 480
 # Swapped messages read back from the store per read (one round trip through the writer).
 LOAD_BATCH = 512
 
@@ -310,7 +310,7 @@ class Endpoint:
                 if pending[p]:
                     msg = pending[p].popleft()
                     break
-            if type(msg.body) is Swapped:
+            if self.swapped and type(msg.body) is Swapped:
                 pending[p].appendleft(msg)
                 self._load()
                 return
@@ -506,7 +506,7 @@ class Endpoint:
         if self.counts:
             self.counts.pop(msg, None)
         broker = self.broker
-        if type(msg.body) is Swapped:
+        if self.swapped and type(msg.body) is Swapped:
             broker.memory -= charge(msg)
             self.swapped -= 1
             broker.swapped -= 1
