@@ -410,7 +410,8 @@ class Endpoint:
                 if msg.store_id == store_id:
                     if type(msg.body) is Swapped:
                         self.load_now([msg])
-                        if type(msg.body) is Swapped:
+                        body: Any = msg.body  # read again: load_now replaced it
+                        if type(body) is Swapped:
                             return None  # the store could not give it back: dropped
                     self.pending[p].remove(msg)
                     self.npending -= 1
