@@ -94,6 +94,10 @@ def swapped_marker(nbytes: int) -> Swapped:
     return marker
 
 
+def is_swapped(msg: Message) -> bool:
+    return type(msg.body) is Swapped
+
+
 def charge(msg: Message) -> int:
     """What ``msg`` costs in ``broker.memory`` while an endpoint holds it."""
     body = msg.body
@@ -408,10 +412,11 @@ class Endpoint:
         for p in range(PRIORITIES - 1, -1, -1):
             for msg in self.pending[p]:
                 if msg.store_id == store_id:
-                    if type(msg.body) is Swapped:
+                    if is_swapped(msg):
                         self.load_now([msg])
-                        body: Any = msg.body  # read again: load_now replaced it
-                        if type(body) is Swapped:
+                        # A call, not the test written out: the compiled build would take
+                        # the attribute's type as narrowed by the test above.
+                        if is_swapped(msg):
                             return None  # the store could not give it back: dropped
                     self.pending[p].remove(msg)
                     self.npending -= 1
