@@ -11,15 +11,141 @@ causes, on every connection it reaches, leave in one ``write`` each with no extr
 wake-up. The reading connection is written first (its acknowledgements free its sender's
 window). Output made outside a read (a group commit confirmed, a timer) is written on the
 next loop turn.
+
+Slow consumers. Every adapter connection (TCP, TLS and WebSocket, every protocol) stops
+taking deliveries when more than :data:`WRITE_HIGH_WATER` bytes wait to be sent to its peer
+and takes them again below :data:`WRITE_LOW_WATER`: the shell calls the connection's
+``pause_writing`` / ``resume_writing``, which pause its core consumers. Undelivered messages
+then wait in the core's queues and subscriptions, where ``maxmsgs`` / ``maxbytes`` /
+``max_msg_memory`` and the overflow policies act on them -- nothing grows without bound
+outside the core. A connection's buffer holds at most the high-water mark plus what one
+read batch wrote to it. :class:`WriteFlow` is that state for one connection: the admin
+views read it, and each change is a log line and, when someone subscribes to it, a map
+message on ``$sys.monitor.client.slowconsumer`` (the counterpart of RV's
+``CLIENT.SLOWCONSUMER`` advisory).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gateway.config.gateway_conf import listen_backlog
+from gateway.errors import GatewayError
+from gateway.message import DeliveryMode, Destination, Message
 from gateway.tls import server_context
+
+log = logging.getLogger("adapters")
+
+# Bytes waiting to be sent to one peer before its deliveries pause, and below which they
+# resume. 1 MiB holds about a thousand 1 KB messages: enough to keep a fast reader busy
+# between two loop turns, small beside max_msg_memory. asyncio's own default low-water
+# mark is a quarter of the high one; we keep that ratio.
+WRITE_HIGH_WATER = 1 << 20
+WRITE_LOW_WATER = WRITE_HIGH_WATER // 4
+SLOW_CONSUMER_TOPIC = "$sys.monitor.client.slowconsumer"
+
+
+class WriteFlow:
+    """One connection's write-buffer state: buffered bytes, slow or not, since when.
+
+    ``buffered`` returns the bytes not yet handed to the socket; ``conn`` is the adapter's
+    connection object (its ``core_id()`` and ``client_id()`` name it in notices).
+    """
+
+    __slots__ = ("broker", "protocol", "address", "buffered", "conn", "slow", "since",
+                 "episodes")
+
+    def __init__(self, broker: Any, protocol: str, address: str,
+                 buffered: Callable[[], int]) -> None:
+        self.broker = broker
+        self.protocol = protocol
+        self.address = address
+        self.buffered = buffered
+        self.conn: Any = None
+        self.slow = False
+        self.since = 0.0
+        self.episodes = 0  # times it became slow
+
+    def became_slow(self) -> None:
+        """The buffer passed the high-water mark: deliveries to this peer pause."""
+        if self.slow:
+            return
+        self.slow = True
+        self.since = time.monotonic()
+        self.episodes += 1
+        self._notice("slow", 0.0)
+
+    def recovered(self) -> None:
+        """The buffer drained below the low-water mark: deliveries resume."""
+        if not self.slow:
+            return
+        self.slow = False
+        self._notice("recovered", time.monotonic() - self.since)
+
+    def closed(self) -> None:
+        """The connection ended; if it was slow, that episode ends with it."""
+        if self.slow:
+            self.slow = False
+            self._notice("closed", time.monotonic() - self.since)
+
+    def _notice(self, event: str, seconds: float) -> None:
+        conn = self.conn
+        client_id = conn.client_id() if conn is not None else None
+        core_id = conn.core_id() if conn is not None else None
+        buffered = self.buffered()
+        if event == "slow":
+            log.info("%s %s (client id %s): slow consumer, %d bytes unsent; deliveries to it "
+                     "paused", self.protocol, self.address, client_id, buffered)
+        elif event == "recovered":
+            log.info("%s %s (client id %s): slow consumer recovered after %.1f s; deliveries "
+                     "resume", self.protocol, self.address, client_id, seconds)
+        else:
+            log.info("%s %s (client id %s): slow consumer closed after %.1f s, %d bytes unsent",
+                     self.protocol, self.address, client_id, seconds, buffered)
+        broker = self.broker
+        if broker.subs.has_interest(SLOW_CONSUMER_TOPIC):
+            body = {"event": event, "protocol": self.protocol, "address": self.address,
+                    "client_id": client_id or "", "connection": core_id or "",
+                    "buffered": buffered, "seconds": round(seconds, 3)}
+            # Not from inside the write that noticed it: on the next loop turn.
+            broker.loop.call_soon(_publish_monitor, broker, body)
+
+    def row(self) -> dict[str, Any]:
+        """The admin view of this connection's output."""
+        conn = self.conn
+        return {
+            "connection": conn.core_id() if conn is not None else None,
+            "client_id": conn.client_id() if conn is not None else None,
+            "protocol": self.protocol,
+            "address": self.address,
+            "buffered": self.buffered(),
+            "slow": self.slow,
+            "slow_seconds": round(time.monotonic() - self.since, 3) if self.slow else 0,
+            "slow_episodes": self.episodes,
+        }
+
+
+def _publish_monitor(broker: Any, body: dict[str, Any]) -> None:
+    """A map message on the slow-consumer monitor topic (created on first use, as EMS's
+    ``$sys.monitor`` topics are the server's own)."""
+    if broker.closed:
+        return
+    from gateway.broker import Topic
+
+    if SLOW_CONSUMER_TOPIC not in broker.topics:
+        broker.topics[SLOW_CONSUMER_TOPIC] = Topic(
+            SLOW_CONSUMER_TOPIC, broker.config.topics.default_props(), static=False)
+    msg = Message.map(body)
+    msg.destination = Destination.topic(SLOW_CONSUMER_TOPIC)
+    msg.delivery_mode = DeliveryMode.NON_PERSISTENT
+    try:
+        broker.publish(msg)
+    except GatewayError as exc:
+        log.debug("slow-consumer notice not published: %s", exc)
 
 
 class AdapterServer(Protocol):
@@ -36,7 +162,11 @@ class BatchingServer(Protocol):
 
 
 class BatchedProtocol(asyncio.Protocol):
-    """One connection's socket; subclasses make ``self.conn`` in ``connection_made``."""
+    """One connection's socket; subclasses make ``self.conn`` in ``connection_made`` and
+    call :meth:`watch` with it. The connection object has ``pause_writing`` /
+    ``resume_writing`` (stop and resume its deliveries), ``core_id()`` and ``client_id()``."""
+
+    protocol_name = "?"
 
     def __init__(self, server: BatchingServer) -> None:
         self.server = server
@@ -44,6 +174,35 @@ class BatchedProtocol(asyncio.Protocol):
         self.conn: Any = None
         self.out: list[bytes] = []
         self.flush_scheduled = False
+        self.flow: WriteFlow | None = None
+
+    def watch(self, broker: Any, transport: asyncio.BaseTransport, address: str) -> None:
+        """Set the water marks on ``transport`` and give ``self.conn`` its :class:`WriteFlow`."""
+        transport.set_write_buffer_limits(  # type: ignore[attr-defined]
+            high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
+        self.flow = WriteFlow(broker, self.protocol_name, address, self.buffered)
+        self.flow.conn = self.conn
+        self.conn.flow = self.flow
+
+    def buffered(self) -> int:
+        """Bytes not yet sent to the peer: the socket's buffer and this turn's output."""
+        t = self.transport
+        n = t.get_write_buffer_size() if t is not None and not t.is_closing() else 0
+        for b in self.out:
+            n += len(b)
+        return n
+
+    def pause_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.pause_writing()
+        if self.flow is not None:
+            self.flow.became_slow()
+
+    def resume_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.resume_writing()
+        if self.flow is not None:
+            self.flow.recovered()
 
     def data_received(self, data: bytes) -> None:
         """Process the read, then write every connection it produced output for, once each."""
@@ -69,6 +228,8 @@ class BatchedProtocol(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.flow is not None:
+            self.flow.closed()
         if self.conn is not None:
             self.server.connections.discard(self.conn)
             self.conn.connection_lost()
@@ -117,7 +278,11 @@ class Listener:
 async def listen(broker: Any, spec: Any, server: AdapterServer,
                  protocol: Callable[[], asyncio.BaseProtocol], tls_scheme: str) -> Listener:
     """Listen on ``spec``'s host and port; TLS with the gateway's certificate when the
-    listener's scheme is ``tls_scheme`` (``mqtts``, ``amqps``, ...)."""
+    listener's scheme is ``tls_scheme`` (``mqtts``, ``amqps``, ...). The accept queue is
+    ``listen_backlog`` long (the system's maximum by default), not asyncio's 100: a burst of
+    devices connecting at once waits there rather than in TCP's SYN retries (a second each,
+    then more)."""
     ctx = server_context(broker, tls_scheme) if spec.scheme == tls_scheme else None
-    tcp = await broker.loop.create_server(protocol, spec.host or None, spec.port, ssl=ctx)
+    tcp = await broker.loop.create_server(protocol, spec.host or None, spec.port, ssl=ctx,
+                                          backlog=listen_backlog(broker.config.gateway))
     return Listener(server, tcp)

@@ -7,6 +7,12 @@ by one writer task per connection, in order; ``close`` is honoured after what wa
 before it. An adapter says what a text message means (``on_text``: feed it, or refuse it)
 and whether a client that last sent text gets text back (``text_replies``, for STOMP clients
 that speak text; a reply that is not UTF-8 still goes as a binary message).
+
+Slow consumers: bytes written and not yet sent (collected, or being sent while aiohttp waits
+for the socket to drain) are counted; past :data:`adapters.listener.WRITE_HIGH_WATER` the
+connection's ``pause_writing`` stops its deliveries, and once a send completes with the
+count at or below the low-water mark ``resume_writing`` restarts them -- as the TCP shells
+do with the transport's own water marks (:mod:`adapters.listener`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from adapters.listener import WRITE_HIGH_WATER, WRITE_LOW_WATER, WriteFlow
+
 # What an adapter does with a text message: feed bytes to the connection (return True to
 # go on) or refuse it (return False, the socket ends).
 OnText = Callable[[Any, str], bool]
@@ -25,17 +33,41 @@ OnText = Callable[[Any, str], bool]
 class _Writer:
     """Output of one connection, sent in order by one task."""
 
-    def __init__(self, ws: web.WebSocketResponse) -> None:
+    def __init__(self, ws: web.WebSocketResponse, transport: Any) -> None:
         self.ws = ws
+        self.transport = transport
         self.text = False  # reply in text messages
         self.out: list[bytes] = []
+        self.queued = 0  # bytes in ``out`` and in the send under way
+        self.conn: Any = None
+        self.flow: WriteFlow | None = None
+        self.paused = False
         self.wake = asyncio.Event()
         self.closing = False
         self.task = asyncio.ensure_future(self._run())
 
     def write(self, data: bytes) -> None:
         self.out.append(data)
+        self.queued += len(data)
         self.wake.set()
+        if self.queued > WRITE_HIGH_WATER and not self.paused and self.conn is not None:
+            self.paused = True
+            self.conn.pause_writing()
+            if self.flow is not None:
+                self.flow.became_slow()
+
+    def buffered(self) -> int:
+        t = self.transport
+        n = t.get_write_buffer_size() if t is not None and not t.is_closing() else 0
+        return self.queued + n
+
+    def _drained(self) -> None:
+        if self.paused and self.buffered() <= WRITE_LOW_WATER:
+            self.paused = False
+            if self.conn is not None:
+                self.conn.resume_writing()
+            if self.flow is not None:
+                self.flow.recovered()
 
     def close(self) -> None:
         self.closing = True
@@ -59,6 +91,8 @@ class _Writer:
                         await ws.send_bytes(data)
                 except ConnectionError:
                     return
+                self.queued -= len(data)
+                self._drained()
             if self.closing:
                 await ws.close()
                 return
@@ -74,12 +108,15 @@ class _Writer:
 async def serve(request: web.Request, ws: web.WebSocketResponse, server: Any,
                 make_connection: Callable[[Callable[[bytes], None], Callable[[], None], str],
                                           Any],
-                on_text: OnText, *, text_replies: bool = False) -> None:
+                on_text: OnText, *, text_replies: bool = False, protocol: str = "ws") -> None:
     """Run one prepared WebSocket with the adapter's connection until it ends."""
-    writer = _Writer(ws)
+    writer = _Writer(ws, request.transport)
     peer = request.transport.get_extra_info("peername") if request.transport else None
-    conn = make_connection(writer.write, writer.close,
-                           f"ws:{peer[0]}:{peer[1]}" if peer else "ws")
+    address = f"ws:{peer[0]}:{peer[1]}" if peer else "ws"
+    conn = make_connection(writer.write, writer.close, address)
+    writer.conn = conn
+    writer.flow = conn.flow = WriteFlow(server.broker, protocol, address, writer.buffered)
+    writer.flow.conn = conn
     server.connections.add(conn)
     try:
         async for msg in ws:
@@ -93,6 +130,7 @@ async def serve(request: web.Request, ws: web.WebSocketResponse, server: Any,
             if writer.closing:
                 break
     finally:
+        writer.flow.closed()
         server.connections.discard(conn)
         conn.connection_lost()
         await writer.finish()

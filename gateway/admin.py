@@ -18,6 +18,12 @@ request; nothing here runs on the message path.
 ``GET /api/v1/durables``                    ``show durables``
 ``GET /api/v1/connections``                 ``show connections``
 ``GET /api/v1/store``                       the store's group-commit statistics
+``GET /api/v1/clients``                     every adapter connection's output: bytes
+                                            buffered, slow or not (deliveries paused past
+                                            the write high-water mark), since when;
+                                            ``?slow=1`` lists the slow consumers only
+``GET /api/v1/sessions``                    MQTT sessions: in-flight window, messages
+                                            queued for them and dropped, per subscription
 ``POST /api/v1/queues/{name}/purge``        ``purge queue name``
 ``POST /api/v1/topics/{name}``              ``setprop topic name props`` (JSON body
                                             ``{"properties": "import=\"t1\",export=\"t2\""}``)
@@ -34,6 +40,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.config.gateway_conf import listen_backlog
 from gateway.errors import GatewayError
 
 
@@ -133,13 +140,42 @@ def make_app(broker: Any) -> web.Application:
     async def durables(_: web.Request) -> web.Response:
         return web.json_response([s.info() for s in broker.durables.values()])
 
+    def client_rows() -> list[dict[str, Any]]:
+        # Each adapter connection's WriteFlow (adapters.listener), by duck typing: the core
+        # does not import the adapters.
+        rows = []
+        for server in list(broker.adapter_servers.values()):
+            for c in list(getattr(server, "connections", ())):
+                flow = getattr(c, "flow", None)
+                if flow is not None:
+                    rows.append(flow.row())
+        return rows
+
     @routes.get("/api/v1/connections")
     async def connections(_: web.Request) -> web.Response:
-        return web.json_response([
-            {"id": c.id, "client_id": c.client_id, "user": c.user, "kind": c.kind,
-             "protocol": c.protocol, "address": c.address, "sessions": len(c.sessions)}
-            for c in broker.connections.values()
-        ])
+        output = {r["connection"]: r for r in client_rows() if r["connection"]}
+        rows = []
+        for c in broker.connections.values():
+            row = {"id": c.id, "client_id": c.client_id, "user": c.user, "kind": c.kind,
+                   "protocol": c.protocol, "address": c.address, "sessions": len(c.sessions)}
+            out = output.get(c.id)
+            if out is not None:
+                row["buffered"] = out["buffered"]
+                row["slow"] = out["slow"]
+            rows.append(row)
+        return web.json_response(rows)
+
+    @routes.get("/api/v1/clients")
+    async def clients(request: web.Request) -> web.Response:
+        rows = client_rows()
+        if request.query.get("slow") in ("1", "true"):
+            rows = [r for r in rows if r["slow"]]
+        return web.json_response(rows)
+
+    @routes.get("/api/v1/sessions")
+    async def sessions(_: web.Request) -> web.Response:
+        mqtt = broker.adapter_servers.get("mqtt")
+        return web.json_response(mqtt.session_rows() if mqtt is not None else [])
 
     @routes.get("/api/v1/store")
     async def store(_: web.Request) -> web.Response:
@@ -174,7 +210,9 @@ async def start(broker: Any, spec: Any) -> AdminServer:
     """Registry entry for ``listen = http://host:port``."""
     runner = web.AppRunner(make_app(broker), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, spec.host, spec.port)
+    # the accept queue of every listener (aiohttp's default is 128)
+    site = web.TCPSite(runner, spec.host, spec.port,
+                       backlog=listen_backlog(broker.config.gateway))
     await site.start()
     server = site._server
     sockets = getattr(server, "sockets", None) or []

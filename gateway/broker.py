@@ -163,8 +163,9 @@ class Broker:
         self._msg_prefix = f"ID:{self.name}.{os.getpid():x}{uuid.uuid4().hex[:6]}:"
         self._trace_prefix = f"{self.id}:"
         self._sweeper: asyncio.TimerHandle | None = None
-        self.stats = {"rejected": 0, "dropped": 0, "expired": 0, "undelivered": 0,
-                      "swapped_out": 0, "swapped_in": 0, "memory_held": 0}
+        self.stats = {"rejected": 0, "dropped": 0, "discarded": 0, "expired": 0,
+                      "undelivered": 0, "swapped_out": 0, "swapped_in": 0,
+                      "memory_held": 0}
         self.published = 0
         self.closed = False
         # The store's key-value records at start-up, for adapters (MQTT sessions, retained).
@@ -243,6 +244,36 @@ class Broker:
 
     # -- connections ----------------------------------------------------------------------
 
+    def anonymous_allowed(self) -> bool:
+        """Whether a client without a user name may connect: always with ``authorization``
+        disabled (every connection is accepted, seed L4543-4546, L11238-11240), otherwise
+        as ``allow_anonymous`` says (EMS's ``anonymous`` user, seed L11334-11341)."""
+        return not self.authorization or bool(self.config.gateway.allow_anonymous)
+
+    def authenticate(self, user: str | None, password: str | None) -> str | None:
+        """The user a client presenting ``user`` / ``password`` connects as (``None``:
+        anonymous), or SecurityError. The one set of credential rules every adapter uses.
+
+        An empty user name is no user name. With ``authorization`` disabled every
+        connection is accepted, whatever it presents, and keeps the name it gave -- unverified,
+        a label for ``sender_name`` and the admin API's connection views; no permission is
+        checked then (seed L11238-11240). With it enabled the name and password are checked
+        against ``users.conf`` (seed L11242-11244), and a client without a name connects
+        only with ``allow_anonymous`` enabled.
+
+        Raises:
+            SecurityError: with ``authorization`` enabled, an unknown user or a wrong
+                password ("authentication failed"), or no user name while ``allow_anonymous``
+                is disabled ("anonymous connections are not allowed").
+        """
+        if not user:
+            if not self.anonymous_allowed():
+                raise SecurityError("anonymous connections are not allowed")
+            return None
+        if self.authorization and not self.config.security.authenticate(user, password or ""):
+            raise SecurityError(f"authentication failed for user {user!r}")
+        return user
+
     def connect(
         self,
         *,
@@ -266,13 +297,8 @@ class Broker:
         """
         from gateway.client import Connection
 
-        security = self.config.security
         if not authenticated:
-            if user is None:
-                if not self.config.gateway.allow_anonymous:
-                    raise SecurityError("anonymous connections are not allowed")
-            elif not security.authenticate(user, password or ""):
-                raise SecurityError(f"authentication failed for user {user!r}")
+            user = self.authenticate(user, password)
         max_conn = int(self.config.gateway.max_connections)
         if max_conn and len(self.connections) >= max_conn:
             raise LimitExceededError(f"max_connections ({max_conn}) reached")
@@ -517,6 +543,13 @@ class Broker:
                     raise LimitExceededError(
                         f"topic {topic.name!r}: the export spool {bounded.key!r} is full")
         persistent = msg.delivery_mode == PERSISTENT
+        if persistent and props.overflow_policy.name == "REJECT_INCOMING":
+            for s in subs:
+                b: Subscription = s  # type: ignore[assignment]
+                if (b.bound is not None and not b.bound[2] and _over_bound(b, msg, b.bound)
+                        and (not (b.no_local or b.selector is not None) or b.accepts(msg))):
+                    raise LimitExceededError(
+                        f"topic {topic.name!r}: a subscriber's queue is full (rejectIncoming)")
         stored = False
         store = self.store
         flow_limit = props.flow_control_bytes if self.flow_control else 0
@@ -525,12 +558,31 @@ class Broker:
             sub: Subscription = s  # type: ignore[assignment]
             if (sub.no_local or sub.selector is not None) and not sub.accepts(msg):
                 continue
+            bound = sub.bound
+            if bound is not None and (sub.npending or sub.held or bound[1]) and _over_bound(
+                    sub, msg, bound):
+                # An adapter's per-subscriber bound (a slow MQTT session): never holds up the
+                # topic's other subscribers unless the topic says rejectIncoming.
+                if (persistent and not bound[2]
+                        and props.overflow_policy.name == "DISCARD_OLD"):
+                    while _over_bound(sub, msg, bound) and sub.discard_oldest():
+                        pass
+                if _over_bound(sub, msg, bound):
+                    sub.dropped += 1
+                    self.stats["dropped"] += 1
+                    if self.log_enabled:  # the subscriber's connection, when it has one
+                        consumers = sub.consumers
+                        self.dlog.record("drop", msg, self.dest_text(sub.dest),
+                                         consumers[0].session.connection.id if consumers
+                                         else None, 0, "max_queued")
+                    continue
             if limited and _over(sub, msg, maxmsgs, maxbytes):
                 if policy == "DISCARD_OLD":
                     while _over(sub, msg, maxmsgs, maxbytes) and sub.discard_oldest():
                         pass
                 else:
                     # default: this subscriber misses the message; others get it (seed L2609-2611).
+                    sub.dropped += 1
                     self.stats["dropped"] += 1
                     if self.log_enabled:
                         self.dlog.record("drop", msg, self.dest_text(sub.dest), None, 0, "exceeded")
@@ -975,6 +1027,13 @@ def is_simple(props: Any) -> bool:
 
 def _over(ep: Endpoint, msg: Message, maxmsgs: int, maxbytes: int) -> bool:
     return bool((maxmsgs and ep.count >= maxmsgs) or (maxbytes and ep.bytes + msg.size > maxbytes))
+
+
+def _over_bound(sub: Subscription, msg: Message, bound: tuple[int, int, bool]) -> bool:
+    """Past an adapter's bound: messages queued beyond the in-flight ones (pending and held),
+    or bytes held (queued and in flight)."""
+    return bool((bound[0] and sub.npending + len(sub.held) >= bound[0])
+                or (bound[1] and sub.bytes + msg.size > bound[1]))
 
 
 def _depth(q: QueueEndpoint) -> int:

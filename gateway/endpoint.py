@@ -239,6 +239,7 @@ class Endpoint:
         self.stats_in = 0
         self.stats_out = 0
         self.stats_acked = 0
+        self.stats_discarded = 0  # dropped by overflowPolicy=discardOld
         self.closed = False
         self.swapped = 0  # pending messages whose body is in the store only
         self.loading = False  # a read of swapped messages is on its way
@@ -542,7 +543,9 @@ class Endpoint:
         self.pending[oldest_p].popleft()
         self.npending -= 1
         self._remove(oldest)
+        self.stats_discarded += 1
         broker = self.broker
+        broker.stats["discarded"] += 1
         if broker.log_enabled:
             broker.dlog.record("discard", oldest, self.log_dest, None, 0, "discarded")
         return True
@@ -791,6 +794,7 @@ class Endpoint:
             "total_in": self.stats_in,
             "total_out": self.stats_out,
             "total_acked": self.stats_acked,
+            "total_discarded": self.stats_discarded,
         }
 
     def iter_pending(self) -> list[Message]:
@@ -857,6 +861,12 @@ class Subscription(Endpoint):
         # A bound of its own (a transport's export spool): (maxmsgs, maxbytes, block); when
         # full, block the producer (as flow control does) or reject the message.
         self.spool: tuple[int, int, bool] | None = None
+        # An adapter's bound on what waits here beyond the in-flight window (an MQTT session's
+        # max_queued_messages / max_queued_bytes): (messages, bytes, drop_all); 0 = no limit.
+        # When full the broker drops a non-persistent message (every message when
+        # drop_all) for this subscriber and applies the topic's overflow policy otherwise.
+        self.bound: tuple[int, int, bool] | None = None
+        self.dropped = 0  # messages this subscriber missed (bound or maxmsgs/maxbytes full)
 
     def accepts(self, msg: Message) -> bool:
         """Selector and no-local test for one routed message."""
@@ -881,6 +891,8 @@ class Subscription(Endpoint):
     def info(self) -> dict[str, Any]:
         d = super().info()
         d.update(
+            dropped=self.dropped,
+            bound=list(self.bound) if self.bound is not None else None,
             pattern=self.pattern,
             name=self.name,
             client_id=self.client_id,

@@ -137,6 +137,11 @@ def _mqtt_user_headers_in(m: Message, types: str | None, jms_type: str | None,
             SKIP if priority is None else priority, SKIP if trace_id is None else trace_id)
 
 
+def _mqtt_user_record_in(m: Message, pairs: list[tuple[str, str]] | None) -> Any:
+    record = mqtt.user_record_in(pairs)
+    return SKIP if record is None else record
+
+
 def _mqtt_retain_in(m: Message, retain: bool | None) -> Any:
     return True if retain else SKIP
 
@@ -148,9 +153,11 @@ def _mqtt_mode_in(m: Message, qos: int) -> DeliveryMode:
 # -- MQTT, out --------------------------------------------------------------------------------
 
 
-def _mqtt_body_out(m: Message, kind: str, body: Any) -> tuple[Any, ...]:
+def _mqtt_body_out(m: Message, kind: str, body: Any, pfi: Any, qos: Any) -> tuple[Any, ...]:
     payload, utf8, json_body = mqtt.body_out(BodyKind[kind], body)
-    return payload, 1 if utf8 else SKIP, JSON_CONTENT_TYPE if json_body else SKIP
+    indicator = mqtt.pfi_out(utf8, json_body, pfi, qos)
+    return (payload, SKIP if indicator is None else indicator,
+            JSON_CONTENT_TYPE if json_body else SKIP)
 
 
 def _mqtt_qos_out(m: Message, qos: Any, mode: str) -> int:
@@ -175,6 +182,18 @@ def _mqtt_correlation_out(m: Message, corr: str | bytes | None) -> Any:
 
 def _mqtt_text_out(m: Message, name: str, text: Any) -> Any:
     return SKIP if text is None else mqtt.header_text_out(name, str(text), _types(m))
+
+
+def _mqtt_message_id_out(m: Message, message_id: Any, qos: Any) -> Any:
+    text = mqtt.message_id_out(None if message_id is None else str(message_id), qos, _types(m))
+    return SKIP if text is None else text
+
+
+def _mqtt_user_record_out(m: Message, record: Any, pairs: list[tuple[str, Any]]) -> Any:
+    if record is None or _types(m):  # a typed property is there: the record cannot agree
+        return SKIP
+    recorded = mqtt.user_record_out(record, pairs)
+    return SKIP if recorded is None else recorded
 
 
 def _mqtt_priority_out(m: Message, priority: int) -> Any:
@@ -392,15 +411,18 @@ CONVERTERS: dict[str, Converter] = {
     "mqtt-body-in": Converter(_mqtt_body_in, 3, 1),
     "mqtt-expiry-in": Converter(_mqtt_expiry_in, 2, 1),
     "mqtt-user-headers-in": Converter(_mqtt_user_headers_in, 5, 4),
+    "mqtt-user-record-in": Converter(_mqtt_user_record_in, 1, 1),
     "mqtt-retain-in": Converter(_mqtt_retain_in, 1, 1),
     "mqtt-mode-in": Converter(_mqtt_mode_in, 1, 1),
-    "mqtt-body-out": Converter(_mqtt_body_out, 2, 3),
+    "mqtt-body-out": Converter(_mqtt_body_out, 4, 3),
     "mqtt-qos-out": Converter(_mqtt_qos_out, 2, 1),
     "mqtt-content-type-out": Converter(_mqtt_content_type_out, 2, 1),
     "mqtt-expiry-out": Converter(_mqtt_expiry_out, 2, 1),
     "mqtt-correlation-out": Converter(_mqtt_correlation_out, 1, 1),
     "mqtt-text-out": Converter(_mqtt_text_out, 1, 1, named=True),
     "mqtt-priority-out": Converter(_mqtt_priority_out, 1, 1),
+    "mqtt-message-id-out": Converter(_mqtt_message_id_out, 2, 1),
+    "mqtt-user-record-out": Converter(_mqtt_user_record_out, 2, 1),
     "amqp-property-in": Converter(_amqp_property_in, 0, 0, item=True),
     "amqp-body-in": Converter(_amqp_body_in, 4, 1),
     "amqp-mode-in": Converter(_amqp_mode_in, 2, 1),

@@ -18,14 +18,20 @@ that the rules call as converters (:mod:`mappings.converters`). The tables that 
 code are the module constants ``_MODE_BY_QOS`` and ``_QOS_BY_MODE``; how typed property
 values are written as text and read back is :mod:`mappings.typedtext`.
 
-What MQTT 5 cannot carry natively rides in user properties: the gateway trace id
-(``gw-trace-id``), the JMS header fields with no MQTT slot (``JMSType``, ``JMSPriority``,
-``JMSMessageID``) and the types of non-string JMS properties (``gw-types``), so a message
-that goes core → MQTT 5 → core keeps every property with its width.
+What MQTT 5 cannot carry natively rides in user properties: the JMS header fields with no
+MQTT slot (``JMSType``, ``JMSPriority``, and ``JMSMessageID`` of a message that did not come
+from an MQTT publisher) and the types of non-string JMS properties (``gw-types``), so a
+message that goes core → MQTT 5 → core keeps every property with its width. Nothing else is
+added: a message an MQTT 5 client published reaches MQTT 5 subscribers with its own user
+properties and Payload Format Indicator ([MQTT-3.3.2-4], [MQTT-3.3.2-17], [MQTT-3.3.2-18]);
+the JMSMessageID and trace id the gateway stamps on it stay in the delivery log. The trace id
+travels as the ``gw-trace-id`` user property only where it is asked for: the mqtt transport
+adds it (:func:`trace_user_property`) and a mapping rule may (``mappings/README.md``).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, NamedTuple
 
 from gateway.message import (
@@ -50,19 +56,29 @@ from mappings.typedtext import (
 
 __all__ = [
     "CONTENT_TYPE_PROPERTY",
+    "PFI_PROPERTY",
     "QOS_PROPERTY",
     "RETAIN_PROPERTY",
     "TRACE_USER_PROPERTY",
     "TYPES_USER_PROPERTY",
+    "USER_RECORD_PROPERTY",
     "MqttOut",
     "PayloadFormatInvalid",
     "message_to_mqtt",
     "mqtt_to_message",
+    "trace_user_property",
 ]
 
 QOS_PROPERTY = "JMS_GW_MQTT_QOS"  # int8: the publisher's MQTT QoS, so a later MQTT hop knows it
 RETAIN_PROPERTY = "JMS_GW_MQTT_RETAIN"  # boolean, present (true) only when the retain flag was set
 CONTENT_TYPE_PROPERTY = "JMS_GW_CONTENT_TYPE"  # string; shared with AMQP and STOMP content-type
+# int8: the MQTT 5 publisher's Payload Format Indicator (0 or 1), present only when it sent
+# one, so MQTT 5 subscribers get it unaltered [MQTT-3.3.2-4] (and none when it sent none).
+PFI_PROPERTY = "JMS_GW_MQTT_PFI"
+# string: the MQTT 5 publisher's user properties as sent (a JSON array of [name, value]),
+# present only when JMS properties cannot hold them (a name repeated, or empty), so MQTT 5
+# subscribers get them all, in order [MQTT-3.3.2-17], [MQTT-3.3.2-18].
+USER_RECORD_PROPERTY = "JMS_GW_MQTT_USER_PROPERTIES"
 TRACE_USER_PROPERTY = "gw-trace-id"  # MQTT 5 user property carrying the gateway trace id
 TYPES_USER_PROPERTY = "gw-types"  # MQTT 5 user property listing non-string property types
 
@@ -95,6 +111,7 @@ _PERSISTENT = DeliveryMode.PERSISTENT
 # In: QoS 0 → NON_PERSISTENT, QoS 1 and 2 → PERSISTENT; the QoS itself kept as an int8.
 _MODE_BY_QOS = (_NON_PERSISTENT, _PERSISTENT, _PERSISTENT)
 _QOS_INT8 = (Int8(0), Int8(1), Int8(2))
+_PFI_INT8 = (Int8(0), Int8(1))
 
 # Out: a message without the publisher's QoS gets one from its delivery mode.
 _QOS_BY_MODE: dict[int, int] = {
@@ -108,15 +125,16 @@ _QOS_VALUES = {0: 0, 1: 1, 2: 2}  # legal QOS_PROPERTY values (Int8(1) hashes as
 # own MQTT properties are set from the packet, never from a user property of the same name.
 _SPECIAL_IN = frozenset(
     (TRACE_USER_PROPERTY, TYPES_USER_PROPERTY, QOS_PROPERTY, RETAIN_PROPERTY,
-     CONTENT_TYPE_PROPERTY, JMS_TYPE, JMS_PRIORITY)
+     CONTENT_TYPE_PROPERTY, PFI_PROPERTY, USER_RECORD_PROPERTY, JMS_TYPE, JMS_PRIORITY)
 )  # fmt: skip
 
 # Out: JMS properties that are not sent as user properties (they are MQTT fields already, or
-# the trace id, which has its own user property, or names the gateway's own ones would shadow).
+# the trace id, or names the gateway's own ones would shadow).
 _SKIP_OUT = frozenset(
-    (QOS_PROPERTY, RETAIN_PROPERTY, CONTENT_TYPE_PROPERTY, PROP_TRACE_ID, TRACE_USER_PROPERTY,
-     TYPES_USER_PROPERTY)
+    (QOS_PROPERTY, RETAIN_PROPERTY, CONTENT_TYPE_PROPERTY, PFI_PROPERTY, USER_RECORD_PROPERTY,
+     PROP_TRACE_ID, TRACE_USER_PROPERTY, TYPES_USER_PROPERTY)
 )  # fmt: skip
+_PFI_VALUES = {0: 0, 1: 1}  # legal PFI_PROPERTY values (Int8(1) hashes as 1)
 
 # -- MQTT → core -------------------------------------------------------------------------------
 
@@ -189,6 +207,7 @@ def mqtt_to_message(
         correlation_id = properties.get(CORRELATION_DATA)
         # User Properties → JMS properties (first value of a repeated name wins).
         pairs = properties.get(USER_PROPERTY)
+        repeated = False
         if pairs:
             setdefault = props.setdefault
             special: dict[str, str] | None = None
@@ -197,8 +216,10 @@ def mqtt_to_message(
                     if special is None:
                         special = {}
                     special.setdefault(name, value)
-                elif name:
-                    setdefault(name, value)
+                elif name and name not in props:
+                    props[name] = value
+                else:
+                    repeated = True
             if special is not None:
                 # The headers carried as user properties join the properties until gw-types
                 # has been applied (it may mark them escaped), then leave them.
@@ -218,8 +239,13 @@ def mqtt_to_message(
                 if type(value) is str and len(value) == 1 and "0" <= value <= "9":
                     del props[JMS_PRIORITY]
                     priority = ord(value) - 48
+        if repeated and pairs:
+            props[USER_RECORD_PROPERTY] = _user_record(pairs)
         if content_type is not None:
             props[CONTENT_TYPE_PROPERTY] = content_type
+        pfi = properties.get(PFI)
+        if pfi is not None:
+            props[PFI_PROPERTY] = _PFI_INT8[pfi] if pfi in _PFI_VALUES else Int8(pfi)
     props[QOS_PROPERTY] = _QOS_INT8[qos]
     if retain:
         props[RETAIN_PROPERTY] = True
@@ -272,10 +298,13 @@ def user_headers_in(props: dict[str, Any], types: str | None, jms_type: str | No
     properties (first values given), which join the properties meanwhile; then the trace id,
     JMSType and a one-digit JMSPriority leave them (others stay properties)."""
     setdefault = props.setdefault
-    for name, value in ((JMS_TYPE, jms_type), (JMS_PRIORITY, jms_priority),
+    # (Not "value": compiled, that name would be typed str | None, and gw-types may make the
+    # property read below any type.)
+    for name, given in ((JMS_TYPE, jms_type), (JMS_PRIORITY, jms_priority),
                         (TRACE_USER_PROPERTY, trace)):
-        if value is not None:
-            setdefault(name, value)
+        if given is not None:
+            setdefault(name, given)
+    value: Any
     if types:
         props = apply_types(props, types)
     trace_id = props.pop(TRACE_USER_PROPERTY, None)
@@ -291,6 +320,58 @@ def user_headers_in(props: dict[str, Any], types: str | None, jms_type: str | No
         del props[JMS_PRIORITY]
         priority = ord(value) - 48
     return props, msg_type, priority, trace_id
+
+
+def _user_record(pairs: list[tuple[str, str]]) -> str:
+    """The JSON of the user properties with the gateway's own names left out."""
+    return json.dumps([[n, v] for n, v in pairs if n not in _SPECIAL_IN], ensure_ascii=False,
+                      separators=(",", ":"))
+
+
+def user_record_in(pairs: list[tuple[str, str]] | None) -> str | None:
+    """``JMS_GW_MQTT_USER_PROPERTIES`` for a PUBLISH's user properties: their JSON when a
+    name (other than the gateway's own) repeats or is empty, else ``None``."""
+    if not pairs:
+        return None
+    seen: set[str] = set()
+    for name, _ in pairs:
+        if name in _SPECIAL_IN:
+            continue
+        if not name or name in seen:
+            return _user_record(pairs)
+        seen.add(name)
+    return None
+
+
+def user_record_out(record: Any, rendered: list[tuple[str, str]]
+                    ) -> list[tuple[str, str]] | None:
+    """The recorded user properties (``JMS_GW_MQTT_USER_PROPERTIES``) to send instead of
+    ``rendered`` (the properties as user properties): when the record is well formed and
+    still agrees with them -- the first value of each name, in order, is what they hold --
+    so a mapping rule that changed a property is not undone; else ``None``."""
+    if type(record) is not str:
+        return None
+    try:
+        kept = json.loads(record)
+    except ValueError:
+        return None
+    if type(kept) is not list:
+        return None
+    out: list[tuple[str, str]] = []
+    firsts: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for item in kept:
+        if type(item) is not list or len(item) != 2:
+            return None
+        name, value = item
+        if type(name) is not str or type(value) is not str or not wire_safe(name) or \
+                not wire_safe(value):
+            return None
+        out.append((name, value))
+        if name and name not in seen:
+            seen.add(name)
+            firsts.append((name, value))
+    return out if firsts == rendered else None
 
 
 def mode_in(qos: int) -> DeliveryMode:
@@ -336,6 +417,7 @@ def message_to_mqtt(msg: Message, *, level: int, now_ms: int, reply_topic: str |
         utf8 = json_body = True
     props = msg.properties
     qos = None
+    q = None
     if props:
         q = props.get(QOS_PROPERTY)
         if q is not None:
@@ -345,7 +427,12 @@ def message_to_mqtt(msg: Message, *, level: int, now_ms: int, reply_topic: str |
     out: dict[str, Any] = {}
     if level < 5:
         return MqttOut(payload, qos, out)
-    if utf8:
+    if props:
+        # The publisher's own indicator, or none if an MQTT publisher sent none [MQTT-3.3.2-4].
+        pfi = pfi_out(utf8, json_body, props.get(PFI_PROPERTY), q)
+        if pfi is not None:
+            out[PFI] = pfi
+    elif utf8:
         out[PFI] = 1
     if json_body:
         out[CONTENT_TYPE] = JSON_CONTENT_TYPE
@@ -375,6 +462,21 @@ def message_to_mqtt(msg: Message, *, level: int, now_ms: int, reply_topic: str |
 
 
 # -- the rules of message_to_mqtt that are more than one line, for the default mapping rules
+
+
+def pfi_out(utf8: bool, json_body: bool, recorded: Any, qos_property: Any) -> int | None:
+    """The Payload Format Indicator sent (README "Body rules", Out): 1 for our JSON; the
+    publisher's recorded one (``JMS_GW_MQTT_PFI``) when there is one; none for a message an
+    MQTT publisher sent without one (``JMS_GW_MQTT_QOS`` is set); 1 for any other UTF-8 text."""
+    if json_body:
+        return 1
+    if recorded is not None:
+        pfi = _PFI_VALUES.get(recorded)
+        if pfi is not None:
+            return pfi
+    if not utf8 or qos_property is not None:
+        return None
+    return 1
 
 
 def body_out(kind: BodyKind, body: Any) -> tuple[bytes, bool, bool]:
@@ -417,10 +519,20 @@ def header_text_out(name: str, value: str, types: list[str]) -> str:
 
 
 def _user_properties(msg: Message, props: dict[str, Any]) -> list[tuple[str, str]]:
-    """JMS properties, then JMSType / JMSPriority / JMSMessageID, gw-types and gw-trace-id."""
+    """JMS properties, then JMSType / JMSPriority / JMSMessageID and gw-types.
+
+    ``JMSMessageID`` is left out for a message an MQTT publisher sent (it has
+    ``JMS_GW_MQTT_QOS``): the id is the gateway's, not the publisher's, and nothing may be
+    added to the user properties an MQTT subscriber gets [MQTT-3.3.2-17]. The trace id is
+    never added here (see the module docstring)."""
     pairs: list[tuple[str, str]] = []
-    append = pairs.append
     types = render_properties(pairs, None, props, _SKIP_OUT)
+    if types is None and props and USER_RECORD_PROPERTY in props:
+        # The publisher's user properties, repeated names and all [MQTT-3.3.2-17].
+        recorded = user_record_out(props[USER_RECORD_PROPERTY], pairs)
+        if recorded is not None:
+            pairs = recorded
+    append = pairs.append
     # JMS header fields with no MQTT slot, so nothing of a JMS message is lost.
     header = msg.type
     if header is not None:
@@ -431,26 +543,48 @@ def _user_properties(msg: Message, props: dict[str, Any]) -> list[tuple[str, str
     if msg.priority != DEFAULT_PRIORITY:
         append((JMS_PRIORITY, str(msg.priority)))
     header = msg.message_id
-    if header is not None:
+    if header is not None and QOS_PROPERTY not in props:
         if header.isascii() and "\x00" not in header:
             append((JMS_MESSAGE_ID, header))
         else:
             types = _header_pair(pairs, types, JMS_MESSAGE_ID, header)
-    # gw-types, then the trace id last (its escape, if any, is listed in gw-types).
-    header = msg.trace_id
-    if header is None:
-        trace = None
-    elif header.isascii() and "\x00" not in header:
-        trace = (TRACE_USER_PROPERTY, header)
-    else:
-        held: list[tuple[str, str]] = []
-        types = _header_pair(held, types, TRACE_USER_PROPERTY, header)
-        trace = held[0]
     if types is not None:
         append((TYPES_USER_PROPERTY, ",".join(types)))
-    if trace is not None:
-        append(trace)
     return pairs
+
+
+def message_id_out(message_id: str | None, qos_property: Any, types: list[str]) -> str | None:
+    """``JMSMessageID`` as a user property's text, for a message that did not come from an
+    MQTT publisher (no ``JMS_GW_MQTT_QOS``); ``None`` for one that did."""
+    if message_id is None or qos_property is not None:
+        return None
+    return header_text_out(JMS_MESSAGE_ID, message_id, types)
+
+
+def trace_user_property(pairs: list[tuple[str, str]] | None,
+                        trace_id: str | None) -> list[tuple[str, str]]:
+    """``pairs`` (a PUBLISH's user properties, not changed) with the trace id added last as
+    ``gw-trace-id``, for a hop between gateways: escaped, with its ``gw-types`` entry, when an
+    MQTT string cannot carry it (README "Escaping what MQTT cannot carry"). A ``gw-trace-id``
+    already there (a mapping rule's) is kept and nothing is added."""
+    out = list(pairs) if pairs else []
+    if trace_id is None:
+        return out
+    for name, _ in out:
+        if name == TRACE_USER_PROPERTY:
+            return out
+    if trace_id.isascii() and "\x00" not in trace_id or wire_safe(trace_id):
+        out.append((TRACE_USER_PROPERTY, trace_id))
+        return out
+    entry = TRACE_USER_PROPERTY + ":string:esc"
+    for i, (name, value) in enumerate(out):
+        if name == TYPES_USER_PROPERTY:
+            out[i] = (name, value + "," + entry)
+            break
+    else:
+        out.append((TYPES_USER_PROPERTY, entry))
+    out.append((TRACE_USER_PROPERTY, wire_escape(trace_id)))
+    return out
 
 
 def _header_pair(

@@ -26,7 +26,10 @@ Bodies: a frame is text or bytes by ``content-type`` and, when there is none, by
 has a ``content-length`` (ActiveMQ's rule: with one it is a BytesMessage, without one a
 TextMessage). Map and stream bodies travel as the documented JSON of ``mappings/README.md``,
 marked with the ``transformation`` header as ActiveMQ does (``jms-map-json``; the gateway
-adds ``jms-stream-json`` for streams, which ActiveMQ has no JSON form for).
+adds ``jms-stream-json`` for streams, which ActiveMQ has no JSON form for). A SEND in
+ActiveMQ's own XML or JSON form (``jms-map-xml``, ``jms-map-json`` as XStream writes it) is
+read by :mod:`mappings.xstream`, and :func:`transformed_body` writes that form for a
+subscription that asked for it.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from gateway.message import (
     new_message,
 )
 from gateway.types import Int64, UInt64
+from mappings import xstream
 from mappings.mqtt import CONTENT_TYPE_PROPERTY
 from mappings.typedtext import (
     apply_types,
@@ -77,6 +81,21 @@ MAP_JSON = "jms-map-json"
 STREAM_JSON = "jms-stream-json"
 ANY_JSON = "jms-json"  # ActiveMQ: an object is a map (an array, here, is a stream)
 BYTES_TRANSFORMATION = "jms-byte"  # ActiveMQ: the body is bytes whatever its content type
+MAP_XML = "jms-map-xml"  # ActiveMQ: XStream's XML of the map (mappings/xstream.py)
+ANY_XML = "jms-xml"
+OBJECT_JSON = "jms-object-json"
+OBJECT_XML = "jms-object-xml"
+# The transformations a SEND may name, and those a SUBSCRIBE may ask for (ActiveMQ's STOMP
+# page, "Message transformation"; jms-stream-json is the gateway's own). A SEND with
+# jms-object-json / jms-object-xml would need a Java object made from XStream's text: refused.
+SEND_TRANSFORMATIONS = frozenset((MAP_JSON, STREAM_JSON, ANY_JSON, BYTES_TRANSFORMATION,
+                                  MAP_XML))
+SUBSCRIBE_TRANSFORMATIONS = frozenset((MAP_JSON, STREAM_JSON, ANY_JSON, BYTES_TRANSFORMATION,
+                                       MAP_XML, ANY_XML, OBJECT_JSON, OBJECT_XML))
+# What a MESSAGE of a map or stream body says it is, per subscription transformation (ActiveMQ
+# names the generic jms-json / jms-xml after the body: jms-map-json / jms-map-xml).
+_XSTREAM_OUT = {MAP_JSON: MAP_JSON, ANY_JSON: MAP_JSON, OBJECT_JSON: OBJECT_JSON,
+                MAP_XML: MAP_XML, ANY_XML: MAP_XML, OBJECT_XML: OBJECT_XML}
 
 # Headers of a SEND frame that are not copied into JMS properties: STOMP's own, the JMS
 # header fields STOMP names, and those a forwarded MESSAGE carries (a client that forwards a
@@ -279,15 +298,21 @@ def delivery_time_in(text: str, now_ms: int) -> int:
 
 
 def _json_body(transformation: str, body: bytes) -> tuple[BodyKind, Any]:
-    if transformation not in (MAP_JSON, STREAM_JSON, ANY_JSON):
+    if transformation not in SEND_TRANSFORMATIONS:
         raise MessageFormatError(
             f"unsupported transformation {transformation!r} (the gateway reads "
-            f"{MAP_JSON}, {STREAM_JSON}, {ANY_JSON} and {BYTES_TRANSFORMATION})"
+            f"{MAP_JSON}, {MAP_XML}, {STREAM_JSON}, {ANY_JSON} and {BYTES_TRANSFORMATION})"
         )
+    if transformation == MAP_XML:  # ActiveMQ's XStream XML: <map> or (the gateway's) <list>
+        value = xstream.from_xml(body)
+        return (_MAP if type(value) is dict else _STREAM), value
     try:
         value = json.loads(body, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise MessageFormatError(f"{transformation} body is not JSON: {exc}") from None
+    if transformation == MAP_JSON and xstream.is_xstream_json(value):
+        # ActiveMQ's form, {"map":{"entry":[...]}}: read again keeping each number's text.
+        return _MAP, xstream.from_json(xstream.parse_json(body))
     if type(value) is dict and transformation != STREAM_JSON:
         _check_json(value)
         return _MAP, value
@@ -453,6 +478,22 @@ def body_out(kind: BodyKind, body: Any, content_type: str | None
     if kind is _OBJECT:
         return body, OBJECT_CONTENT_TYPE, None
     return b"", content_type, None
+
+
+def transformed_body(kind: BodyKind, body: Any, transformation: str
+                     ) -> tuple[bytes, str] | None:
+    """The payload and ``transformation`` header of a map or stream body for a subscription
+    that asked for ``transformation`` (ActiveMQ's XStream forms, :mod:`mappings.xstream`);
+    ``None`` when the subscription's body is the default one (other kinds, jms-byte,
+    jms-stream-json)."""
+    if kind is not _MAP and kind is not _STREAM:
+        return None
+    name = _XSTREAM_OUT.get(transformation)
+    if name is None:
+        return None
+    if name == MAP_XML or name == OBJECT_XML:
+        return xstream.to_xml(body), name
+    return xstream.to_json(body), name
 
 
 def correlation_out(corr: str | bytes, types: list[str]) -> str:

@@ -47,6 +47,9 @@ def _float32_text(value: float) -> str:
     return text if ("." in text or "e" in text) else text + ".0"
 
 
+float32_text = _float32_text  # public: mappings.xstream writes Java's Float.toString with it
+
+
 def _bool_text(value: Any) -> str:
     return "true" if value else "false"
 

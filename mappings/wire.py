@@ -270,12 +270,13 @@ def _mqtt_in_field(rest: str) -> _Field:
     simple: dict[str, Callable[[Any], Any]] = {
         "payload": lambda m: _w(m).payload, "qos": lambda m: _w(m).qos,
         "retain": lambda m: _w(m).retain, "level": lambda m: _w(m).level,
-        "now": lambda m: _w(m).now,
+        "now": lambda m: _w(m).now, "user": lambda m: list(_w(m).user),
     }  # fmt: skip
     if rest in simple:
         return field(simple[rest])
     raise ValueError("a PUBLISH received has wire.payload, wire.qos, wire.retain, wire.level, "
-                     f"wire.now, wire.user.<name> and wire.{', wire.'.join(MQTT_PROPERTIES)}")
+                     "wire.now, wire.user (every user property), wire.user.<name> and "
+                     f"wire.{', wire.'.join(MQTT_PROPERTIES)}")
 
 
 def _mqtt_string(v: Any) -> str:
@@ -349,6 +350,26 @@ def _mqtt_out_field(rest: str) -> _Field:
             m.w.properties.pop(rest, None)
 
         return _Field(text, "wire", (rest,), read, write, delete, lambda m: read(m) is _MISSING)
+    if rest == "user":  # every user property written so far, as (name, text) pairs
+
+        def read_all(m: Any) -> Any:
+            return [(n, _stomp_out_value(m.w, v)) for n, v in m.w.user]
+
+        def write_all(m: Any, v: Any) -> None:
+            if type(v) is not list:
+                raise MessageFormatError(f"wire.user is a list of pairs, not {type(v).__name__}")
+            for pair in v:
+                if type(pair) is not tuple or len(pair) != 2:
+                    raise MessageFormatError(f"wire.user holds (name, text) pairs, not {pair!r}")
+                _mqtt_string(pair[0])
+                _mqtt_string(pair[1])
+            m.w.user = list(v)
+
+        def clear_all(m: Any) -> None:
+            m.w.user = []
+
+        return _Field(text, "wire", ("user",), read_all, write_all, clear_all,
+                      lambda m: not _w(m).user)
     if rest in ("payload", "qos"):
         check = _mqtt_check(rest)
 
@@ -370,7 +391,8 @@ def _mqtt_out_field(rest: str) -> _Field:
     if rest in fixed:
         read_fixed, why = fixed[rest]
         return _read_only(text, read_fixed, f"is read-only ({why})", (rest,))
-    raise ValueError("a PUBLISH sent has wire.payload, wire.qos, wire.user.<name>, wire.level, "
+    raise ValueError("a PUBLISH sent has wire.payload, wire.qos, wire.user (every user "
+                     "property), wire.user.<name>, wire.level, "
                      "wire.now, wire.reply_topic, wire.types and "
                      f"wire.{', wire.'.join(MQTT_PROPERTIES)}")
 

@@ -11,7 +11,10 @@ blocking TCP (and TLS) connect runs in an executor thread.
 * Messages: the MQTT adapter's default mapping (:mod:`mappings.mqtt`) both ways, so an
   exported message keeps its properties and their types in MQTT 5 user properties (and only
   its payload over 3.1.1). Loop markers ride in user properties: ``gw-origin`` (the gateway
-  id) and ``gw-hops``; the trace id is the mapping's ``gw-trace-id``.
+  id) and ``gw-hops``; and the trace id as ``gw-trace-id``, which the transport adds itself
+  (:func:`mappings.mqtt.trace_user_property`: the default mapping sends it to nobody) and
+  the mapping reads back on import, so the duplicate window and the delivery logs of both
+  gateways see one trace.
 * Export: QoS ``qos`` (1 by default); a QoS 1 / 2 export is acknowledged to the core on
   PUBACK / PUBCOMP (``on_publish``), a QoS 0 one once written. At most the far side's
   Receive Maximum (MQTT 5) are unconfirmed at once: beyond it the export consumers pause.
@@ -44,7 +47,7 @@ from adapters.mqtt.topics import _element_to_level, mqtt_topic_to_subject, subje
 from gateway import subject
 from gateway.errors import GatewayError
 from gateway.message import QUEUE, TEMP_PREFIX, Destination
-from mappings.mqtt import message_to_mqtt, mqtt_to_message
+from mappings.mqtt import message_to_mqtt, mqtt_to_message, trace_user_property
 from transports.base import (
     EXPORT_WINDOW,
     ExportBinding,
@@ -390,8 +393,8 @@ class MqttTransport(Transport):
         if self.v5:
             fields = dict(out.properties)
             marks = [(ORIGIN, msg.origin or self.broker.id), (HOPS, str(msg.hops))]
-            user = fields.get("user_property")
-            fields["user_property"] = (list(user) if user else []) + marks
+            fields["user_property"] = trace_user_property(
+                fields.get("user_property"), msg.trace_id) + marks
         else:
             key = (topic, out.payload)
             self.recent[key] = self.recent.get(key, 0) + 1

@@ -115,6 +115,7 @@ class AmqpConnection:
         self.by_link: dict[Any, Any] = {}  # proton's pn_link_t pointer → our link object
         self._col: Any = None
         self.write_paused = False
+        self.flow: Any = None  # the shell's adapters.listener.WriteFlow (admin views)
         self.flush_scheduled = False
         self.closed = False
         self._timer: Any = None
@@ -167,6 +168,12 @@ class AmqpConnection:
             t.close_tail()
             t.close_head()
         self._release_core()
+
+    def core_id(self) -> str | None:
+        return str(self.core.id) if self.core is not None else None
+
+    def client_id(self) -> str | None:
+        return self.core.client_id if self.core is not None else None
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -319,13 +326,13 @@ class AmqpConnection:
     # -- SASL ---------------------------------------------------------------------------------
 
     def _authenticate(self, user: str | None, password: str | None) -> str | None:
-        if user is None:
-            if not self.server.allow_anonymous:
-                raise SaslError("anonymous connections are not allowed")
-            return None
-        if not self.broker.config.security.authenticate(user, password):
-            raise SaslError(f"authentication failed for user {user!r}")
-        return user
+        """The core's credential rules (:meth:`gateway.broker.Broker.authenticate`) for a
+        sasl-init: PLAIN's authcid and passwd, or ANONYMOUS (no user)."""
+        try:
+            who: str | None = self.broker.authenticate(user, password)
+        except SecurityError as exc:
+            raise SaslError(str(exc)) from None
+        return who
 
     # -- connection and sessions ---------------------------------------------------------------
 

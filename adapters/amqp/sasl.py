@@ -14,9 +14,11 @@ alone), while the gateway checks users against ``users.conf``. The exchange need
 three frames (§5.3.3); their fields are encoded and decoded with proton's :class:`Data`, so
 the only hand-written part is the 8-byte frame header (§2.3.1).
 
-Only ``PLAIN`` (RFC 4616) and ``ANONYMOUS`` (RFC 4505) are offered: ``PLAIN`` when users can
-authenticate, ``ANONYMOUS`` when ``allow_anonymous`` is on. ``PLAIN`` sends the password in
-clear text; use the TLS listener (``amqps://``) where that matters.
+Only ``PLAIN`` (RFC 4616) and ``ANONYMOUS`` (RFC 4505) are offered: ``PLAIN`` always,
+``ANONYMOUS`` when the core takes clients without a user name (always with ``authorization``
+disabled, otherwise per ``allow_anonymous``). The authenticator decides (the core's rules,
+:meth:`gateway.broker.Broker.authenticate`). ``PLAIN`` sends the password in clear text; use
+the TLS listener (``amqps://``) where that matters.
 """
 
 from __future__ import annotations

@@ -18,12 +18,11 @@ import logging
 from typing import Any
 
 from adapters.amqp.connection import AmqpConnection
-from adapters.listener import Listener, listen
+from adapters.listener import WRITE_HIGH_WATER, WRITE_LOW_WATER, Listener, WriteFlow, listen
 from gateway.message import QUEUE, TOPIC
 
 log = logging.getLogger("adapters.amqp")
 
-WRITE_HIGH_WATER = 1 << 20  # bytes buffered in the socket before deliveries pause
 DEFAULT_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 
 
@@ -36,7 +35,9 @@ class AmqpServer:
         gw = broker.config.gateway
         kind = getattr(gw, "amqp_default_destination", "queue")
         self.default_kind = TOPIC if kind == "topic" else QUEUE
-        self.allow_anonymous = bool(gw.allow_anonymous)
+        # ANONYMOUS offered, and AMQP without SASL taken, when the core takes clients without
+        # a user name: always with authorization disabled
+        self.allow_anonymous = broker.anonymous_allowed()
         limit = int(gw.max_client_msg_size)
         self.max_message_size = min(limit, DEFAULT_MAX_MESSAGE_SIZE) if limit else DEFAULT_MAX_MESSAGE_SIZE
         self.connections: set[AmqpConnection] = set()
@@ -53,14 +54,23 @@ class AmqpProtocol(asyncio.Protocol):
         self.server = server
         self.transport: asyncio.Transport | None = None
         self.conn: AmqpConnection | None = None
+        self.flow: WriteFlow | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         address = f"{peer[0]}:{peer[1]}" if peer else "?"
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
+        transport.set_write_buffer_limits(  # type: ignore[attr-defined]
+            high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self.conn = AmqpConnection(self.server, self.write, self.close, address)
+        self.flow = self.conn.flow = WriteFlow(self.server.broker, "amqp", address,
+                                               self.buffered)
+        self.flow.conn = self.conn
         self.server.connections.add(self.conn)
+
+    def buffered(self) -> int:
+        t = self.transport
+        return t.get_write_buffer_size() if t is not None and not t.is_closing() else 0
 
     def data_received(self, data: bytes) -> None:
         assert self.conn is not None
@@ -70,6 +80,8 @@ class AmqpProtocol(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.flow is not None:
+            self.flow.closed()
         if self.conn is not None:
             self.server.connections.discard(self.conn)
             self.conn.connection_lost()
@@ -87,10 +99,14 @@ class AmqpProtocol(asyncio.Protocol):
     def pause_writing(self) -> None:
         if self.conn is not None:
             self.conn.pause_writing()
+        if self.flow is not None:
+            self.flow.became_slow()
 
     def resume_writing(self) -> None:
         if self.conn is not None:
             self.conn.resume_writing()
+        if self.flow is not None:
+            self.flow.recovered()
 
 
 def shared_server(broker: Any) -> AmqpServer:

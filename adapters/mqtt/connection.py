@@ -20,6 +20,7 @@ Runs on the loop; never awaits.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import struct
@@ -34,6 +35,7 @@ from adapters.mqtt.packets import (
     ConnAck,
     Connect,
     Disconnect,
+    MqttLocalProtocolError,
     MqttRemoteProtocolError,
     PingReq,
     PingResp,
@@ -50,7 +52,7 @@ from adapters.mqtt.packets import (
     UnsupportedProtocolVersion,
     v3_connack_return_code,
 )
-from adapters.mqtt.session import MQTT_5, NEVER, MqttSession, SubRecord
+from adapters.mqtt.session import MQTT_5, NEVER, MqttSession, SubRecord, sent_publish
 from adapters.mqtt.topics import (
     mqtt_topic_to_subject,
 )
@@ -61,7 +63,6 @@ from gateway.errors import (
     LimitExceededError,
     SecurityError,
 )
-from gateway.message import Message
 from mappings.mqtt import PayloadFormatInvalid
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ SERVER_TOPIC_ALIAS_MAXIMUM = 64
 # Success PUBACK / PUBREC: fixed header, remaining length 2, packet id — the short form MQTT 5
 # also allows when the reason code is 0 and there are no properties (3.4.2.1, 3.5.2.1).
 _PID = struct.Struct(">H")
+# Properties a packet goes without rather than exceed the client's Maximum Packet Size.
+_OPTIONAL_PROPS = frozenset({"reason_string", "user_property"})
 _PUBACK_HEAD = b"\x40\x02"
 _PUBREC_HEAD = b"\x50\x02"
 
@@ -121,9 +124,17 @@ class MqttConnection:
         self.alias_max = 0  # aliases the client accepts from us
         self.aliases_out: dict[str, int] = {}
         self.pending_acks: deque[tuple[int, Any, int]] = deque()
+        # Incoming QoS 1/2 PUBLISHes of this connection not yet acknowledged, counted against
+        # our Receive Maximum: QoS 1 until its PUBACK is sent, QoS 2 (by packet id) until its
+        # PUBCOMP or a refusing PUBREC is sent (MQTT 5 3.3.4). Per connection: the quota
+        # starts afresh with each one (4.9).
+        self.in_qos1 = 0
+        self.in_qos2: set[int] = set()
         self.ack_watch: Any = None  # the future at the head of pending_acks we wait for
         self.user: str | None = None
         self.closing = False
+        self.write_paused = False  # the shell's write buffer is past its high-water mark
+        self.flow: Any = None  # the shell's adapters.listener.WriteFlow (admin views)
 
     # -- input ------------------------------------------------------------------------------
 
@@ -171,40 +182,116 @@ class MqttConnection:
 
     # -- output -----------------------------------------------------------------------------
 
-    def send(self, packet: Any) -> None:
-        self.codec.send(packet)
+    def send(self, packet: Any) -> bool:
+        """Encode and write a packet other than a delivery's PUBLISH; False if not sent.
+
+        Nothing larger than the client's Maximum Packet Size goes out [MQTT-3.1.2-24]: a
+        packet that would be is sent without its Reason String and User Properties, as the
+        spec has it for each packet that may carry them ([MQTT-3.2.2-19],
+        [MQTT-3.2.2-20] CONNACK; [MQTT-3.14.2-3], [MQTT-3.14.2-4] DISCONNECT; the same for
+        the acknowledgements), and not at all if it is still too large.
+        """
+        try:
+            self.codec.send(packet)
+        except MqttLocalProtocolError as exc:
+            if exc.reason_code != ReasonCode.PACKET_TOO_LARGE:
+                raise
+            props = getattr(packet, "properties", None)
+            slim = None
+            if props and ("reason_string" in props or "user_property" in props):
+                slim = dataclasses.replace(packet, properties={
+                    k: v for k, v in props.items() if k not in _OPTIONAL_PROPS})
+                try:
+                    self.codec.send(slim)
+                except MqttLocalProtocolError:
+                    slim = None
+            if slim is None:
+                log.info("mqtt %s: %s not sent: %s", self.address, type(packet).__name__, exc)
+                return False
         self._write(self.codec.data_to_send())
+        return True
 
     def write(self, data: bytes) -> None:
         self._write(data)
 
+    def pause_writing(self) -> None:
+        """The shell's write buffer is full: no more deliveries until it drains."""
+        self.write_paused = True
+        session = self.session
+        if session is not None and session.conn is self:
+            session.pause()
+
+    def resume_writing(self) -> None:
+        """The write buffer drained: deliveries resume, within the in-flight window."""
+        self.write_paused = False
+        session = self.session
+        if session is not None and session.conn is self:
+            if len(session.outgoing) < session.receive_maximum:
+                session.resume()
+
+    def core_id(self) -> str | None:
+        session = self.session
+        core = session.core if session is not None else None
+        return str(core.id) if core is not None else None
+
+    def client_id(self) -> str | None:
+        session = self.session
+        return session.client_id if session is not None else None
+
     def send_publish(self, topic: str, payload: bytes, qos: int, retain: bool, pid: int | None,
                      props: dict[str, Any], *, dup: bool = False) -> bytes | None:
-        """Encode and write one PUBLISH; ``None`` if the client's Maximum Packet Size forbids it."""
-        if self.level >= MQTT_5 and self.alias_max:
+        """Encode and write one PUBLISH, or nothing and ``None`` when the packet would be
+        larger than the client's Maximum Packet Size [MQTT-3.1.2-24] (the caller drops the
+        message for this client, [MQTT-3.1.2-25]); the size is that of the packet as sent,
+        with every property and alias in it.
+
+        On MQTT 5, topics get aliases up to the client's Topic Alias Maximum
+        ([MQTT-3.1.2-26]): the first PUBLISH of a topic carries topic and alias, later ones
+        the alias alone. An alias is recorded only with the PUBLISH that sets it sent, so the
+        client never gets an alias it was not told.
+        """
+        limit = self.codec.peer_max_packet_size
+        level = self.level
+        if level >= MQTT_5 and self.alias_max:
             alias = self.aliases_out.get(topic)
             if alias is not None:
                 props = dict(props)
                 props["topic_alias"] = alias
-                data = encode_publish("", payload, qos, retain, False, pid, props, self.level)
+                data = encode_publish("", payload, qos, retain, dup, pid, props, level)
             else:
+                data = b""
                 if len(self.aliases_out) < self.alias_max:
                     alias = len(self.aliases_out) + 1
-                    self.aliases_out[topic] = alias
-                    props = dict(props)
-                    props["topic_alias"] = alias
-                data = encode_publish(topic, payload, qos, retain, False, pid, props, self.level)
+                    with_alias = dict(props)
+                    with_alias["topic_alias"] = alias
+                    data = encode_publish(topic, payload, qos, retain, dup, pid, with_alias,
+                                          level)
+                    if limit and len(data) > limit:
+                        data = b""  # perhaps it fits without the alias's 3 bytes
+                    else:
+                        self.aliases_out[topic] = alias
+                if not data:
+                    data = encode_publish(topic, payload, qos, retain, dup, pid, props, level)
         else:
-            data = self.server.encoded(topic, payload, qos, retain, pid, props, self.level)
-        if dup:
-            data = bytes([data[0] | 0x08]) + data[1:]
-        limit = self.codec.peer_max_packet_size
+            data = self.server.encoded(topic, payload, qos, retain, pid, props, level)
+            if dup:
+                data = bytes([data[0] | 0x08]) + data[1:]
         if limit and len(data) > limit:
-            log.info("dropped a %d-byte message for %s: over its Maximum Packet Size %d",
-                     len(data), self.session.client_id if self.session else "?", limit)
             return None
         self._write(data)
         return data
+
+    def resend_publish(self, packet: bytes, level: int, aliases: dict[int, str]) -> bytes | None:
+        """Send again, with DUP set, a PUBLISH first sent on an earlier connection of the
+        session ([MQTT-4.4.0-1]): encoded anew for this connection, since the earlier one's
+        topic aliases do not carry over ([MQTT-3.3.2-7]), its protocol level may differ and
+        this client's Maximum Packet Size may be smaller (``None``: too large, not sent).
+
+        ``level`` and ``aliases`` (alias → topic) are those of the connection that sent it.
+        """
+        p = sent_publish(packet, level, aliases)
+        return self.send_publish(p.topic, p.payload, p.qos, p.retain, p.packet_id,
+                                 p.properties, dup=True)
 
     def protocol_error(self, reason: int, text: str) -> None:
         """Close this connection for a protocol error, logged once ([MQTT-4.13.1-1])."""
@@ -250,7 +337,7 @@ class MqttConnection:
     # -- keepalive --------------------------------------------------------------------------
 
     def _check_keepalive(self) -> None:
-        """Close after 1.5 × keepalive without a packet ([MQTT-3.1.2-24])."""
+        """Close after 1.5 × keepalive without a packet ([MQTT-3.1.2-22])."""
         self.ka_timer = None
         if self.state is not State.CONNECTED:
             return
@@ -276,14 +363,15 @@ class MqttConnection:
                 return
             cid = assigned = "gw-" + uuid.uuid4().hex[:16]
         try:
-            server.authenticate(p.username, p.password)
+            self.user = server.authenticate(p.username, p.password)
         except SecurityError as exc:
-            reason = (ReasonCode.BAD_USER_NAME_OR_PASSWORD if p.username is not None
+            # 0x86 / 4 for a name or password users.conf refuses, 0x87 / 5 for no name
+            # (MQTT 5.0 §3.2.2.2; 3.1.1 §3.2.2.3)
+            reason = (ReasonCode.BAD_USER_NAME_OR_PASSWORD if p.username
                       else ReasonCode.NOT_AUTHORIZED)
             log.info("mqtt %s: connection refused: %s", self.address, exc)
             self._refuse(self.level, reason, str(exc))
             return
-        self.user = p.username
         if self.level >= MQTT_5:
             expiry = int(props.get("session_expiry_interval", 0))
             persistent = expiry > 0
@@ -292,17 +380,25 @@ class MqttConnection:
         else:
             persistent = not p.clean_start
             expiry = NEVER if persistent else 0
-        receive_max = int(props.get("receive_maximum", 65535)) if self.level >= MQTT_5 else 65535
+        # Outgoing QoS 1/2 in flight: the client's Receive Maximum on MQTT 5 (3.1.2.11.3), else
+        # mqtt_max_inflight_messages (0 = as many as there are packet ids).
+        receive_max = (int(props.get("receive_maximum", 65535)) if self.level >= MQTT_5
+                       else server.max_inflight)
         # Take over an existing connection with this client id ([MQTT-3.1.4-3]).
         session = server.sessions.get(cid)
         if session is not None and session.conn is not None:
             session.conn.disconnect(ReasonCode.SESSION_TAKEN_OVER, "session taken over")
             session = server.sessions.get(cid)  # a non-persistent one ended with it
         present = False
-        if session is not None and (p.clean_start or not persistent):
-            session.end()
+        if session is not None:
+            session.cancel_will()  # a will waiting for its delay is not sent [MQTT-3.1.2-8]
+        if session is not None and p.clean_start:
+            session.end()  # Clean Start 1: the old session goes, with all it held [MQTT-3.1.2-4]
             session = None
         if session is not None:
+            # Clean Start 0 resumes the session whatever Session Expiry Interval this CONNECT
+            # has [MQTT-3.1.2-5]; the new interval applies from now on (MQTT 5 3.1.2.11.2),
+            # so a session resumed with 0 ends when this connection closes.
             present = True
             session.persistent = persistent
             session.expiry = expiry
@@ -321,9 +417,10 @@ class MqttConnection:
         session.attach(self)
         session.will = p.will
         self.state = State.CONNECTED
-        self.keepalive = p.keepalive
-        if p.keepalive:
-            self.ka_timer = server.loop.call_later(p.keepalive * 1.5, self._check_keepalive)
+        keepalive = self._keepalive(p.keepalive)
+        self.keepalive = keepalive
+        if keepalive:
+            self.ka_timer = server.loop.call_later(keepalive * 1.5, self._check_keepalive)
         ack_props: dict[str, Any] = {}
         if self.level >= MQTT_5:
             ack_props = {
@@ -335,11 +432,18 @@ class MqttConnection:
                 "subscription_identifier_available": 1,
                 "shared_subscription_available": 1,
             }
+            if keepalive != p.keepalive:
+                ack_props["server_keep_alive"] = keepalive  # [MQTT-3.2.2-21]
             if assigned is not None:
                 ack_props["assigned_client_identifier"] = assigned
             if props.get("request_response_information"):
                 ack_props["response_information"] = f"reply/{cid}"
-        self.send(ConnAck(present and not p.clean_start, ReasonCode.SUCCESS, ack_props))
+        if not self.send(ConnAck(present, ReasonCode.SUCCESS, ack_props)):
+            # Even without optional properties the CONNACK is over the client's Maximum
+            # Packet Size: no other packet may precede it ([MQTT-3.2.0-1]), so close.
+            self._end(publish_will=False)
+            self._close()
+            return
         session.save()
         if present:
             # CONNACK first, then what was in flight, then new deliveries ([MQTT-4.4.0-1]).
@@ -347,7 +451,28 @@ class MqttConnection:
             server.restore_subscriptions(session)
             if session.restored:
                 session.resume_restored()
-        session.resume()
+        if len(session.outgoing) < session.receive_maximum:
+            session.resume()  # else acknowledgements of what was re-sent resume it
+
+    def _keepalive(self, asked: int) -> int:
+        """The Keep Alive this connection is held to: the client's, or ``mqtt_max_keepalive``
+        when the client asked more or none (0), as mosquitto's ``max_keepalive``.
+
+        MQTT 5 clients are told with a Server Keep Alive in the CONNACK, which they must use
+        ([MQTT-3.2.2-21]); without one the server keeps the client's value
+        ([MQTT-3.2.2-22]). A 3.1/3.1.1 client cannot be told: it is held to the maximum all
+        the same (the server may close an inactive client at any time, 3.1.1 3.1.2.10), and
+        the log says so, since such a client that pings only at its own, longer interval is
+        closed as silent (and its will published).
+        """
+        top = self.server.max_keepalive
+        if not top or 0 < asked <= top:
+            return asked
+        if self.level < MQTT_5:
+            log.info("mqtt %s: keep alive %d asked, the server's maximum of %d s applies "
+                     "(MQTT %s cannot be told)", self.address, asked, top,
+                     "3.1.1" if self.level == 4 else "3.1")
+        return top
 
     def handle_publish(self, p: Publish) -> None:
         session = self.session
@@ -369,9 +494,16 @@ class MqttConnection:
         qos = p.qos
         pid = p.packet_id or 0
         if qos == 2 and pid in session.incoming_qos2:
-            self.send(PubRec(pid))  # a re-sent PUBLISH: already published once
+            # A re-sent PUBLISH: already published once. Re-sent after a reconnect, it is
+            # in this connection's quota from now on.
+            self.in_qos2.add(pid)
+            self.send(PubRec(pid))
             return
-        if qos and len(self.pending_acks) >= SERVER_RECEIVE_MAXIMUM and self.level >= MQTT_5:
+        if qos and self.in_qos1 + len(self.in_qos2) >= SERVER_RECEIVE_MAXIMUM and (
+                self.level >= MQTT_5):
+            # MQTT 5 3.3.4 (Flow Control): more unacknowledged QoS 1/2 PUBLISHes than our
+            # Receive Maximum; a QoS 2 one counts until its PUBCOMP ([MQTT-3.3.4-7] binds
+            # the client to the same count).
             raise MqttRemoteProtocolError("receive maximum exceeded",
                                           ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
         reason: int = ReasonCode.SUCCESS
@@ -383,8 +515,10 @@ class MqttConnection:
             log.info("mqtt %s: %s", session.client_id, exc)
         if qos == 0:
             return
-        if qos == 2 and reason < 0x80:
-            session.incoming_qos2.add(pid)
+        if qos == 2:
+            self.in_qos2.add(pid)  # until PUBCOMP, or a PUBREC >= 0x80, is sent
+            if reason < 0x80:
+                session.incoming_qos2.add(pid)
         if self.level < MQTT_5 and reason >= 0x80:
             # 3.1.1 has no negative acknowledgement: acknowledge and drop ([MQTT-3.3.5-2]).
             reason = ReasonCode.SUCCESS
@@ -394,6 +528,8 @@ class MqttConnection:
             return
         q = self.pending_acks
         q.append((pid, fut, reason | (qos << 16)))
+        if qos == 1:
+            self.in_qos1 += 1
         if len(q) == 1:  # else one before it waits, and sending that one goes on to this
             self._flush_acks()
 
@@ -416,9 +552,16 @@ class MqttConnection:
             if fut is not None and fut.exception() is not None:
                 log.warning("mqtt: a stored publish failed: %s", fut.exception())
                 reason = ReasonCode.UNSPECIFIED_ERROR
+            qos = packed >> 16
+            if qos == 1:
+                self.in_qos1 -= 1
+            elif reason >= 0x80:  # a refused QoS 2 exchange ends with its PUBREC
+                self.in_qos2.discard(pid)
+                if self.session is not None:
+                    self.session.incoming_qos2.discard(pid)
             if self.state is not State.CONNECTED:
                 continue
-            if packed >> 16 == 1:
+            if qos == 1:
                 self.send(PubAck(pid, reason if self.level >= MQTT_5 else 0))
             else:
                 self.send(PubRec(pid, reason if self.level >= MQTT_5 else 0))
@@ -447,8 +590,7 @@ class MqttConnection:
             return
         # From PUBREC on the client owns the message: settle it in the core.
         store_id = f.delivery.msg.store_id if f.delivery is not None else 0
-        if f.delivery is not None and not f.delivery.settled:
-            session.core_session.ack(f.delivery)
+        session.settle(f)  # its delivery and those of overlapping subscriptions
         f.released = True
         if f.saved:
             session.save_inflight(f, store_id, "")
@@ -461,6 +603,7 @@ class MqttConnection:
     def handle_pubrel(self, p: PubRel) -> None:
         session = self.session
         assert session is not None
+        self.in_qos2.discard(p.packet_id)  # PUBCOMP follows: the exchange is over
         if p.packet_id in session.incoming_qos2:
             session.incoming_qos2.discard(p.packet_id)
             self.send(PubComp(p.packet_id))
@@ -476,8 +619,7 @@ class MqttConnection:
         if isinstance(sub_id, list):
             sub_id = sub_id[0] if sub_id else None
         codes: list[int] = []
-        retained: list[tuple[Message, SubRecord]] = []
-        server = self.server
+        retained: list[SubRecord] = []
         for flt, opts in p.subscriptions:
             if not validate_topic_filter(flt):
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID)
@@ -511,14 +653,13 @@ class MqttConnection:
             codes.append(min(opts.qos, 2))
             if rec.share is None and (opts.retain_handling == 0 or (
                     opts.retain_handling == 1 and existed is None)):
-                for msg in server.retained.matching(rec.pattern, rec.parent):
-                    retained.append((msg, rec))
+                retained.append(rec)
         if self.level < MQTT_5:
             codes = [c if c < 0x80 else 0x80 for c in codes]
         self.send(SubAck(p.packet_id, codes))
         session.save()
-        for msg, rec in retained:
-            session.deliver_retained(msg, rec)
+        for rec in retained:  # streamed as the client's window allows
+            session.start_retained(rec)
 
     def handle_unsubscribe(self, p: Unsubscribe) -> None:
         session = self.session

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 from adapters.listener import BatchedProtocol, Listener, listen
@@ -27,7 +28,7 @@ from adapters.mqtt.retained import NAMESPACE as RETAINED_NS
 from adapters.mqtt.retained import RetainedStore
 from adapters.mqtt.session import INFLIGHT_NS, NEVER, SESSION_NS, MqttSession, SubRecord
 from adapters.mqtt.topics import mqtt_topic_to_subject, subject_to_mqtt_topic
-from gateway.errors import GatewayError, InvalidDestinationError, SecurityError
+from gateway.errors import GatewayError, InvalidDestinationError
 from gateway.message import TEMP_PREFIX, TOPIC, Destination, Message
 from mappings.mqtt import MqttOut, message_to_mqtt, mqtt_to_message
 
@@ -36,7 +37,6 @@ log = logging.getLogger("adapters.mqtt")
 # Largest packet we accept. MQTT allows 268,435,455 bytes; like mosquitto's
 # message_size_limit we default lower, and the gateway's max_client_msg_size lowers it more.
 DEFAULT_MAX_PACKET_SIZE = 16 * 1024 * 1024
-WRITE_HIGH_WATER = 1 << 20  # bytes buffered in the socket before deliveries pause
 TOPIC_CACHE_SIZE = 10_000  # mapped topic names kept; cleared whole when full
 
 
@@ -48,6 +48,14 @@ class MqttServer:
         self.loop: asyncio.AbstractEventLoop = broker.loop
         limit = int(broker.config.gateway.max_client_msg_size)
         self.max_packet_size = min(limit, DEFAULT_MAX_PACKET_SIZE) if limit else DEFAULT_MAX_PACKET_SIZE
+        gw = broker.config.gateway
+        # Session bounds, as mosquitto's max_inflight_messages / max_queued_messages /
+        # max_queued_bytes (gateway.conf; see the MQTT README, "Slow consumers").
+        self.max_inflight = int(gw.mqtt_max_inflight_messages) or 65535
+        self.max_queued = int(gw.mqtt_max_queued_messages)
+        self.max_queued_bytes = int(gw.mqtt_max_queued_bytes)
+        self.max_keepalive = int(gw.mqtt_max_keepalive)
+        self.too_large = 0  # messages dropped: over a client's Maximum Packet Size
         kv = getattr(broker, "kv", {})
         self.retained = RetainedStore(broker.store, kv.get(RETAINED_NS))
         self.sessions: dict[str, MqttSession] = {}
@@ -76,6 +84,8 @@ class MqttServer:
                 flights.setdefault(cid, {})[int(pid)] = (int(store_id), bool(released), flt)
             except (ValueError, TypeError):
                 self.broker.store.delete_kv(INFLIGHT_NS, key)
+        now = time.time()
+        ended: list[MqttSession] = []
         for cid, raw in records.items():
             try:
                 rec = json.loads(bytes(raw))
@@ -83,19 +93,57 @@ class MqttServer:
                                       level=int(rec.get("level", 4)))
                 for flt, qos, nl, rap, rh, sid in rec["subs"]:
                     opts = SubscriptionOptions(int(qos), bool(nl), bool(rap), int(rh))
-                    session.subs[flt] = SubRecord(flt, opts, sid)
+                    sub = session.subs[flt] = SubRecord(flt, opts, sid)
+                    sub.durable = sub.share is None
             except (ValueError, KeyError, TypeError, InvalidDestinationError) as exc:
                 log.warning("dropping unreadable MQTT session record %r: %s", cid, exc)
                 self.broker.store.delete_kv(SESSION_NS, cid)
                 continue
             session.paused = True
+            session.stored = True
             session.restored = flights.pop(cid, {})
+            for sub in session.subs.values():  # the store kept the queue: bound it again
+                durable = self.broker.durables.get(
+                    f"sub:mqtt:mqtt/{sub.share}/{sub.pattern}" if sub.share is not None
+                    else f"sub:{cid}:mqtt:{sub.filter}")
+                if durable is not None:
+                    session.bound(durable, sub.options.qos)
             self.sessions[cid] = session
             if session.expiry != NEVER:
-                session.expiry_timer = self.loop.call_later(session.expiry, session.end)
+                # Counted from when the client left, if the record says ([MQTT-4.1.0-2]).
+                left = float(rec.get("left") or 0) or now
+                due = session.expiry - max(0.0, now - left)
+                if due <= 0:
+                    ended.append(session)
+                else:
+                    session.expiry_timer = self.loop.call_later(due, session.end)
+        for session in ended:  # expired while the gateway was down
+            session.end()
         for cid, orphans in flights.items():  # records of sessions that are gone
             for orphan in orphans:
                 self.broker.store.delete_kv(INFLIGHT_NS, f"{cid}\x00{orphan}")
+        self._drop_orphan_durables()
+
+    def _drop_orphan_durables(self) -> None:
+        """Delete the core's ``mqtt:<filter>`` durables that no restored session holds (a
+        session that ended while its durables stayed, or a stop between creating a durable
+        and writing the session record): their messages belong to no session, and a later
+        session of that client id must not inherit them ([MQTT-3.1.2-4])."""
+        broker = self.broker
+        for sub in list(broker.durables.values()):
+            name = sub.name or ""
+            if sub.shared or not name.startswith("mqtt:") or sub.client_id is None:
+                continue
+            session = self.sessions.get(sub.client_id)
+            if session is not None and name[5:] in session.subs:
+                continue
+            log.info("mqtt %s: deleting durable subscription %s of no session",
+                     sub.client_id, name)
+            try:
+                broker.unsubscribe(None, name, share_scope=sub.client_id)
+            except GatewayError as exc:
+                log.warning("mqtt %s: cannot delete durable subscription %s: %s",
+                            sub.client_id, name, exc)
 
     def restore_subscriptions(self, session: MqttSession) -> None:
         for rec in session.subs.values():
@@ -113,16 +161,20 @@ class MqttServer:
         store.delete_kv(SESSION_NS, session.client_id)
         store.commit(None)
 
-    def authenticate(self, username: str | None, password: bytes | None) -> None:
-        """Check credentials against users.conf; anonymous only when allowed."""
-        config = self.broker.config
-        if username is None:
-            if not config.gateway.allow_anonymous:
-                raise SecurityError("anonymous connections are not allowed")
-            return
-        pw = (password or b"").decode("utf-8", "replace")
-        if not config.security.authenticate(username, pw):
-            raise SecurityError(f"authentication failed for user {username!r}")
+    def authenticate(self, username: str | None, password: bytes | None) -> str | None:
+        """The user a CONNECT's User Name and Password connect as (``None``: anonymous), by
+        the core's rules (:meth:`gateway.broker.Broker.authenticate`): anyone with
+        ``authorization`` disabled, ``users.conf`` with it enabled. A User Name without a
+        Password is a User Name with an empty password (MQTT 3.1.1 and 5.0 §3.1.2.9 allow
+        it); a Password is Binary Data (MQTT 5.0 §3.1.3.6), read as UTF-8 to compare it.
+
+        Raises:
+            SecurityError: refused; the caller answers CONNACK 0x86 / 4 when a User Name
+                was given, 0x87 / 5 when not.
+        """
+        pw = None if password is None else password.decode("utf-8", "replace")
+        user: str | None = self.broker.authenticate(username, pw)
+        return user
 
     # -- publishing (client → core) ---------------------------------------------------------
 
@@ -247,6 +299,41 @@ class MqttServer:
         self._enc_key, self._enc_out = key, data
         return data
 
+    # -- admin ------------------------------------------------------------------------------
+
+    def session_rows(self) -> list[dict[str, Any]]:
+        """The admin view of every session, connected or not: its in-flight window and what
+        waits for it in the core (``queued``: beyond the window; ``dropped``: missed past
+        ``mqtt_max_queued_*`` or the topic's limits)."""
+        rows = []
+        for session in list(self.sessions.values()):
+            subs: list[dict[str, Any]] = []
+            for rec in session.subs.values():
+                ep = rec.consumer.core.endpoint if rec.consumer is not None else None
+                if ep is None:
+                    ep = self.broker.durables.get(f"sub:{session.client_id}:mqtt:{rec.filter}")
+                subs.append({
+                    "filter": rec.filter, "qos": rec.options.qos,
+                    "queued": ep.npending + len(ep.held) if ep is not None else 0,
+                    "bytes": ep.bytes if ep is not None else 0,
+                    "dropped": ep.dropped if ep is not None else 0,
+                    "discarded": ep.stats_discarded if ep is not None else 0,
+                })
+            conn = session.conn
+            rows.append({
+                "client_id": session.client_id,
+                "connected": conn is not None,
+                "persistent": session.persistent,
+                "in_flight": len(session.outgoing),
+                "max_in_flight": session.receive_maximum,
+                "paused": session.paused,
+                "write_paused": conn.write_paused if conn is not None else False,
+                "queued": sum(s["queued"] for s in subs),
+                "dropped": sum(s["dropped"] for s in subs),
+                "subscriptions": subs,
+            })
+        return rows
+
     # -- shutdown ---------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -268,30 +355,15 @@ class MqttProtocol(BatchedProtocol):
     server: MqttServer
     conn: MqttConnection | None
 
-    def __init__(self, server: MqttServer) -> None:
-        super().__init__(server)
-        self.write_paused = False
+    protocol_name = "mqtt"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         address = f"{peer[0]}:{peer[1]}" if peer else "?"
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         self.conn = MqttConnection(self.server, self.write, self.close, address)
+        self.watch(self.server.broker, transport, address)
         self.server.connections.add(self.conn)
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-        conn = self.conn
-        if conn is not None and conn.session is not None:
-            conn.session.pause()
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        conn = self.conn
-        if conn is not None and conn.session is not None and conn.session.conn is conn:
-            if len(conn.session.outgoing) < conn.session.receive_maximum:
-                conn.session.resume()
 
 
 def shared_server(broker: Any) -> MqttServer:

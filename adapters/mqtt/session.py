@@ -6,14 +6,32 @@ Interval > 0) and owns:
 
 * a core connection (client id = the MQTT client id) and one EXPLICIT-acknowledge session;
 * one core subscription per MQTT subscription — durable when the session is persistent,
-  so its messages are kept in the store while the client is away and across restarts;
+  so its messages are kept in the store while the client is away and across restarts,
+  and deleted with the session whatever ends it (never inherited by a later session);
   ``$share/group/filter`` is a core shared subscription (shared durable when persistent);
-* the outgoing in-flight window: packet id → the core delivery, acknowledged in the core on
+* the outgoing in-flight window (the MQTT 5 client's Receive Maximum, else
+  ``mqtt_max_inflight_messages``): packet id → the core delivery, acknowledged in the core on
   PUBACK (QoS 1) or PUBREC (QoS 2) — so a message is never lost between the core and the
   client; unacknowledged PUBLISH and PUBREL packets are sent again, with the same packet ids
   and DUP set, when the client comes back ([MQTT-4.4.0-1]);
+* a bound on what waits beyond that window (``mqtt_max_queued_messages`` /
+  ``_bytes``, :meth:`MqttSession.bound`), applied by the core to each of its subscriptions,
+  online or offline; deliveries also pause while the connection's write buffer is full;
 * the incoming QoS 2 ids awaiting PUBREL, so a re-sent PUBLISH is not published twice
   ([MQTT-4.3.3-10]: exactly once).
+
+Overlapping subscriptions. When several (non-shared) subscriptions of a session match one
+message (``a`` and ``a/#``, ``a/+`` and ``a/#``), each core consumer delivers it, but the
+client gets one PUBLISH: at the highest QoS granted among them (capped by the message's),
+carrying every matching Subscription Identifier, with the RETAIN flag by the Retain As
+Published option of the subscription with the highest QoS (the first subscribed of those, on a
+tie). MQTT 5.0 §3.3.4 allows one copy or one per subscription; one is what clients expect.
+The first delivery to arrive sends the PUBLISH and leaves a :class:`Merge` behind that names
+the other matching subscriptions; their deliveries of that message, whenever they come (a
+paused consumer's later, a detached session's after the reconnect), join the in-flight entry
+and are acknowledged in the core with it (PUBACK, or PUBREC for QoS 2), or at once when the
+exchange is over. At most :data:`MERGES_KEPT` merges are remembered: past that a very late
+delivery would go out as a copy of its own. Shared subscriptions are never merged.
 
 The protocol logic of one network connection is :mod:`adapters.mqtt.connection`.
 
@@ -24,9 +42,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from adapters.mqtt.codec import MqttCodec, Side, encode_publish
 from adapters.mqtt.packets import (
+    Publish,
     PubRel,
     SubscriptionOptions,
     Will,
@@ -34,6 +56,7 @@ from adapters.mqtt.packets import (
 from adapters.mqtt.topics import (
     mqtt_filter_to_subject,
 )
+from gateway import subject
 from gateway.client import AckMode
 from gateway.endpoint import Delivery
 from gateway.errors import (
@@ -44,6 +67,7 @@ from mappings.mqtt import RETAIN_PROPERTY
 
 if TYPE_CHECKING:
     from adapters.mqtt.connection import MqttConnection
+    from adapters.mqtt.retained import RetainedStream
     from adapters.mqtt.server import MqttServer
 
 log = logging.getLogger("adapters.mqtt")
@@ -55,26 +79,83 @@ SESSION_NS = "mqtt.session"
 # packet ids are used again after a gateway restart ([MQTT-4.4.0-1]).
 INFLIGHT_NS = "mqtt.inflight"
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "never expires" (MQTT 5 3.1.2.11.2)
+# Merges of overlapping subscriptions' deliveries remembered per session: each is dropped as
+# soon as every matching subscription has delivered, so only deliveries held back (a paused
+# or filtered consumer) keep one; the oldest goes first past this.
+MERGES_KEPT = 4096
+TOO_LARGE = "packet_too_large"  # delivery log reason: over the client's Maximum Packet Size
+
+
+def sent_publish(packet: bytes, level: int, aliases: dict[int, str]) -> Publish:
+    """A PUBLISH we encoded at protocol ``level``, read back with its topic whole and
+    no Topic Alias (``aliases``: alias → topic of the connection that sent it)."""
+    codec = MqttCodec(Side.CLIENT, max_packet_size=len(packet) + 1)
+    codec.protocol_level = level
+    codec.receive_data(packet)
+    p = codec.events_received()[0]
+    assert isinstance(p, Publish)
+    if "topic_alias" in p.properties:
+        props = dict(p.properties)
+        alias = int(props.pop("topic_alias"))
+        p = Publish(p.topic or aliases.get(alias, ""), p.payload, p.qos, p.retain, p.dup,
+                    p.packet_id, props)
+    return p
+# Retained messages sent to new subscriptions per loop turn: enough to fill a socket's write
+# buffer in a few turns, few enough that a large retained set does not hold up the loop.
+RETAINED_BATCH = 256
 
 
 class SubRecord:
     """One MQTT subscription of a session and the core consumer behind it."""
 
-    __slots__ = ("filter", "options", "sub_id", "consumer", "pattern", "parent", "share")
+    __slots__ = ("filter", "options", "sub_id", "consumer", "pattern", "parent", "share",
+                 "durable", "overlaps", "overlaps_version")
 
     def __init__(self, flt: str, options: SubscriptionOptions, sub_id: int | None) -> None:
         self.filter = flt
         self.options = options
         self.sub_id = sub_id
         self.consumer: Any = None
+        # Its core subscription is the durable ``mqtt:<filter>``: it stays durable for the
+        # session's life even when a resumed connection sets Session Expiry Interval 0.
+        self.durable = False
         f = mqtt_filter_to_subject(flt)
         self.pattern, self.parent, self.share = f.pattern, f.parent_match, f.share
+        # The session's other non-shared subscriptions whose filters intersect this one's,
+        # as of the session's subs_version (MqttSession._matching_others).
+        self.overlaps: tuple[SubRecord, ...] = ()
+        self.overlaps_version = -1
+
+    def matches(self, name: str) -> bool:
+        """Whether this subscription's filter matches the subject ``name``."""
+        pattern = self.pattern
+        if subject.matches(pattern, name):
+            return True
+        # MQTT's "a/#" also matches "a" itself [MQTT-4.7.1-2].
+        return self.parent and pattern.endswith(".>") and subject.matches(pattern[:-2], name)
+
+
+class Merge:
+    """One message that several subscriptions of a session match, sent once (module
+    docstring, "Overlapping subscriptions")."""
+
+    __slots__ = ("msg", "store_id", "waiting", "flight")
+
+    def __init__(self, msg: Message, waiting: list[SubRecord], flight: OutFlight | None) -> None:
+        self.msg = msg  # kept, so its id() is not reused while the merge lives
+        # Its id in the store when it was sent: after a restart each durable subscription
+        # may hold a message object of its own, and the id is what they share. (Read now:
+        # the store forgets it, and the message gets a new one, when its first stored copy
+        # is acknowledged before the next subscription has it -- dispatch is synchronous.)
+        self.store_id = msg.store_id
+        self.waiting = waiting  # the subscriptions whose delivery of it has not come yet
+        self.flight = flight  # the PUBLISH it went out in (None: QoS 0, or not sent)
 
 
 class OutFlight:
     """An outgoing QoS 1/2 PUBLISH awaiting its acknowledgement (or a PUBREL awaiting PUBCOMP)."""
 
-    __slots__ = ("pid", "delivery", "packet", "released", "saved")
+    __slots__ = ("pid", "delivery", "packet", "released", "saved", "joined")
 
     def __init__(self, pid: int, delivery: Delivery | None, packet: bytes) -> None:
         self.pid = pid
@@ -82,6 +163,9 @@ class OutFlight:
         self.packet = packet  # the encoded PUBLISH, re-sent with DUP on reconnect
         self.released = False  # PUBREC received, PUBREL sent
         self.saved = False  # recorded in the store (INFLIGHT_NS)
+        # Deliveries of the same message to the session's other matching subscriptions,
+        # settled with ``delivery`` (module docstring, "Overlapping subscriptions").
+        self.joined: list[Delivery] | None = None
 
 
 class MqttSession:
@@ -106,8 +190,28 @@ class MqttSession:
         self.expiry_timer: Any = None
         self.receive_maximum = 65535
         self.paused = False
+        self.stored = False  # a session record is in the store (SESSION_NS)
+        # When the client left (wall clock, seconds; 0 while connected): in the record, so a
+        # restart counts the Session Expiry Interval from there, not from the restart.
+        self.left = 0.0
+        # Protocol level and outgoing topic aliases (alias → topic) of the connection that
+        # last sent the PUBLISH packets in ``outgoing``, to encode them anew on the next.
+        self.sent_level = level
+        self.sent_aliases: dict[int, str] = {}
+        # Packet ids in ``outgoing`` still to be sent again on this connection: those past
+        # the client's Receive Maximum wait for acknowledgements of the ones before them.
+        self.resend_queue: deque[int] = deque()
         # In-flight records read from the store at start-up: pid → (store id, released, filter).
         self.restored: dict[int, tuple[int, bool, str]] = {}
+        # Overlapping subscriptions: merges by id() of the message, and by its store id when it
+        # has one; subs_version changes whenever self.subs does, so SubRecord.overlaps is
+        # computed again.
+        self.merges: dict[int, Merge] = {}
+        self.merges_stored: dict[int, Merge] = {}
+        self.subs_version = 0
+        # Retained messages new subscriptions are owed, sent a batch at a time (pump_retained).
+        self.retained: list[tuple[RetainedStream, SubRecord]] = []
+        self.pump_scheduled = False
 
     # -- core attachment --------------------------------------------------------------------
 
@@ -126,29 +230,67 @@ class MqttSession:
             shared = f"mqtt/{rec.share}/{rec.pattern}"
             if self.persistent:
                 durable = shared
-        elif self.persistent:
+        elif self.persistent or rec.durable:
             durable = f"mqtt:{rec.filter}"
+            if rec.filter not in self.subs:
+                # A new subscription never inherits what an earlier session of this client id
+                # left queued under the same name ([MQTT-3.1.2-4]).
+                self.drop_durable(rec.filter)
+            rec.durable = True
         rec.consumer = self.core_session.consumer(
             Destination.topic(rec.pattern), listener=lambda d, r=rec: self.deliver(d, r),
             durable_name=durable, shared_name=shared, no_local=rec.options.no_local,
             parent_match=rec.parent, window=0 if self.paused else self.receive_maximum,
             share_scope="mqtt" if shared is not None else None,
         )
+        self.subs_version += 1
         if rec.options.qos == 0:
             # Everything goes out at QoS 0: nothing to acknowledge, nothing to track.
             rec.consumer.core.track = False
+        self.bound(rec.consumer.core.endpoint, rec.options.qos)
         if self.paused:
             rec.consumer.core.pause()
+
+    def bound(self, sub: Any, qos: int) -> None:
+        """Bound the messages queued for this session on core subscription ``sub``
+        (mqtt_max_queued_messages / mqtt_max_queued_bytes, as mosquitto's max_queued_*):
+        past it the core drops a QoS 0 message for this client and applies the topic's
+        overflow policy to a QoS 1/2 one. Kept while the session is offline."""
+        server = self.server
+        if server.max_queued or server.max_queued_bytes:
+            sub.bound = (server.max_queued, server.max_queued_bytes, qos == 0)
 
     def unsubscribe(self, rec: SubRecord, *, drop: bool) -> None:
         if rec.consumer is not None:
             rec.consumer.close()
             rec.consumer = None
-        if drop and self.persistent and rec.share is None:
-            try:
-                self.core_session.unsubscribe(f"mqtt:{rec.filter}")
-            except GatewayError:
-                pass
+        self.subs_version += 1
+        if self.merges:  # its deliveries will not come now
+            for m in list(self.merges.values()):
+                if rec in m.waiting:
+                    m.waiting.remove(rec)
+                    if not m.waiting:
+                        self._forget_merge(m)
+        if drop and rec.share is None:
+            # By name, not by ``rec.durable``: a subscription replaced while the session
+            # was not persistent leaves the durable it replaced.
+            self.drop_durable(rec.filter)
+
+    def drop_durable(self, flt: str) -> None:
+        """Delete this client id's durable subscription ``mqtt:<flt>`` and what it holds,
+        if there is one. Needs no core connection: a session restored from the store may
+        end (expiry, Clean Start) before its client ever came back."""
+        broker = self.server.broker
+        name = "mqtt:" + flt
+        # The core names durables by scope (the client id) and name; share_scope names
+        # the scope without a connection.
+        if broker.durables.get(f"sub:{self.client_id}:{name}") is None:
+            return
+        try:
+            broker.unsubscribe(None, name, share_scope=self.client_id)
+        except GatewayError as exc:
+            log.warning("mqtt %s: cannot delete durable subscription %s: %s",
+                        self.client_id, name, exc)
 
     def pause(self) -> None:
         self.paused = True
@@ -157,12 +299,17 @@ class MqttSession:
                 rec.consumer.core.pause()
 
     def resume(self) -> None:
+        conn = self.conn
+        if conn is not None and conn.write_paused:
+            return  # the connection's write buffer resumes it when it drains
         self.paused = False
         for rec in self.subs.values():
             if rec.consumer is not None:
                 core = rec.consumer.core
                 core.paused = False
                 core.set_window(self.receive_maximum)
+        if self.retained:
+            self.pump_retained()
 
     # -- delivery (core → client) -----------------------------------------------------------
 
@@ -174,6 +321,23 @@ class MqttSession:
         if conn is None:  # detached: paused consumers should not get here; keep it queued
             self.core_session.release(d, count_delivery=False)
             return
+        if rec.share is None and len(self.subs) > 1:
+            # Overlapping subscriptions (module docstring): this message may have gone out
+            # already for another subscription, or another may match it too.
+            merges = self.merges
+            if merges:
+                m = merges.get(id(msg))
+                if m is not None and m.msg is not msg:
+                    m = None
+                if m is None and msg.store_id:
+                    m = self.merges_stored.get(msg.store_id)
+                if m is not None and rec in m.waiting:
+                    self._join(m, d, rec)
+                    return
+            others = self._matching_others(rec, msg)
+            if others:
+                self._deliver_merged(d, rec, others, conn)
+                return
         now = server.broker.now()
         exp = msg.expires_at or msg.expiration
         if exp and exp <= now:
@@ -188,18 +352,121 @@ class MqttSession:
         retain = bool(rec.options.retain_as_published and msg.properties.get(RETAIN_PROPERTY))
         if qos == 0:
             self.core_session.ack(d)
-            conn.send_publish(topic, out.payload, 0, retain, None, props)
+            if conn.send_publish(topic, out.payload, 0, retain, None, props) is None:
+                self.drop_too_large(msg, None)
             return
         pid = self.allocate_pid()
         data = conn.send_publish(topic, out.payload, qos, retain, pid, props)
         if data is None:  # too large for the client: dropped as the spec requires
-            self.core_session.ack(d)
+            self.drop_too_large(msg, d)
             return
         f = self.outgoing[pid] = OutFlight(pid, d, data)
         if self.persistent and msg.store_id and rec.share is None:
             self.save_inflight(f, msg.store_id, rec.filter)
         if len(self.outgoing) >= self.receive_maximum:
             self.pause()
+
+    # -- overlapping subscriptions (module docstring) ----------------------------------------
+
+    def _matching_others(self, rec: SubRecord, msg: Message) -> list[SubRecord]:
+        """The session's other non-shared subscriptions that get ``msg`` too."""
+        if rec.overlaps_version != self.subs_version:
+            rec.overlaps = tuple(r for r in self.subs.values()
+                                 if r is not rec and r.share is None and _intersect(r, rec))
+            rec.overlaps_version = self.subs_version
+        if not rec.overlaps or msg.destination is None:
+            return []
+        name = msg.destination.name
+        own = msg.producer_conn is not None and self.core is not None and \
+            msg.producer_conn == self.core.id
+        return [r for r in rec.overlaps
+                if r.consumer is not None and not (own and r.options.no_local)
+                and r.matches(name)]
+
+    def _deliver_merged(self, d: Delivery, rec: SubRecord, others: list[SubRecord],
+                        conn: MqttConnection) -> None:
+        """Send ``d`` once for ``rec`` and ``others`` and remember that their deliveries of
+        the same message are to join it (MQTT 5.0 §3.3.4: every matching Subscription
+        Identifier; QoS and Retain As Published of the subscription with the highest QoS)."""
+        msg = d.msg
+        now = self.server.broker.now()
+        exp = msg.expires_at or msg.expiration
+        recs = [r for r in self.subs.values() if r is rec or r in others]  # subscription order
+        lead = recs[0]
+        for r in recs:
+            if r.options.qos > lead.options.qos:
+                lead = r
+        f: OutFlight | None = None
+        if exp and exp <= now:
+            self.core_session.ack(d)
+        else:
+            try:
+                out, qos, topic, props = self._prepare(msg, lead, conn, now, recs)
+            except GatewayError as exc:  # a declarative mapping refused it: undeliverable
+                log.warning("mqtt %s: message %s not sent: %s", self.client_id, msg.message_id,
+                            exc)
+                self.core_session.reject(d, "mapping")
+                return  # each other delivery tries (and is refused) on its own
+            retain = bool(lead.options.retain_as_published and
+                          msg.properties.get(RETAIN_PROPERTY))
+            if qos == 0:
+                self.core_session.ack(d)
+                conn.send_publish(topic, out.payload, 0, retain, None, props)
+            else:
+                pid = self.allocate_pid()
+                data = conn.send_publish(topic, out.payload, qos, retain, pid, props)
+                if data is None:  # too large for the client: dropped as the spec requires
+                    self.core_session.ack(d)
+                else:
+                    f = self.outgoing[pid] = OutFlight(pid, d, data)
+                    if self.persistent and msg.store_id:
+                        # Restored after a restart from the durable of the highest QoS,
+                        # which does not acknowledge on delivery as a QoS 0 one does.
+                        self.save_inflight(f, msg.store_id, lead.filter)
+        self._remember_merge(Merge(msg, [r for r in recs if r is not rec], f))
+        if f is not None and len(self.outgoing) >= self.receive_maximum:
+            self.pause()
+
+    def _remember_merge(self, m: Merge) -> None:
+        merges = self.merges
+        if len(merges) >= MERGES_KEPT:
+            self._forget_merge(next(iter(merges.values())))
+        merges[id(m.msg)] = m
+        if m.store_id:
+            self.merges_stored[m.store_id] = m
+
+    def _forget_merge(self, m: Merge) -> None:
+        if self.merges.get(id(m.msg)) is m:
+            del self.merges[id(m.msg)]
+        if m.store_id and self.merges_stored.get(m.store_id) is m:
+            del self.merges_stored[m.store_id]
+
+    def _join(self, m: Merge, d: Delivery, rec: SubRecord) -> None:
+        """A delivery of a message sent already for another subscription: it is settled
+        with that PUBLISH, or now if that exchange is over (or went at QoS 0)."""
+        m.waiting.remove(rec)
+        if not m.waiting:
+            self._forget_merge(m)
+        f = m.flight
+        if f is not None and not f.released and self.outgoing.get(f.pid) is f:
+            if f.joined is None:
+                f.joined = [d]
+            else:
+                f.joined.append(d)
+        else:
+            self.core_session.ack(d)
+
+    def settle(self, f: OutFlight) -> None:
+        """Acknowledge in the core every delivery ``f`` carries (PUBACK, PUBREC, PUBCOMP)."""
+        d = f.delivery
+        if d is not None and not d.settled:
+            self.core_session.ack(d)
+        joined = f.joined
+        if joined is not None:
+            f.joined = None
+            for j in joined:
+                if not j.settled:
+                    self.core_session.ack(j)
 
     def _inflight_key(self, pid: int) -> str:
         return f"{self.client_id}\x00{pid}"
@@ -240,9 +507,12 @@ class MqttSession:
                 self.forget_inflight(pid)
                 continue
             assert rec is not None  # claim() found it through rec
+            # The other subscriptions matching it deliver it again: they join this one.
+            others = self._matching_others(rec, d.msg) if rec.share is None else []
+            merged = [r for r in self.subs.values() if r is rec or r in others] or None
             try:
                 out, qos, topic, props = self._prepare(d.msg, rec, conn,
-                                                       self.server.broker.now())
+                                                       self.server.broker.now(), merged)
             except GatewayError:
                 self.core_session.reject(d, "mapping")
                 self.forget_inflight(pid)
@@ -250,25 +520,77 @@ class MqttSession:
             data = conn.send_publish(topic, out.payload, max(1, qos), False, pid, props,
                                      dup=True)
             if data is None:
-                self.core_session.ack(d)
+                self.drop_too_large(d.msg, d)
                 self.forget_inflight(pid)
                 continue
             f = self.outgoing[pid] = OutFlight(pid, d, data)
             f.saved = True
             self.next_pid = max(self.next_pid, pid % 65535 + 1)
+            if others:
+                self._remember_merge(Merge(d.msg, others, f))
 
-    def _prepare(self, msg: Message, rec: SubRecord, conn: MqttConnection,
-                 now: int) -> tuple[Any, int, str, dict[str, Any]]:
-        """The MQTT form of ``msg`` for one subscription: (mapped, QoS, topic, properties)."""
+    def _prepare(self, msg: Message, rec: SubRecord, conn: MqttConnection, now: int,
+                 merged: list[SubRecord] | None = None) -> tuple[Any, int, str, dict[str, Any]]:
+        """The MQTT form of ``msg`` for one subscription: (mapped, QoS, topic, properties).
+
+        ``merged``: every subscription it goes out for (``rec`` the one of the highest QoS),
+        whose Subscription Identifiers it carries ([MQTT-3.3.4-3], [MQTT-3.3.4-5])."""
         server = self.server
         out = server.mapped(msg, conn.level, now)
         qos = min(rec.options.qos, out.qos)
         topic = server.mqtt_topic(msg.destination.name) if msg.destination else ""
         props = out.properties
-        if conn.level >= MQTT_5 and rec.sub_id is not None:
-            props = dict(props)
-            props["subscription_identifier"] = [rec.sub_id]
+        if conn.level >= MQTT_5:
+            if merged is not None:
+                ids = [r.sub_id for r in merged if r.sub_id is not None]
+                if ids:
+                    props = dict(props)
+                    props["subscription_identifier"] = ids
+            elif rec.sub_id is not None:
+                props = dict(props)
+                props["subscription_identifier"] = [rec.sub_id]
         return out, qos, topic, props
+
+    def start_retained(self, rec: SubRecord) -> None:
+        """A new subscription gets the retained messages its filter matches ([MQTT-3.3.1-9]),
+        streamed by :meth:`pump_retained`."""
+        self.retained.append((self.server.retained.stream(rec.pattern, rec.parent), rec))
+        self.pump_retained()
+
+    def pump_retained(self) -> None:
+        """Send retained messages owed to new subscriptions while the session is not paused:
+        at most the client's Receive Maximum unacknowledged at QoS 1 and 2 ([MQTT-3.3.4-9]),
+        and no more once the socket's write buffer is full (its pause pauses the session;
+        :meth:`resume` comes back here). One call sends at most ``RETAINED_BATCH`` messages,
+        then lets the loop flush and serve others before the next batch."""
+        self.pump_scheduled = False
+        store = self.server.retained
+        streams = self.retained
+        budget = RETAINED_BATCH
+        now = self.server.broker.now()
+        while streams and budget > 0 and not self.paused and self.conn is not None:
+            stream, rec = streams[0]
+            if self.subs.get(rec.filter) is not rec:  # unsubscribed or replaced meanwhile
+                store.close(stream)
+                del streams[0]
+                continue
+            room = budget
+            if rec.options.qos:
+                room = min(room, self.receive_maximum - len(self.outgoing))
+                if room <= 0:
+                    self.pause()
+                    break
+            msgs = store.take(stream, room, now)
+            for msg in msgs:
+                self.deliver_retained(msg, rec)
+            if stream.done:
+                del streams[0]
+            elif not msgs:  # scanned its share of names without a match: go on next turn
+                break
+            budget -= len(msgs)
+        if streams and not self.paused and self.conn is not None and not self.pump_scheduled:
+            self.pump_scheduled = True
+            self.server.loop.call_soon(self.pump_retained)
 
     def deliver_retained(self, msg: Message, rec: SubRecord) -> None:
         """Send a retained message to a new subscription (retain flag set, [MQTT-3.3.1-9])."""
@@ -282,12 +604,33 @@ class MqttSession:
                         exc)
             return
         if qos == 0:
-            conn.send_publish(topic, out.payload, 0, True, None, props)
+            if conn.send_publish(topic, out.payload, 0, True, None, props) is None:
+                self.drop_too_large(msg, None)
             return
         pid = self.allocate_pid()
         data = conn.send_publish(topic, out.payload, qos, True, pid, props)
-        if data is not None:
+        if data is None:
+            self.drop_too_large(msg, None)
+        else:
             self.outgoing[pid] = OutFlight(pid, None, data)
+            if len(self.outgoing) >= self.receive_maximum:
+                self.pause()
+
+    def drop_too_large(self, msg: Message, d: Delivery | None) -> None:
+        """A PUBLISH larger than the client's Maximum Packet Size was not sent: the message
+        is dropped for this client as if it had been sent ([MQTT-3.1.2-25]), written to the
+        delivery log as a ``drop`` with reason ``packet_too_large`` and counted in the
+        core's ``dropped`` (or, for a message that asks to be kept, moved to
+        ``$sys.undelivered`` as any undeliverable message is)."""
+        self.server.too_large += 1
+        if d is not None and d.tag in self.core_session.unacked:
+            self.core_session.reject(d, TOO_LARGE)
+            return
+        broker = self.server.broker
+        broker.stats["dropped"] += 1
+        if broker.log_enabled and msg.destination is not None:
+            broker.dlog.record("drop", msg, broker.dest_text(msg.destination),
+                               self.core.id if self.core is not None else None, 0, TOO_LARGE)
 
     def allocate_pid(self) -> int:
         pid = self.next_pid
@@ -301,11 +644,13 @@ class MqttSession:
         f = self.outgoing.pop(pid, None)
         if f is None:
             return False
-        if f.delivery is not None and not f.delivery.settled:
-            self.core_session.ack(f.delivery)
+        self.settle(f)
         if f.saved:
             self.forget_inflight(pid)
-        if self.paused and self.conn is not None and len(self.outgoing) < self.receive_maximum:
+        if self.resend_queue and self.conn is not None:
+            self._resend_next()
+        elif self.paused and self.conn is not None and (
+                len(self.outgoing) < self.receive_maximum):
             self.resume()
         return True
 
@@ -314,30 +659,77 @@ class MqttSession:
     def attach(self, conn: MqttConnection) -> None:
         self.conn = conn
         self.level = conn.level
-        if self.will_timer is not None:  # [MQTT-3.1.3-9]: back before the will delay ran out
-            self.will_timer.cancel()
-            self.will_timer = None
-            self.will = None
+        self.cancel_will()
         if self.expiry_timer is not None:
             self.expiry_timer.cancel()
             self.expiry_timer = None
+        self.left = 0.0
         for rec in self.subs.values():
             if rec.consumer is not None:
                 rec.consumer.core.set_window(self.receive_maximum)
 
     def resend_inflight(self) -> None:
-        """Re-send unacknowledged PUBLISH (DUP) and PUBREL packets, in order ([MQTT-4.4.0-1])."""
+        """Re-send unacknowledged PUBLISH (DUP) and PUBREL packets, in order ([MQTT-4.4.0-1]).
+
+        No more PUBLISHes than the client's Receive Maximum are out at once, counting the
+        exchanges waiting for PUBCOMP ([MQTT-3.3.4-9]; the quota starts afresh with each
+        connection, 4.9): the rest are sent as acknowledgements free their places. Each
+        PUBLISH is encoded anew for this connection (see
+        :meth:`MqttConnection.resend_publish`); one now larger than the client's Maximum
+        Packet Size is dropped as a new one would be ([MQTT-3.1.2-25])."""
         conn = self.conn
         assert conn is not None
+        self.resend_queue.clear()
+        budget = self.receive_maximum
         for f in list(self.outgoing.values()):
             if f.released:
                 conn.send(PubRel(f.pid))
+                budget -= 1
+            elif budget > 0:
+                if self._resend(f):
+                    budget -= 1
             else:
-                conn.write(bytes([f.packet[0] | 0x08]) + f.packet[1:])
+                # Waits; kept meanwhile as this connection's level would send it, topic whole
+                # and no alias, so the next connection can read it back if this one ends.
+                p = sent_publish(f.packet, self.sent_level, self.sent_aliases)
+                f.packet = encode_publish(p.topic, p.payload, p.qos, p.retain, False,
+                                          p.packet_id, p.properties, conn.level)
+                self.resend_queue.append(f.pid)
+
+    def _resend_next(self) -> None:
+        """An acknowledgement freed a place: send the next PUBLISH waiting to be re-sent."""
+        while self.resend_queue:
+            f = self.outgoing.get(self.resend_queue.popleft())
+            if f is not None and self._resend(f):
+                return
+        if self.paused and len(self.outgoing) < self.receive_maximum:
+            self.resume()
+
+    def _resend(self, f: OutFlight) -> bool:
+        """Send ``f`` again on this connection; False if it was dropped as too large."""
+        conn = self.conn
+        assert conn is not None
+        data = conn.resend_publish(f.packet, self.sent_level, self.sent_aliases)
+        if data is not None:
+            f.packet = data
+            return True
+        del self.outgoing[f.pid]
+        if f.delivery is not None:
+            self.drop_too_large(f.delivery.msg, f.delivery)
+        else:  # a retained message: nothing in the core holds it
+            self.server.too_large += 1
+        if f.saved:
+            self.forget_inflight(f.pid)
+        return False
 
     def detach(self, *, publish_will: bool) -> None:
         """The network connection ended; keep or end the session."""
+        conn = self.conn
+        if conn is not None:
+            self.sent_level = conn.level
+            self.sent_aliases = {a: t for t, a in conn.aliases_out.items()}
         self.conn = None
+        self.resend_queue.clear()
         self.pause()
         if publish_will and self.will is not None:
             delay = int(self.will.properties.get("will_delay_interval", 0))
@@ -350,8 +742,23 @@ class MqttSession:
             self.will = None
         if not self.persistent or self.expiry == 0:
             self.end()
-        elif self.expiry != NEVER:
+            return
+        if self.expiry != NEVER:
             self.expiry_timer = self.server.loop.call_later(self.expiry, self.end)
+        if self.level >= MQTT_5:
+            # The interval (perhaps changed by the DISCONNECT) runs from now, also across a
+            # restart ([MQTT-4.1.0-2]: the session state goes when it has passed).
+            self.left = time.time()
+            self.save()
+
+    def cancel_will(self) -> None:
+        """A new connection for the client id came before the Will Delay Interval ran out:
+        the waiting will is not published, whether the connection resumes the session or
+        starts a new one ([MQTT-3.1.2-8], [MQTT-3.1.3-9]; mosquitto does the same)."""
+        if self.will_timer is not None:
+            self.will_timer.cancel()
+            self.will_timer = None
+            self.will = None
 
     def publish_will(self) -> None:
         self.will_timer = None
@@ -369,8 +776,7 @@ class MqttSession:
             self.expiry_timer.cancel()
             self.expiry_timer = None
         for rec in list(self.subs.values()):
-            if self.core_session is not None:
-                self.unsubscribe(rec, drop=True)
+            self.unsubscribe(rec, drop=True)
         self.subs.clear()
         for pid in [*self.outgoing, *self.restored]:
             if pid in self.restored or self.outgoing[pid].saved:
@@ -387,6 +793,7 @@ class MqttSession:
         return {
             "level": self.level,
             "expiry": self.expiry,
+            "left": self.left,
             "subs": [
                 [r.filter, r.options.qos, r.options.no_local, r.options.retain_as_published,
                  r.options.retain_handling, r.sub_id]
@@ -395,7 +802,22 @@ class MqttSession:
         }
 
     def save(self) -> None:
+        """Write the session record while the session is persistent; delete it once a
+        resumed connection made it end with the connection (Session Expiry Interval 0)."""
         if self.persistent:
             store = self.server.broker.store
             store.put_kv(SESSION_NS, self.client_id, json.dumps(self.record()).encode())
             store.commit(None)
+            self.stored = True
+        elif self.stored:
+            store = self.server.broker.store
+            store.delete_kv(SESSION_NS, self.client_id)
+            store.commit(None)
+            self.stored = False
+
+
+def _intersect(a: SubRecord, b: SubRecord) -> bool:
+    """Whether some topic matches both subscriptions' filters (with "a/#" matching "a")."""
+    pa = [a.pattern, a.pattern[:-2]] if a.parent and a.pattern.endswith(".>") else [a.pattern]
+    pb = [b.pattern, b.pattern[:-2]] if b.parent and b.pattern.endswith(".>") else [b.pattern]
+    return any(subject.intersects(x, y) for x in pa for y in pb)

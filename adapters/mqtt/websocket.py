@@ -33,7 +33,7 @@ def make_handler(server: Any) -> Any:
 
         await serve(request, ws, server,
                     lambda write, close, address: MqttConnection(server, write, close, address),
-                    on_text)
+                    on_text, protocol="mqtt-ws")
         return ws
 
     return handle

@@ -7,15 +7,18 @@ WebSocket) through :meth:`~StompConnection.data_received`, parses them with
 it was made with; ``close`` ends the transport. The flow of one connection:
 
 1. ``CONNECT`` (or ``STOMP``): the version is the highest of ``accept-version`` the gateway
-   speaks (1.0 when the header is absent), the user is checked against ``users.conf``
-   (``login`` / ``passcode``), ``client-id`` becomes the core client id (it names durable
-   subscriptions), heart-beats are negotiated (STOMP 1.2 "Heart-beating"), and ``CONNECTED``
-   answers. Any other frame first is an error.
+   speaks (1.0 when the header is absent), ``login`` / ``passcode`` pass the core's
+   credential rules (:meth:`gateway.broker.Broker.authenticate`), ``client-id`` becomes
+   the core client id (it names durable subscriptions), heart-beats are negotiated (STOMP
+   1.2 "Heart-beating"), and ``CONNECTED`` answers. Any other frame first is an error.
 2. ``SEND`` is mapped (:func:`mappings.stomp.stomp_to_message`) and published on the core
    connection, or held in its transaction. ``SUBSCRIBE`` makes a core consumer whose
    listener writes ``MESSAGE`` frames; ``ACK`` / ``NACK`` settle them (``client`` mode
-   cumulatively, ``client-individual`` one by one); ``BEGIN`` / ``COMMIT`` / ``ABORT`` drive
-   core transactions.
+   cumulatively, ``client-individual`` one by one; RabbitMQ's ``requeue:false`` makes a
+   NACKed message undeliverable); ``BEGIN`` / ``COMMIT`` / ``ABORT`` drive core
+   transactions. Destinations are STOMP's usual ``/queue/``, ``/topic/``, ``/temp-queue/``,
+   ``/temp-topic/`` and RabbitMQ's forms (:meth:`StompConnection._rabbit_destination`); a
+   subscription's ``transformation`` (ActiveMQ's) picks the form of map and stream bodies.
 3. A ``receipt`` is answered once the frame has taken effect: for a persistent SEND (and a
    COMMIT) that is after the core's group commit, and a receipt never overtakes the
    confirmation of an earlier SEND, so a client that waits for a receipt knows everything
@@ -43,7 +46,7 @@ from gateway.client import AckMode
 from gateway.errors import GatewayError, IllegalStateError, SecurityError
 from gateway.message import QUEUE, TEMP_PREFIX, TOPIC, Destination
 from mappings.engine import MappingFailed
-from mappings.stomp import stomp_to_message
+from mappings.stomp import SEND_TRANSFORMATIONS, SUBSCRIBE_TRANSFORMATIONS, stomp_to_message
 
 if TYPE_CHECKING:
     import asyncio
@@ -66,10 +69,19 @@ HEARTBEAT_GRACE = 2.0  # a client is dead after this many of its intervals in si
 PREFIXES = {"/queue/": (QUEUE, False), "/topic/": (TOPIC, False),
             "/temp-queue/": (QUEUE, True), "/temp-topic/": (TOPIC, True)}
 DURABLE_HEADERS = ("activemq.subscriptionName", "durable-subscription-name")
+# RabbitMQ's destinations (its STOMP plugin's "Destinations"): /amq/queue/ names a queue that
+# must exist; of the exchanges, those every RabbitMQ node has and the core can be: amq.topic
+# (the topics), amq.direct (a topic named by the routing key, no wildcards) and amq.fanout
+# (one topic, FANOUT_TOPIC, whatever the routing key). /reply-queue/ is RabbitMQ's name of a
+# temporary reply queue in a rewritten reply-to.
+AMQ_QUEUE_PREFIX = "/amq/queue/"
+EXCHANGE_PREFIX = "/exchange/"
+REPLY_QUEUE_PREFIX = "/reply-queue/"
+FANOUT_TOPIC = "amq.fanout"
+RABBIT_DURABLE_HEADERS = ("durable", "persistent")  # SUBSCRIBE: RabbitMQ's, then its older one
 PREFETCH_HEADERS = ("activemq.prefetchSize", "prefetch-count")
 NO_LOCAL_HEADERS = ("activemq.noLocal", "no-local")
 ACK_MODES = ("auto", "client", "client-individual")
-SUPPORTED_TRANSFORMATIONS = (None, "jms-map-json", "jms-json", "jms-stream-json", "jms-byte")
 
 
 class ProtocolError(Exception):
@@ -85,7 +97,7 @@ class StompSubscription:
     """One SUBSCRIBE: a core consumer whose deliveries become MESSAGE frames."""
 
     __slots__ = ("conn", "id", "dest", "ack", "consumer", "session", "durable_name",
-                 "by_message_id", "head")
+                 "by_message_id", "head", "transformation")
 
     def __init__(self, conn: StompConnection, sid: str, dest: Destination, ack: str) -> None:
         self.conn = conn
@@ -95,6 +107,7 @@ class StompSubscription:
         self.consumer: MessageConsumer | None = None
         self.session: Session | None = None
         self.durable_name: str | None = None
+        self.transformation: str | None = None  # the body form asked for (ActiveMQ's header)
         # STOMP 1.0 and 1.1 acknowledge by message-id: message id → delivery tag.
         self.by_message_id: dict[str, int] = {}
         self.head = "MESSAGE\nsubscription:" + escape(sid, conn.version) + "\nmessage-id:"
@@ -110,7 +123,7 @@ class StompSubscription:
         msg = d.msg
         version = conn.version
         try:
-            block, body = conn.server.render(msg, conn)
+            block, body = conn.server.render(msg, conn, self.transformation)
         except Exception as exc:  # a value no STOMP frame can carry: never retried forever
             log.warning("stomp %s: cannot send message %s: %s", conn.address,
                         msg.message_id, exc)
@@ -157,6 +170,7 @@ class StompConnection:
         self.subscriptions: dict[str, StompSubscription] = {}
         self.transactions: dict[str, Transaction] = {}
         self.tx_nacks: dict[str, list[tuple[StompSubscription, int]]] = {}
+        self.tx_rejects: dict[str, list[int]] = {}  # NACKs with requeue:false, by transaction
         self.temp_by_alias: dict[tuple[Any, str], Destination] = {}
         self.alias_by_temp: dict[Destination, str] = {}
         # Receipts wait for the sends before them: (send sequence number, future).
@@ -165,6 +179,7 @@ class StompConnection:
         self.send_seq = 0
         self.reading_paused = False
         self.write_paused = False
+        self.flow: Any = None  # the shell's adapters.listener.WriteFlow (admin views)
         self.closed = False
         self.heard = True  # bytes arrived since the last heart-beat check
         self.wrote = True  # bytes were written since the last heart-beat tick
@@ -222,6 +237,12 @@ class StompConnection:
             core.close()
             self.core = None
 
+    def core_id(self) -> str | None:
+        return str(self.core.id) if self.core is not None else None
+
+    def client_id(self) -> str | None:
+        return self.core.client_id if self.core is not None else None
+
     def pause_writing(self) -> None:
         self.write_paused = True
         for sub in self.subscriptions.values():
@@ -261,11 +282,15 @@ class StompConnection:
             common = [v for v in VERSIONS if v in offered]
             if not common:
                 self.version = "1.2"
-                body = b"Supported protocol versions are 1.0 1.1 1.2"
-                self.write(encode("ERROR", [
-                    ("version", ",".join(VERSIONS)), ("content-type", "text/plain"),
-                    ("message", "unsupported protocol version"),
-                    ("content-length", str(len(body)))], body))
+                body = (f"Supported protocol versions are 1.0 1.1 1.2, not {accepted}"
+                        ).encode("utf-8", "replace")
+                headers = [("version", ",".join(VERSIONS)), ("content-type", "text/plain"),
+                           ("message", "unsupported protocol version")]
+                rid = frame.get("receipt")
+                if rid is not None:  # STOMP 1.2 "ERROR": receipt-id when the frame asked
+                    headers.append(("receipt-id", rid))
+                headers.append(("content-length", str(len(body))))
+                self.write(encode("ERROR", headers, body))
                 self.shutdown()
                 return
             version = common[-1]
@@ -397,15 +422,11 @@ class StompConnection:
                 name = text[len(prefix):]
                 break
         else:
-            raise ProtocolError(
-                "unknown destination",
-                f"{text!r}: a destination starts with /queue/, /topic/, /temp-queue/ or "
-                "/temp-topic/",
-            )
+            return self._rabbit_destination(text)
         if not name:
             raise ProtocolError("unknown destination", f"{text!r} names no destination")
         if not temporary:
-            return Destination(kind, name)
+            return Destination(kind, _rabbit_wildcard(name, text) if kind == TOPIC else name)
         dest = self.temp_by_alias.get((kind, name))
         if dest is not None:
             return dest
@@ -422,6 +443,48 @@ class StompConnection:
         self.alias_by_temp[dest] = name
         return dest
 
+    def _rabbit_destination(self, text: str) -> Destination:
+        """RabbitMQ's destination forms (its STOMP plugin, "Destinations"): ``/amq/queue/Q``
+        (Q must exist), ``/exchange/amq.topic/RK`` (as ``/topic/RK``), ``/exchange/amq.direct/
+        RK`` (the topic RK), ``/exchange/amq.fanout[/RK]`` (the topic ``amq.fanout``) and
+        ``/reply-queue/N`` (a temporary queue by its core name, as a rewritten reply-to)."""
+        if text.startswith(AMQ_QUEUE_PREFIX):
+            name = text[len(AMQ_QUEUE_PREFIX):]
+            if not name:
+                raise ProtocolError("unknown destination", f"{text!r} names no queue")
+            if self.broker.queues.get(name) is None:
+                raise ProtocolError("unknown destination", f"{text!r}: queue {name!r} does not "
+                                    "exist (/amq/queue/ names an existing queue)")
+            return Destination(QUEUE, name)
+        if text.startswith(EXCHANGE_PREFIX):
+            exchange, _, key = text[len(EXCHANGE_PREFIX):].partition("/")
+            if exchange == "amq.fanout":
+                return Destination(TOPIC, FANOUT_TOPIC)
+            if not key and exchange in ("amq.topic", "amq.direct"):
+                raise ProtocolError("unknown destination",
+                                    f"{text!r}: {exchange} needs a routing key")
+            if exchange == "amq.topic":
+                return Destination(TOPIC, _rabbit_wildcard(key, text))
+            if exchange == "amq.direct":
+                if "*" in key or "#" in key or ">" in key:
+                    raise ProtocolError("unknown destination", f"{text!r}: a direct "
+                                        "exchange's routing key is literal; the gateway's "
+                                        "topics read *, # and > as wildcards")
+                return Destination(TOPIC, key)
+            raise ProtocolError("unknown destination", f"{text!r}: exchange {exchange!r} is "
+                                "not one the gateway has (amq.topic, amq.direct, amq.fanout)")
+        if text.startswith(REPLY_QUEUE_PREFIX):
+            name = text[len(REPLY_QUEUE_PREFIX):]
+            if name.startswith(TEMP_PREFIX) and self.broker.queues.get(name) is not None:
+                return Destination(QUEUE, name)
+            raise ProtocolError("unknown destination",
+                                f"reply queue {text!r} does not exist (any more)")
+        raise ProtocolError(
+            "unknown destination",
+            f"{text!r}: a destination starts with /queue/, /topic/, /temp-queue/, "
+            "/temp-topic/, /amq/queue/, /exchange/ or /reply-queue/",
+        )
+
     def render_destination(self, dest: Destination) -> str:
         """The STOMP name of a core destination (this connection's own alias for its
         temporary destinations)."""
@@ -437,8 +500,16 @@ class StompConnection:
         core = self._require_connected(frame)
         headers = _first(frame)
         dest = self.destination(headers.get("destination"), frame)
+        transformation = headers.get("transformation")
+        if transformation is not None and transformation not in SEND_TRANSFORMATIONS:
+            raise ProtocolError("unsupported transformation",
+                                f"{transformation!r}: a SEND may name "
+                                + ", ".join(sorted(SEND_TRANSFORMATIONS)))
         rt_text = headers.get("reply-to")
         reply_to = self.destination(rt_text, frame, header="reply-to") if rt_text else None
+        if reply_to is not None and rt_text is not None and rt_text.startswith("/temp-queue/") \
+                and reply_to in self.alias_by_temp:
+            self._reply_subscription(rt_text, reply_to)
         mappings = self.broker.mappings
         # The default mapping, or the declarative mappings' wire side for this destination
         # (the same function unless a rule replaces or extends a default rule here).
@@ -486,10 +557,10 @@ class StompConnection:
             raise ProtocolError("bad ack mode", f"ack {ack!r}: use auto, client or "
                                 "client-individual")
         transformation = headers.get("transformation")
-        if transformation not in SUPPORTED_TRANSFORMATIONS:
+        if transformation is not None and transformation not in SUBSCRIBE_TRANSFORMATIONS:
             raise ProtocolError("unsupported transformation",
-                                f"{transformation!r}: map and stream bodies are sent as JSON "
-                                "(jms-map-json, jms-stream-json)")
+                                f"{transformation!r}: a subscription may ask for "
+                                + ", ".join(sorted(SUBSCRIBE_TRANSFORMATIONS)))
         durable = _header(headers, DURABLE_HEADERS)
         if durable is not None:
             if dest.kind != TOPIC:
@@ -497,6 +568,17 @@ class StompConnection:
             if not core.client_id:
                 raise ProtocolError("durable subscription needs a client-id",
                                     "send client-id in CONNECT to name durable subscriptions")
+        rabbit_durable = durable is None and dest.kind == TOPIC and _rabbit_durable(headers)
+        if rabbit_durable:
+            # RabbitMQ's durable subscription: a queue named x-queue-name (else by the id)
+            # that any connection may come back to: a shared durable subscription of that
+            # name in the gateway-wide scope, no client-id needed.
+            durable = headers.get("x-queue-name") or sid
+        implicit = self.subscriptions.get(text or "")
+        if implicit is not None and implicit.id != sid and implicit.dest == dest:
+            self.subscriptions.pop(implicit.id)  # the SEND's reply-to subscription, replaced
+            if implicit.consumer is not None:
+                implicit.consumer.close()
         prefetch_text = _header(headers, PREFETCH_HEADERS)
         window: int | None
         if ack == "auto":
@@ -509,6 +591,7 @@ class StompConnection:
             window = int(prefetch_text)
         no_local = (_header(headers, NO_LOCAL_HEADERS) or "").lower() == "true"
         sub = StompSubscription(self, sid, dest, ack)
+        sub.transformation = transformation
         if ack != "auto":
             session = self.client_session
         elif durable is not None:
@@ -521,11 +604,35 @@ class StompConnection:
         sub.consumer = session.consumer(
             dest, selector=headers.get("selector"), no_local=no_local, listener=sub.deliver,
             window=window, durable_name=durable, name=sid,
+            shared_name=durable if rabbit_durable else None,
+            share_scope="" if rabbit_durable else None,
+            # RabbitMQ's trailing '#' matches zero words too: a.# gets a as well as a.>
+            parent_match=dest.kind == TOPIC and dest.name.endswith(".>") and
+            (text or "").endswith(".#"),
         )
         self.subscriptions[sid] = sub
         if self.write_paused:
             sub.consumer.core.pause()
         self.receipt(frame)
+
+    def _reply_subscription(self, text: str, dest: Destination) -> None:
+        """RabbitMQ's temp-queue replies (its STOMP plugin, "Temp Queue Destinations"): a SEND
+        whose ``reply-to`` is ``/temp-queue/x`` subscribes the connection to that queue, with
+        the subscription id ``/temp-queue/x`` and ``ack:auto``, unless it already has a
+        subscription on it (an ActiveMQ client subscribes itself)."""
+        for sub in self.subscriptions.values():
+            if sub.dest == dest:
+                return
+        if text in self.subscriptions:
+            return
+        session = self.auto_session
+        assert session is not None
+        sub = StompSubscription(self, text, dest, "auto")
+        sub.session = session
+        sub.consumer = session.consumer(dest, listener=sub.deliver, window=None, name=text)
+        self.subscriptions[text] = sub
+        if self.write_paused:
+            sub.consumer.core.pause()
 
     def _unsubscribe(self, frame: Frame) -> None:
         core = self._require_connected(frame)
@@ -534,6 +641,18 @@ class StompConnection:
         sid = headers.get("id")
         if sid is None and self.version == "1.0":
             sid = headers.get("destination")
+        known = self.subscriptions.get(sid) if sid is not None else None
+        if durable is None and sid is not None and _rabbit_durable(headers) and (
+                known is None or known.dest.kind == TOPIC):
+            # RabbitMQ: UNSUBSCRIBE with durable:true deletes a topic subscription's queue
+            # (on a queue subscription the header only repeats how the queue was declared).
+            assert self.durable_session is not None
+            sub = self.subscriptions.pop(sid, None)
+            if sub is not None and sub.consumer is not None:
+                sub.consumer.close()
+            self.durable_session.unsubscribe(headers.get("x-queue-name") or sid, "")
+            self.receipt(frame)
+            return
         if sid is None and durable is None:
             raise ProtocolError("missing id header", "UNSUBSCRIBE needs the subscription id")
         sub = self.subscriptions.pop(sid, None) if sid is not None else None
@@ -569,7 +688,13 @@ class StompConnection:
         tx = self._transaction(txn, frame) if txn is not None else None
         if sub is not None and tag is not None:
             tags = self._tags(sub, tag)
-            if nack and tx is not None:
+            drop = nack and headers.get("requeue", "true").lower() == "false"
+            if drop and tx is not None:
+                self.tx_rejects.setdefault(txn, []).extend(tags)  # type: ignore[arg-type]
+            elif drop:  # RabbitMQ's requeue:false: dead-lettered or dropped, not redelivered
+                for t in tags:
+                    session.reject(t, "nacked")
+            elif nack and tx is not None:
                 self.tx_nacks.setdefault(txn, []).extend((sub, t) for t in tags)  # type: ignore[arg-type]
             elif nack:  # (a cumulative NACK gives them back in their order)
                 self._release((sub, t) for t in tags)
@@ -664,10 +789,13 @@ class StompConnection:
         tx = self._transaction(txn, frame)
         del self.transactions[txn]
         nacks = self.tx_nacks.pop(txn, ())
+        rejects = self.tx_rejects.pop(txn, ())
         fut = tx.commit()
         session = self.client_session
         assert session is not None
         self._release(nacks)
+        for t in rejects:
+            session.reject(t, "nacked")
         if fut is not None and not fut.done():
             self._wait_for(fut)
         self.receipt(frame)
@@ -681,6 +809,8 @@ class StompConnection:
         session = self.client_session
         assert session is not None
         self._release(self.tx_nacks.pop(txn, ()))
+        rejected = self.tx_rejects.pop(txn, ())
+        session.release_all([session.unacked[t] for t in rejected if t in session.unacked])
         self.receipt(frame)
 
     def _release(self, nacks: Iterable[tuple[StompSubscription, int]]) -> None:
@@ -721,6 +851,32 @@ def _header(headers: dict[str, str], names: tuple[str, ...]) -> str | None:
         if value is not None:
             return value
     return None
+
+
+def _rabbit_wildcard(name: str, text: str) -> str:
+    """A RabbitMQ topic routing key's ``#`` (zero or more words) as the core's ``>`` (one or
+    more): only as the last word; a SUBSCRIBE adds the zero-word case (``a.#`` matches ``a``)
+    with the core's parent match, as MQTT's ``a/#`` does. A ``#`` word elsewhere has no core
+    equivalent."""
+    if "#" not in name:
+        return name
+    words = name.split(".")
+    if "#" not in words:
+        return name  # '#' inside a word is a character of the name
+    if words.index("#") != len(words) - 1:
+        raise ProtocolError("unknown destination", f"{text!r}: '#' is supported only as the "
+                            "last word of a routing key (the gateway's '>')")
+    words[-1] = ">"
+    return ".".join(words)
+
+
+def _rabbit_durable(headers: dict[str, str]) -> bool:
+    """RabbitMQ's durable topic subscription (its STOMP plugin, "Durable Topic
+    Subscriptions"): ``durable:true`` (or the older ``persistent:true``) and not
+    ``auto-delete:true``."""
+    flag = _header(headers, RABBIT_DURABLE_HEADERS)
+    return flag is not None and flag.lower() == "true" and \
+        headers.get("auto-delete", "false").lower() != "true"
 
 
 def _heartbeats(text: str) -> tuple[int, int]:

@@ -24,12 +24,16 @@ from typing import Any
 from adapters.listener import BatchedProtocol, Listener, listen
 from adapters.stomp.codec import escape
 from adapters.stomp.connection import StompConnection
-from gateway.message import TEMP_PREFIX, Message
-from mappings.stomp import message_to_stomp
+from gateway.message import TEMP_PREFIX, BodyKind, Message
+from mappings.stomp import (
+    BYTES_TRANSFORMATION,
+    TEXT_CONTENT_TYPE,
+    message_to_stomp,
+    transformed_body,
+)
 
 log = logging.getLogger("adapters.stomp")
 
-WRITE_HIGH_WATER = 1 << 20  # bytes buffered in the socket before subscriptions pause
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 MAX_HEADERS = 1000
@@ -51,14 +55,18 @@ class StompServer:
         self.reading = False
         self.dirty: list[Any] = []
         self._last: tuple[Message | None, str, bytes, bytes] = (None, "", b"", b"")
+        self._last_transformation: str | None = None
 
-    def render(self, msg: Message, conn: StompConnection) -> tuple[bytes, bytes]:
+    def render(self, msg: Message, conn: StompConnection, transformation: str | None = None
+               ) -> tuple[bytes, bytes]:
         """The encoded header lines of ``msg`` for ``conn``'s version -- everything after the
         delivery's own headers, through ``content-length`` and the blank line -- and its
-        body. Kept for the last message, so a fan-out maps and encodes it once."""
+        body, in the form the subscription's ``transformation`` asked for. Kept for the last
+        message, so a fan-out maps and encodes it once."""
         version = conn.version
         last, last_version, block, body = self._last
-        if last is msg and last_version == version:
+        if last is msg and last_version == version and self._last_transformation == \
+                transformation:
             return block, body
         original = msg
         mappings = self.broker.mappings
@@ -75,10 +83,13 @@ class StompServer:
             msg, destination=conn.render_destination(dest) if dest is not None else "",
             reply_to=conn.render_destination(rt) if rt is not None else None,
         )
+        if transformation is not None:
+            headers, body = _transform(msg, headers, body, transformation)
         headers.append(("content-length", str(len(body))))
         block = header_block(headers, version)
         if not temporary:  # a temporary destination's name depends on the connection
             self._last = (original, version, block, body)
+            self._last_transformation = transformation
         return block, body
 
     def close(self) -> None:
@@ -89,6 +100,8 @@ class StompServer:
 class StompProtocol(BatchedProtocol):
     """One TCP (or TLS) connection."""
 
+    protocol_name = "stomp"
+
     server: StompServer
     conn: StompConnection | None
 
@@ -96,12 +109,12 @@ class StompProtocol(BatchedProtocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         address = f"{peer[0]}:{peer[1]}" if peer else "?"
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         self.conn = StompConnection(
             self.server, self.write, self.close, address,
             pause_reading=transport.pause_reading,  # type: ignore[attr-defined]
             resume_reading=self._resume_reading,
         )
+        self.watch(self.server.broker, transport, address)
         self.server.connections.add(self.conn)
 
     def _resume_reading(self) -> None:
@@ -109,13 +122,25 @@ class StompProtocol(BatchedProtocol):
         if t is not None and not t.is_closing():
             t.resume_reading()
 
-    def pause_writing(self) -> None:
-        if self.conn is not None:
-            self.conn.pause_writing()
 
-    def resume_writing(self) -> None:
-        if self.conn is not None:
-            self.conn.resume_writing()
+def _transform(msg: Message, headers: list[tuple[str, str]], body: bytes, transformation: str
+               ) -> tuple[list[tuple[str, str]], bytes]:
+    """A subscription's ``transformation`` (ActiveMQ's STOMP page, "Message transformation"):
+    a map or stream body in ActiveMQ's XML or JSON form, marked with the transformation and
+    with no content type, as ActiveMQ sends it; with ``jms-byte`` a text body goes as bytes
+    (no ``content-type``: a client reads it by its ``content-length``)."""
+    kind = msg.body_kind
+    if transformation == BYTES_TRANSFORMATION:
+        if kind is BodyKind.TEXT:
+            headers = [h for h in headers
+                       if h[0] != "content-type" or h[1] != TEXT_CONTENT_TYPE]
+        return headers, body
+    done = transformed_body(kind, msg.body, transformation)
+    if done is None:
+        return headers, body
+    kept = [h for h in headers if h[0] != "content-type" and h[0] != "transformation"]
+    kept.insert(1, ("transformation", done[1]))
+    return kept, done[0]
 
 
 def header_block(headers: list[tuple[str, str]], version: str) -> bytes:

@@ -38,7 +38,7 @@ def make_handler(server: Any) -> Any:
 
         await serve(request, ws, server,
                     lambda write, close, address: StompConnection(server, write, close, address),
-                    on_text, text_replies=True)
+                    on_text, text_replies=True, protocol="stomp-ws")
         return ws
 
     return handle

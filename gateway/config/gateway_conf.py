@@ -29,8 +29,13 @@ parameter                           default            meaning
 ``delivery_log_dir``                ``<store>/delivery-log``  where delivery log files go
 ``delivery_log_max_file_size``      64MB               roll to a new file past this size; 0 = never
 ``authorization``                   disabled           authenticate users and check ACLs on ``secure``
-                                                       destinations (seed L7916-7930)
-``allow_anonymous``                 enabled            accept connections without a user name
+                                                       destinations (seed L7916-7930); disabled:
+                                                       every connection is accepted, whatever
+                                                       user name and password it gives (seed
+                                                       L11238-11240)
+``allow_anonymous``                 enabled            with ``authorization`` enabled, accept
+                                                       connections without a user name (EMS's
+                                                       ``anonymous`` user, seed L11334-11341)
 ``flow_control``                    disabled           enforce destinations' ``flowControl`` (seed
                                                        L7978-7985)
 ``max_msg_memory``                  512MB              memory for pending messages; 0 = unlimited
@@ -48,10 +53,32 @@ parameter                           default            meaning
                                                        at most 2GB (seed L8300-8310)
 ``max_connections``                 0                  simultaneous client connections; 0 = unlimited
                                                        (seed L8312-8316)
+``listen_backlog``                  0                  accept queue of every listener (MQTT, AMQP,
+                                                       STOMP, HTTP): connections the system completes
+                                                       before the gateway accepts them; 0 = the
+                                                       system's maximum, ``net.core.somaxconn``
+                                                       (4096 where it cannot be read); the system
+                                                       caps any value at ``somaxconn``
 ``selector_logical_operator_limit`` 5000               accepted for EMS compatibility (seed
                                                        L8137-8159) but not needed: selectors are
                                                        compiled, never recurse, and their nesting
                                                        is capped when compiled
+``mqtt_max_inflight_messages``      20                 outgoing QoS 1 and 2 messages in flight (sent,
+                                                       not yet acknowledged) per MQTT 3.1/3.1.1
+                                                       client, as mosquitto's
+                                                       ``max_inflight_messages``; 0 = 65,535. An
+                                                       MQTT 5 client's own Receive Maximum is used
+                                                       for it (MQTT 5.0 §3.1.2.11.3)
+``mqtt_max_queued_messages``        1000               messages queued (beyond those in flight) per
+                                                       subscription of an MQTT session, connected
+                                                       or offline, as mosquitto's
+                                                       ``max_queued_messages``; past it a QoS 0
+                                                       message is dropped for that client and a
+                                                       QoS 1/2 one follows the topic's
+                                                       ``overflowPolicy``; 0 = no limit
+``mqtt_max_queued_bytes``           0                  the same bound in bytes (queued and in
+                                                       flight), as mosquitto's
+                                                       ``max_queued_bytes``; 0 = no limit
 ``mqtt_transports``                 disabled           run the ``type = mqtt`` transports of
                                                        ``transports.conf`` (as EMS's
                                                        ``tibrv_transports``, seed L8818-8858)
@@ -71,6 +98,13 @@ parameter                           default            meaning
 ``tls_ca``                          (none)             PEM CA bundle to verify client certificates
 ``tls_require_client_cert``         disabled           TLS clients must present a certificate that
                                                        ``tls_ca`` verifies (seed L9099-9147)
+``mqtt_max_keepalive``              0                  the longest MQTT Keep Alive, in seconds (at most
+                                                       65535), as mosquitto's ``max_keepalive``: an
+                                                       MQTT 5 client asking more, or 0 (none), is
+                                                       told this value (CONNACK Server Keep Alive)
+                                                       and held to it; a 3.1/3.1.1 client, which
+                                                       cannot be told, is held to it too. 0 = no
+                                                       maximum: the client's Keep Alive stands
 ``amqp_default_destination``        ``queue``          what a bare AMQP address (no ``queue://`` or
                                                        ``topic://`` prefix, no capability or
                                                        ``x-opt-jms-dest`` saying) names: ``queue``
@@ -101,6 +135,7 @@ from gateway.errors import ConfigError
 
 MAX_SERVER_NAME = 64  # seed L8161-8166
 MAX_CLIENT_MSG_SIZE = 2 * 1024**3  # seed L8300-8310: "maximum 2 GB"
+MAX_KEEPALIVE = 65535  # MQTT Keep Alive is a Two Byte Integer (MQTT 5.0 3.1.2.10)
 
 DEFAULT_PORTS: dict[str, int] = {
     "mqtt": 1883,
@@ -117,6 +152,9 @@ ABORT_KINDS = frozenset(
     {"TLS", "TRANSPORTS", "LISTENERS", "CONFIG_FILES", "CONFIG_ERRORS", "DB_FILES"}
 )
 DEFAULT_STORE = "data"
+DEFAULT_BACKLOG = 4096  # listen() backlog where somaxconn cannot be read: Linux's default
+MAX_BACKLOG = 65535  # bound on listen_backlog: a larger accept queue is a typo, not a need
+SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 STORE_TYPES = ("sqlite", "memory")
 DEST_KINDS = ("queue", "topic")
@@ -172,7 +210,11 @@ class GatewaySettings:
     destination_backlog_swapout: int = 1024
     max_client_msg_size: int = 0
     max_connections: int = 0
+    listen_backlog: int = 0  # 0: system_backlog()
     selector_logical_operator_limit: int = 5000
+    mqtt_max_inflight_messages: int = 20
+    mqtt_max_queued_messages: int = 1000
+    mqtt_max_queued_bytes: int = 0
     mqtt_transports: bool = False
     amqp_transports: bool = False
     stomp_transports: bool = False
@@ -183,6 +225,7 @@ class GatewaySettings:
     tls_ca: str | None = None
     tls_require_client_cert: bool = False
     amqp_default_destination: str = "queue"
+    mqtt_max_keepalive: int = 0
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -196,6 +239,23 @@ class GatewaySettings:
     def aborts_on(self, kind: str) -> bool:
         """Whether ``kind`` (e.g. ``"TRANSPORTS"``) is in ``startup_abort_list``."""
         return kind.upper() in self.startup_abort_list
+
+
+def system_backlog() -> int:
+    """The system's largest accept queue (``net.core.somaxconn``), 4096 where unreadable."""
+    try:
+        with open(SOMAXCONN_PATH, encoding="ascii") as f:
+            n = int(f.read().strip())
+    except (OSError, ValueError):
+        return DEFAULT_BACKLOG
+    return n if n > 0 else DEFAULT_BACKLOG
+
+
+def listen_backlog(settings: GatewaySettings) -> int:
+    """The backlog every listener is created with: ``listen_backlog``, or when it is 0 the
+    system's maximum, so a burst of connecting clients waits in the kernel's accept queue
+    instead of in its SYN retries (asyncio's default backlog is 100; aiohttp's 128)."""
+    return settings.listen_backlog or system_backlog()
 
 
 def parse_listener(value: str, line: int | None = None) -> Listener:
@@ -286,6 +346,18 @@ def _count(v: str) -> int:
     return parse_int(v, minimum=0)
 
 
+def _backlog(v: str) -> int:
+    return parse_int(v, minimum=0, maximum=MAX_BACKLOG)
+
+
+def _inflight(v: str) -> int:
+    return parse_int(v, minimum=0, maximum=65535)  # a packet id's range (MQTT 5.0 §2.2.1)
+
+
+def _keepalive(v: str) -> int:
+    return parse_int(v, minimum=0, maximum=MAX_KEEPALIVE)
+
+
 def _text(v: str) -> str:
     if not v:
         raise ValueError("value is empty")
@@ -309,7 +381,11 @@ _PARAMS: dict[str, Callable[[str], Any]] = {
     "destination_backlog_swapout": _count,
     "max_client_msg_size": _client_msg_size,
     "max_connections": _count,
+    "listen_backlog": _backlog,
     "selector_logical_operator_limit": _count,
+    "mqtt_max_inflight_messages": _inflight,
+    "mqtt_max_queued_messages": _count,
+    "mqtt_max_queued_bytes": parse_size,
     "mqtt_transports": parse_bool,
     "amqp_transports": parse_bool,
     "stomp_transports": parse_bool,
@@ -320,6 +396,7 @@ _PARAMS: dict[str, Callable[[str], Any]] = {
     "tls_ca": _text,
     "tls_require_client_cert": parse_bool,
     "amqp_default_destination": _choice(DEST_KINDS),
+    "mqtt_max_keepalive": _keepalive,
     "log_level": _choice(LOG_LEVELS),
 }
 _PATHS = ("store", "delivery_log_dir", "tls_cert", "tls_key", "tls_ca")
@@ -383,6 +460,13 @@ def parse_gateway_conf(
             errors.append(seen[key].error(f"{key}: file {values[key]!r} does not exist"))
     if "tls_key" in values and "tls_cert" not in values:
         errors.append(seen["tls_key"].error("tls_key is set but tls_cert is not"))
+    if "allow_anonymous" in values and not values["allow_anonymous"] and not values.get(
+        "authorization"
+    ):
+        warnings.append(
+            f"{seen['allow_anonymous'].where()}: allow_anonymous = disabled has no effect while"
+            " authorization is disabled: every connection is accepted"
+        )
     if values.get("tls_require_client_cert") and "tls_ca" not in values:
         errors.append(seen["tls_require_client_cert"].error("tls_require_client_cert needs tls_ca"))
     if listen_none is not None:

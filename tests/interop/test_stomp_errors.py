@@ -321,10 +321,27 @@ CASES = [
          "frame too large", f"frame body over the limit of {MAX_MSG} octets"),
     Case("send-without-destination", frame("SEND", {"receipt": "r-nd"}, b"x"),
          "missing destination header", "SEND needs destination", "r-nd"),
-    Case("send-to-unknown-prefix", frame("SEND", {"destination": "/exchange/x",
+    Case("send-to-unknown-prefix", frame("SEND", {"destination": "/elsewhere/x",
                                                   "receipt": "r-ex"}, b"x"),
-         "unknown destination", "'/exchange/x': a destination starts with /queue/, /topic/, "
-         "/temp-queue/ or /temp-topic/", "r-ex"),
+         "unknown destination", "'/elsewhere/x': a destination starts with /queue/, /topic/, "
+         "/temp-queue/, /temp-topic/, /amq/queue/, /exchange/ or /reply-queue/", "r-ex"),
+    Case("send-to-an-unknown-exchange", frame("SEND", {"destination": "/exchange/x/k",
+                                                       "receipt": "r-ux"}, b"x"),
+         "unknown destination", "'/exchange/x/k': exchange 'x' is not one the gateway has "
+         "(amq.topic, amq.direct, amq.fanout)", "r-ux"),
+    Case("subscribe-to-a-missing-amq-queue",
+         frame("SUBSCRIBE", {"destination": "/amq/queue/errors.none", "id": "1",
+                             "receipt": "r-aq"}),
+         "unknown destination", "'/amq/queue/errors.none': queue 'errors.none' does not exist "
+         "(/amq/queue/ names an existing queue)", "r-aq"),
+    Case("hash-not-last-in-a-routing-key",
+         frame("SUBSCRIBE", {"destination": "/topic/a.#.b", "id": "1", "receipt": "r-h"}),
+         "unknown destination", "'/topic/a.#.b': '#' is supported only as the last word of a "
+         "routing key (the gateway's '>')", "r-h"),
+    Case("wildcard-in-a-direct-key",
+         frame("SEND", {"destination": "/exchange/amq.direct/a.*", "receipt": "r-dk"}, b"x"),
+         "unknown destination", "'/exchange/amq.direct/a.*': a direct exchange's routing key "
+         "is literal; the gateway's topics read *, # and > as wildcards", "r-dk"),
     Case("send-to-a-prefix-alone", frame("SEND", {"destination": "/queue/"}, b"x"),
          "unknown destination", "'/queue/' names no destination"),
     Case("subscribe-without-id", frame("SUBSCRIBE", {**SEND_X, "receipt": "r-s"}),
@@ -340,14 +357,21 @@ CASES = [
                                              "receipt": "r-a"}),
          "bad ack mode", "ack 'sometimes': use auto, client or client-individual", "r-a"),
     Case("unsupported-transformation",
-         frame("SUBSCRIBE", {**SEND_X, "id": "1", "transformation": "jms-map-xml",
+         frame("SUBSCRIBE", {**SEND_X, "id": "1", "transformation": "jms-map-yaml",
                              "receipt": "r-t"}),
-         "unsupported transformation", "'jms-map-xml': map and stream bodies are sent as JSON "
-         "(jms-map-json, jms-stream-json)", "r-t"),
+         "unsupported transformation", "'jms-map-yaml': a subscription may ask for jms-byte, "
+         "jms-json, jms-map-json, jms-map-xml, jms-object-json, jms-object-xml, "
+         "jms-stream-json, jms-xml", "r-t"),
     Case("send-with-unsupported-transformation",
-         frame("SEND", {**SEND_X, "transformation": "jms-map-xml", "receipt": "r-st"}, b"<m/>"),
-         "malformed message", "unsupported transformation 'jms-map-xml' (the gateway reads "
-         "jms-map-json, jms-stream-json, jms-json and jms-byte)", "r-st"),
+         frame("SEND", {**SEND_X, "transformation": "jms-object-xml", "receipt": "r-st"},
+               b"<m/>"),
+         "unsupported transformation", "'jms-object-xml': a SEND may name jms-byte, jms-json, "
+         "jms-map-json, jms-map-xml, jms-stream-json", "r-st"),
+    Case("send-map-xml-not-a-map",
+         frame("SEND", {**SEND_X, "transformation": "jms-map-xml", "receipt": "r-mx"},
+               b"<string>x</string>"),
+         "malformed message", "jms-map-xml body must be a <map> or a <list>, not <string>",
+         "r-mx"),
     Case("send-map-json-not-an-object",
          frame("SEND", {**SEND_X, "transformation": "jms-map-json", "receipt": "r-mj"}, b"[1]"),
          "malformed message", "jms-map-json body must be an object", "r-mj"),
@@ -425,12 +449,12 @@ def test_a_refusal_is_one_error_frame_and_closes_only_that_connection(gw, client
 def test_unsupported_version_is_refused_with_the_versions_we_speak(gw, clients):
     bystander = Bystander(clients(), "bystander.version")
     c = clients()
-    c.send(frame("CONNECT", {"accept-version": "2.0", "host": "gw"}))
+    c.send(frame("CONNECT", {"accept-version": "2.0", "host": "gw", "receipt": "r-v"}))
     (err,) = c.frames_until_closed()
     assert err.command == "ERROR"
     assert err["version"] == "1.0,1.1,1.2"  # STOMP 1.2 "Protocol Negotiation"
     check_error(err, "unsupported protocol version",
-                "Supported protocol versions are 1.0 1.1 1.2", None)
+                "Supported protocol versions are 1.0 1.1 1.2, not 2.0", "r-v")
     bystander.still_works()
 
 
@@ -511,7 +535,8 @@ def test_valid_frames_before_a_malformed_one_in_the_same_read_are_handled(gw, cl
 @pytest.fixture(scope="module")
 def auth_gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
     g = GatewayThread(tmp_path_factory.mktemp("stomp-auth") / "gw",
-                      gateway="listen = stomp://127.0.0.1:0\nallow_anonymous = disabled\n",
+                      gateway="listen = stomp://127.0.0.1:0\nauthorization = enabled\n"
+                              "allow_anonymous = disabled\n",
                       users='alice:pw1:"Alice"\n').start()
     yield g
     g.stop()

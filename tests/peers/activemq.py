@@ -28,7 +28,12 @@ the foreground: the process we start is the JVM. Its ``activemq.xml`` (written b
   others): the durable path, for the benchmark's ``persistent:true`` figure;
 * memory, store and temp-store limits that fit the 512 MB heap (the default 1 GB memory
   limit makes the broker warn and cut it to 70% of the heap) and a small disk;
-* a unique ``brokerName`` per broker (``gwtest-<pid>-<n>``).
+* a unique ``brokerName`` per broker (``gwtest-<pid>-<n>``);
+* with ``transformations=True`` only, ``WORK/lib`` holding links to the XStream, Jettison
+  and XPP3 jars (``TRANSFORMATION_JARS``, from tests/peers/install.sh), which the launcher
+  puts on the class path. Without them (Debian's package as it is, the default) the STOMP
+  connector cannot transform: a SEND with ``transformation:jms-map-json`` closes the
+  connection, and a subscription's ``transformation`` gets a ``transformation-error`` header.
 
 Logging goes to ``WORK/data/activemq.log`` through the ``log4j.properties`` written into
 ``WORK/conf`` (Debian's ActiveMQ logs through log4j 1.2; the conf directory is on the
@@ -98,6 +103,13 @@ from peers.mosquitto import (
 # Where Debian's package puts the broker (dpkg -L activemq, libactivemq-java).
 ACTIVEMQ_HOME = Path("/usr/share/activemq")
 RUN_JAR = ACTIVEMQ_HOME / "bin" / "activemq.jar"
+# The jars the STOMP connector's `transformation` header (JmsFrameTranslator) needs and
+# Debian's package does not bring: XStream, Jettison and the XPP3 pull parser
+# (libxstream-java, libjettison-java, libxpp3-java; tests/peers/install.sh). Linked into
+# WORK/lib, which the broker's launcher puts on its class path (``activemq.base``/lib).
+TRANSFORMATION_JARS = tuple(
+    Path("/usr/share/java") / name for name in ("xstream.jar", "jettison.jar", "xpp3.jar")
+)
 
 # The JVM's heap: enough for the benchmarks' 200k-message runs of 64 bytes (the memory limit
 # below keeps the broker's own message cache well inside it).
@@ -338,20 +350,30 @@ def start_activemq(
     kahadb_attributes: str = "",
     jvm_options: Iterable[str] = (),
     start_timeout: float = START_TIMEOUT,
+    transformations: bool = False,
 ) -> Iterator[ActiveMQ]:
     """Run a private ActiveMQ broker with a STOMP connector on a free port of ``host``
     (loopback) and all its files in ``workdir``; stop it when the block ends.
 
     ``persistent`` chooses a KahaDB store in ``workdir`` over memory only; ``openwire`` adds
-    an OpenWire connector on another free port (``ActiveMQ.openwire_port``). Raises
+    an OpenWire connector on another free port (``ActiveMQ.openwire_port``);
+    ``transformations`` puts the jars of the STOMP ``transformation`` header on the class
+    path (``PeerMissing`` when they are not installed). Raises
     ``PeerMissing`` when ActiveMQ or java is not installed and ``PeerFailedToStart`` (with the
     log's tail) when the broker exits, does not listen or does not answer a STOMP CONNECT
     within ``start_timeout`` seconds. A port taken by someone else between the choice and the
     broker's bind is retried with other ports.
     """
     argv = activemq_argv(workdir, jvm_options)
-    for sub in ("conf", "data", "tmp"):
+    for sub in ("conf", "data", "tmp", "lib"):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
+    for jar in TRANSFORMATION_JARS if transformations else ():
+        if not jar.exists():
+            raise PeerMissing(f"{jar} is missing (ActiveMQ's STOMP transformations need it): "
+                              f"{INSTALL_HINT}")
+        link = workdir / "lib" / jar.name
+        if not link.exists():
+            link.symlink_to(jar)
     attempts = 3
     for attempt in range(attempts):
         t0 = time.monotonic()

@@ -8,8 +8,12 @@
 #
 # How this works:
 #   1. PEERS lists one peer per line: the Debian package, the commands that prove it is
-#      installed (comma-separated), and the system services the package may start
-#      (comma-separated, "-" for none). Adding a peer (activemq, ...) is adding one line.
+#      installed (comma-separated; an absolute path is a file that must exist, for a
+#      package of jars), and the system services the package may start (comma-separated,
+#      "-" for none). Adding a peer (activemq, ...) is adding one line. XStream, Jettison
+#      and XPP3 are the jars ActiveMQ's STOMP `transformation` needs, which Debian's
+#      activemq package leaves out (tests/peers/activemq.py puts them on its class path when
+#      a test asks for transformations).
 #   2. If every command is found, apt is not touched at all.
 #   3. Otherwise (as root) it installs the missing packages with
 #      `apt-get install -y --no-install-recommends`, running `apt-get update` only when apt
@@ -38,6 +42,9 @@ PEERS=(
   "npm                 npm                              -"
   "default-jre-headless java                            -"
   "activemq            activemq                         activemq"
+  "libxstream-java     /usr/share/java/xstream.jar      -"
+  "libjettison-java    /usr/share/java/jettison.jar     -"
+  "libxpp3-java        /usr/share/java/xpp3.jar         -"
 )
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -57,7 +64,12 @@ for line in "${PEERS[@]}"; do
   fi
   IFS=, read -r -a cmd_list <<<"$cmds"
   for cmd in "${cmd_list[@]}"; do
-    if ! command -v "$cmd" >/dev/null 2>&1; then
+    if [[ "$cmd" == /* ]]; then
+      if [[ ! -e "$cmd" ]]; then
+        missing+=("$pkg")
+        break
+      fi
+    elif ! command -v "$cmd" >/dev/null 2>&1; then
       missing+=("$pkg")
       break
     fi

@@ -538,6 +538,30 @@ async def test_authorization_and_acl_on_secure_destinations(tmp_path):
         assert texts(got) == ["yes"]
 
 
+@pytest.mark.parametrize(("security", "results"), [
+    # (alice right, alice wrong, unknown, no name, empty name)
+    ("", ("alice", "alice", "mallory", None, None)),
+    ("allow_anonymous = disabled\n", ("alice", "alice", "mallory", None, None)),
+    ("authorization = enabled\n", ("alice", SecurityError, SecurityError, None, None)),
+    ("authorization = enabled\nallow_anonymous = disabled\n",
+     ("alice", SecurityError, SecurityError, SecurityError, SecurityError)),
+], ids=["default", "no-anonymous-alone", "authorization", "authorization-no-anonymous"])
+async def test_credential_rules(tmp_path, security, results):
+    """Broker.authenticate, the rules every adapter uses: with authorization disabled anyone
+    connects and keeps the name given (seed L11238-11240), allow_anonymous notwithstanding;
+    with it enabled users.conf decides, and a missing or empty name is anonymous."""
+    async with running_broker(tmp_path, gateway=security, users='alice:secret:"Alice"\n') as b:
+        cases = [("alice", "secret"), ("alice", "wrong"), ("mallory", "x"), (None, None),
+                 ("", "x")]
+        for (user, password), want in zip(cases, results, strict=True):
+            if want is SecurityError:
+                with pytest.raises(SecurityError):
+                    b.connect(user=user, password=password)
+            else:
+                assert b.connect(user=user, password=password).user == want, (user, password)
+        assert b.anonymous_allowed() is (results[3] is None)
+
+
 async def test_duplicate_client_id_is_refused(tmp_path):
     async with running_broker(tmp_path) as b:
         b.connect(client_id="same")

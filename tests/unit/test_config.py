@@ -167,6 +167,7 @@ def test_empty_gateway_conf_gives_defaults(tmp_path: Path) -> None:
     assert gw.max_msg_memory == 512 * 1024 * 1024
     assert gw.selector_logical_operator_limit == 5000
     assert not any(gw.transports_enabled(t) for t in ("mqtt", "amqp", "stomp", "rv"))
+    assert gw.listen_backlog == 0  # the system's maximum (tests/interop/test_listen_backlog.py)
     assert [(lst.scheme, lst.host, lst.port) for lst in gw.listen] == [
         ("mqtt", "127.0.0.1", 1883),
         ("amqp", "127.0.0.1", 5672),
@@ -196,6 +197,7 @@ def test_every_parameter_is_read_and_typed(tmp_path: Path) -> None:
         max_msg_memory = 1GB
         max_client_msg_size = 2MB
         max_connections = 100
+        listen_backlog = 2048
         selector_logical_operator_limit = 0
         mqtt_transports = enabled
         amqp_transports = true
@@ -206,6 +208,7 @@ def test_every_parameter_is_read_and_typed(tmp_path: Path) -> None:
         tls_key = certs/key.pem
         tls_ca = certs/ca.pem
         tls_require_client_cert = true
+        mqtt_max_keepalive = 120
         log_level = DEBUG
     """
     gw = load_config(write(tmp_path, gateway=text, topics=">", queues=">")).gateway
@@ -224,6 +227,7 @@ def test_every_parameter_is_read_and_typed(tmp_path: Path) -> None:
         max_msg_memory=1024**3,
         max_client_msg_size=2 * 1024 * 1024,
         max_connections=100,
+        listen_backlog=2048,
         selector_logical_operator_limit=0,
         mqtt_transports=True,
         amqp_transports=True,
@@ -234,11 +238,22 @@ def test_every_parameter_is_read_and_typed(tmp_path: Path) -> None:
         tls_key=str(tmp_path / "certs" / "key.pem"),
         tls_ca=str(tmp_path / "certs" / "ca.pem"),
         tls_require_client_cert=True,
+        mqtt_max_keepalive=120,
         log_level="debug",
     )
     assert gw.listen[0].tls and not gw.listen[1].tls
     assert gw.listen[0].line == 3  # the line is kept (not compared)
     assert gw.aborts_on("tls") and not gw.aborts_on("DB_FILES")
+
+
+def test_allow_anonymous_without_authorization_is_a_warning(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, gateway="allow_anonymous = disabled\n", topics=">",
+                            queues=">"))
+    assert cfg.warnings == [f"{tmp_path / 'gateway.conf'}:1: allow_anonymous = disabled has no "
+                            "effect while authorization is disabled: every connection is accepted"]
+    cfg = load_config(write(tmp_path, gateway="allow_anonymous = disabled\n"
+                                              "authorization = enabled\n", topics=">", queues=">"))
+    assert cfg.warnings == []
 
 
 @pytest.mark.parametrize(
@@ -254,6 +269,9 @@ def test_every_parameter_is_read_and_typed(tmp_path: Path) -> None:
         ("max_msg_memory = lots", "not a size"),
         ("max_client_msg_size = 3GB", "maximum of 2GB"),
         ("max_connections = -1", "too small"),
+        ("listen_backlog = -1", "too small"),
+        ("listen_backlog = 65536", "too large; the maximum is 65535"),
+        ("mqtt_max_keepalive = 65536", "too large; the maximum is 65535"),
         ("startup_abort_list = TRANSPORTS,MULTICAST", "'MULTICAST' is not one of"),
         ("log_level = chatty", "not one of debug"),
         ('server = "unterminated', "unterminated double quote"),

@@ -39,14 +39,17 @@ from gateway.types import (
 )
 from mappings.mqtt import (
     CONTENT_TYPE_PROPERTY,
+    PFI_PROPERTY,
     QOS_PROPERTY,
     RETAIN_PROPERTY,
     TRACE_USER_PROPERTY,
     TYPES_USER_PROPERTY,
+    USER_RECORD_PROPERTY,
     MqttOut,
     PayloadFormatInvalid,
     message_to_mqtt,
     mqtt_to_message,
+    trace_user_property,
 )
 
 T0 = 1_700_000_000_000
@@ -284,17 +287,28 @@ def test_user_properties_become_string_properties_in_order():
     assert all(type(m.properties[k]) is str for k in ("zeta", "alpha", "mid"))
 
 
-def test_a_repeated_user_property_keeps_its_first_value():
-    m = m_in(user_property=[("k", "first"), ("x", "1"), ("k", "second"), ("k", "third")])
+def test_a_repeated_user_property_keeps_its_first_value_and_all_go_out_again():
+    sent = [("k", "first"), ("x", "1"), ("k", "second"), ("k", "third")]
+    m = m_in(user_property=sent + [("JMSType", "t")])
     assert m.properties["k"] == "first"
-    assert [k for k in m.properties if k != QOS_PROPERTY] == ["k", "x"]
+    assert [k for k in m.properties if k != QOS_PROPERTY] == ["k", "x", USER_RECORD_PROPERTY]
+    assert json.loads(m.properties[USER_RECORD_PROPERTY]) == [list(p) for p in sent]
+    # [MQTT-3.3.2-17], [MQTT-3.3.2-18]: every one, in order, to an MQTT 5 subscriber
+    assert user_props(m) == sent + [("JMSType", "t")]
+    assert USER_RECORD_PROPERTY not in dict(user_props(m))
 
 
-def test_a_user_property_with_an_empty_name_is_dropped():
+def test_a_user_property_with_an_empty_name_is_dropped_but_goes_out_again():
     m = m_in(user_property=[("", "v"), ("a", "b")])
     assert "" not in m.properties
     assert m.properties["a"] == "b"
     m.validate()
+    assert user_props(m) == [("", "v"), ("a", "b")]
+
+
+def test_without_repeats_no_record_is_kept():
+    m = m_in(user_property=[("a", "1"), ("b", "2"), ("gw-types", "a:int8")])
+    assert USER_RECORD_PROPERTY not in m.properties
 
 
 def test_trace_user_property_sets_the_trace_id_not_a_property():
@@ -680,14 +694,22 @@ def test_every_property_and_the_headers_become_user_properties_in_order():
         ("z", "last"),
         ("JMSType", "reading"),
         ("JMSPriority", "7"),
-        ("JMSMessageID", "ID:gw1.5"),
+        # no JMSMessageID: the message came from an MQTT publisher (it has JMS_GW_MQTT_QOS)
         (
             TYPES_USER_PROPERTY,
             "b:boolean,f:boolean,i8:int8,i32:int32,long:long,u16:uint16,f32:float32,"
             "f64:float64,c:char,n:null",
         ),
-        (TRACE_USER_PROPERTY, "gw1.5"),
+        # and never the trace id: it is in the delivery log
     ]
+
+
+def test_a_message_from_elsewhere_carries_its_message_id_but_never_the_trace_id():
+    msg = Message.text("x", properties={"a": "1"}, message_id="ID:gw1.5")
+    msg.trace_id = "gw1.5"
+    assert user_props(msg) == [("a", "1"), ("JMSMessageID", "ID:gw1.5")]
+    msg.properties[QOS_PROPERTY] = Int8(1)  # the same message from an MQTT publisher
+    assert user_props(msg) == [("a", "1")]
 
 
 def test_only_strings_means_no_types_user_property_and_default_priority_is_not_sent():
@@ -740,9 +762,10 @@ def test_strings_mqtt_cannot_carry_are_escaped_and_marked():
 
 
 def test_a_trace_id_mqtt_cannot_carry_is_escaped_and_read_back():
+    """trace_user_property, as the mqtt transport adds the trace id to an export."""
     msg = Message.text("x")
     msg.trace_id = "t\x00%"
-    pairs = user_props(msg)
+    pairs = trace_user_property(user_props(msg), msg.trace_id)
     assert pairs == [
         (TYPES_USER_PROPERTY, "gw-trace-id:string:esc"),
         (TRACE_USER_PROPERTY, "t%00%25"),
@@ -750,6 +773,13 @@ def test_a_trace_id_mqtt_cannot_carry_is_escaped_and_read_back():
     back = m_in(user_property=pairs)
     assert back.trace_id == "t\x00%"
     assert set(back.properties) == {QOS_PROPERTY}
+    typed = Message.text("x", properties={"n": Int8(1)})
+    assert trace_user_property(user_props(typed), "t\x00") == [
+        ("n", "1"), (TYPES_USER_PROPERTY, "n:int8,gw-trace-id:string:esc"),
+        (TRACE_USER_PROPERTY, "t%00")]
+    assert trace_user_property([("a", "1")], "t") == [("a", "1"), (TRACE_USER_PROPERTY, "t")]
+    # one there already (a mapping rule's) is kept
+    assert trace_user_property([(TRACE_USER_PROPERTY, "r")], "t") == [(TRACE_USER_PROPERTY, "r")]
 
 
 def test_the_properties_dict_is_fresh_for_every_call():
@@ -799,9 +829,9 @@ def test_round_trip_mqtt5_core_mqtt5_keeps_what_the_publisher_sent():
         ("unit", "°C"),
         ("b", "2"),
         ("a", "1"),
-        ("JMSMessageID", "ID:gw.1"),
-        (TRACE_USER_PROPERTY, "edge.99"),
-    ]
+    ]  # neither the gateway's JMSMessageID nor the trace id (the publisher's gw-trace-id
+    # is a name the gateway reserves: it set the trace id)
+    assert msg.trace_id == "edge.99"
 
 
 def test_round_trip_of_bytes_with_content_type():
@@ -839,7 +869,7 @@ _header_text = st.text(st.characters(exclude_categories=()), max_size=12)
     trace=st.none() | _header_text,
 )
 def test_typed_properties_survive_core_mqtt5_core(props, msg_type, priority, trace):
-    reserved = {QOS_PROPERTY, RETAIN_PROPERTY, CONTENT_TYPE_PROPERTY, "JMS_GW_TRACE_ID",
+    reserved = {QOS_PROPERTY, RETAIN_PROPERTY, CONTENT_TYPE_PROPERTY, PFI_PROPERTY, "JMS_GW_TRACE_ID",
                 TRACE_USER_PROPERTY, TYPES_USER_PROPERTY, "JMSType", "JMSPriority",
                 "JMSMessageID"}  # fmt: skip
     props = {k: v for k, v in props.items() if k not in reserved}
@@ -848,9 +878,12 @@ def test_typed_properties_survive_core_mqtt5_core(props, msg_type, priority, tra
     out = m_out(msg)
     for name, value in out.properties.get("user_property", []):
         assert _wire_legal(name) and _wire_legal(value), (name, value)
+    out.properties["user_property"] = trace_user_property(
+        out.properties.get("user_property"), trace)  # as the mqtt transport sends it
     back = m_in(out.payload, qos=out.qos, **out.properties)
     got = dict(back.properties)
     assert same_value(got.pop(QOS_PROPERTY), Int8(2))
+    assert same_value(got.pop(PFI_PROPERTY, Int8(1)), Int8(1))
     assert same_value(got, props), (got, props)
     assert back.type == msg_type
     assert back.priority == priority
@@ -872,6 +905,7 @@ def test_typed_properties_examples_survive_core_mqtt5_core():
     }
     back = m_in(**m_out(Message.text("x", properties=dict(props))).properties)
     del back.properties[QOS_PROPERTY]
+    assert back.properties.pop(PFI_PROPERTY) == 1  # the indicator the hop sent
     assert same_value(back.properties, props)
 
 
@@ -949,6 +983,8 @@ def test_readme_names_every_constant_and_rule():
         CONTENT_TYPE_PROPERTY,
         TRACE_USER_PROPERTY,
         TYPES_USER_PROPERTY,
+        PFI_PROPERTY,
+        USER_RECORD_PROPERTY,
         "0x99",
         "MQTT-3.3.2-6",
         "payload_format_indicator",

@@ -72,7 +72,7 @@ def assert_same_out(msg: Message, level: int, now: int, reply_topic: str | None)
 _TYPE_NAMES = ["int8", "int32", "uint64", "long", "boolean", "float32", "float64", "char", "null",
                "bytes", "json", "string", "nonsense"]
 _special = st.sampled_from(["JMSType", "JMSPriority", "gw-trace-id", "JMSMessageID",
-                            "JMS_GW_MQTT_QOS", "JMS_GW_MQTT_RETAIN", "JMS_GW_CONTENT_TYPE", ""])
+                            "JMS_GW_MQTT_PFI", "JMS_GW_MQTT_USER_PROPERTIES", "JMS_GW_MQTT_QOS", "JMS_GW_MQTT_RETAIN", "JMS_GW_CONTENT_TYPE", ""])
 _values = any_text | st.sampled_from(["0", "7", "9", "12", "x", "true", "1.5"])
 
 
@@ -154,6 +154,7 @@ def test_a_typed_publish_maps_alike() -> None:
             ("gw-trace-id", "tr"), ("JMS_GW_MQTT_QOS", "0")],
     }, 5)  # fmt: skip
     assert msg.properties == {"n": Int8(-8), "f": Float32(0.1),
+                              "JMS_GW_MQTT_USER_PROPERTIES": '[["n","-8"],["n","9"],["f","0.1"]]',
                               "JMS_GW_CONTENT_TYPE": "application/json",
                               "JMS_GW_MQTT_QOS": Int8(2), "JMS_GW_MQTT_RETAIN": True}
     assert (msg.type, msg.priority, msg.trace_id) == ("t\x00", 7, "tr")
@@ -168,8 +169,9 @@ def test_a_typed_message_renders_alike() -> None:
     msg.trace_id = "t\x00"
     out = assert_same_out(msg, 5, NOW, "replies/1")
     assert out.qos == 1 and out.payload == b'{"m":[1,null]}'
-    assert out.properties["user_property"][-2:] == [
-        ("gw-types", "n:int32,gw-trace-id:string:esc"), ("gw-trace-id", "t%00")]
+    # From an MQTT publisher (JMS_GW_MQTT_QOS): no JMSMessageID; never the trace id.
+    assert out.properties["user_property"] == [
+        ("n", "-3"), ("JMSType", "ty"), ("JMSPriority", "9"), ("gw-types", "n:int32")]
     assert out.properties["message_expiry_interval"] == 2
     assert assert_same_out(msg, 4, NOW, None).properties == {}
 
@@ -177,8 +179,8 @@ def test_a_typed_message_renders_alike() -> None:
 def test_the_rules_are_one_per_row_in_order() -> None:
     names_in = [r["name"] for r in default_rules("mqtt", "in")]
     names_out = [r["name"] for r in default_rules("mqtt", "out")]
-    assert names_in[0] == "mqtt.in.body" and len(names_in) == 10
-    assert names_out[-2:] == ["mqtt.out.gw-types", "mqtt.out.trace-id"] and len(names_out) == 12
+    assert names_in[0] == "mqtt.in.body" and len(names_in) == 12
+    assert names_out[-2:] == ["mqtt.out.message-id", "mqtt.out.gw-types"] and len(names_out) == 12
 
 
 def test_without_a_user_rule_the_fast_path_is_used() -> None:
@@ -195,9 +197,69 @@ def test_below_mqtt5_properties_are_not_read(level: int) -> None:
 
 def test_properties_named_like_the_gateways_own_render_alike() -> None:
     names_out = ["JMS_GW_MQTT_QOS", "JMS_GW_MQTT_RETAIN", "JMS_GW_CONTENT_TYPE", "JMS_GW_TRACE_ID",
-                 "gw-trace-id", "gw-types", "JMSType", "JMSPriority", "JMSMessageID", "n"]
+                 "JMS_GW_MQTT_PFI", "JMS_GW_MQTT_USER_PROPERTIES", "gw-trace-id", "gw-types", "JMSType", "JMSPriority", "JMSMessageID", "n"]
     msg = Message("x", destination=T, properties={n: "v" for n in names_out})
     out = assert_same_out(msg, 5, NOW, None)
     assert [n for n, _ in out.properties["user_property"]] == [
         "JMSType", "JMSPriority", "JMSMessageID", "n"]
     assert_same_in(out.payload, out.qos, False, out.properties, 5)
+
+
+@pytest.mark.parametrize("pfi", [None, 0, 1])
+@pytest.mark.parametrize("content_type", [None, "text/plain"])
+def test_an_mqtt5_publishers_indicator_and_user_properties_go_out_unaltered(
+        pfi: int | None, content_type: str | None) -> None:
+    """[MQTT-3.3.2-4], [MQTT-3.3.2-17], [MQTT-3.3.2-18]: in, then out, by both paths."""
+    props: dict[str, Any] = {"user_property": [("b", "2"), ("a", "1"), ("b", "3"), ("", "e")]}
+    if pfi is not None:
+        props["payload_format_indicator"] = pfi
+    if content_type is not None:
+        props["content_type"] = content_type
+    msg = assert_same_in(b"text", 1, False, props, 5)
+    msg.message_id, msg.trace_id = "ID:gw.1", "gw.1"  # as the broker stamps them
+    out = assert_same_out(msg, 5, NOW, None)
+    assert out.properties.get("payload_format_indicator") == pfi
+    assert out.properties["user_property"] == [("b", "2"), ("a", "1"), ("b", "3"), ("", "e")]
+
+
+def test_rules_turn_the_message_id_off_and_the_trace_id_on() -> None:
+    """mappings/README.md: each JMS header row is a rule a user rule can turn off, and the
+    trace id goes to MQTT subscribers where a rule asks for it ("Trace ids on the wire")."""
+    ms = MappingSet.from_text("""\
+mappings:
+  - name: no message ids
+    replaces: mqtt.out.message-id
+    match: {destination: "sensors.>"}
+    steps: []
+  - name: trace ids
+    match: {protocol: mqtt, direction: out, destination: "sensors.>"}
+    steps:
+      - convert: {from: trace_id, to: wire.user.gw-trace-id, via: mqtt-text-out}
+""")
+    out_fn = ms.wire_for(T, protocol="mqtt", direction="out")
+    msg = Message("x", destination=T, properties={"a": "1"}, message_id="ID:1", type="t")
+    msg.trace_id = "tr\x00"
+    assert message_to_mqtt(msg, level=5, now_ms=NOW, reply_topic=None).properties[
+        "user_property"] == [("a", "1"), ("JMSType", "t"), ("JMSMessageID", "ID:1")]
+    assert out_fn(msg, level=5, now_ms=NOW, reply_topic=None).properties["user_property"] == [
+        ("a", "1"), ("JMSType", "t"), ("gw-types", "gw-trace-id:string:esc"),
+        ("gw-trace-id", "tr%00")]
+
+
+def test_recorded_user_properties_yield_to_a_changed_property() -> None:
+    """The record of repeated user properties is sent only while the properties still agree
+    with it: a property changed (or typed) since goes out as the property says."""
+    props = {"user_property": [("a", "1"), ("a", "2"), ("b", "x")]}
+    msg = assert_same_in(b"x", 1, False, props, 5)
+    assert assert_same_out(msg, 5, NOW, None).properties["user_property"] == [
+        ("a", "1"), ("a", "2"), ("b", "x")]
+    msg.properties["b"] = "changed"
+    assert assert_same_out(msg, 5, NOW, None).properties["user_property"] == [
+        ("a", "1"), ("b", "changed")]
+    msg.properties["b"] = Int32(5)
+    assert assert_same_out(msg, 5, NOW, None).properties["user_property"] == [
+        ("a", "1"), ("b", "5"), ("gw-types", "b:int32")]
+    msg.properties["b"] = "x"
+    msg.properties["JMS_GW_MQTT_USER_PROPERTIES"] = "not json"
+    assert assert_same_out(msg, 5, NOW, None).properties["user_property"] == [
+        ("a", "1"), ("b", "x")]

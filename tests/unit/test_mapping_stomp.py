@@ -129,7 +129,10 @@ def test_stream_json_and_jms_json_of_an_array():
     ("jms-map-json", b'{"a":NaN}', "jms-map-json body is not JSON"),
     ("jms-map-json", b'{"a":99999999999999999999}', "fits neither a long nor a uint64"),
     ("jms-stream-json", b'[-9223372036854775809]', "fits neither a long nor a uint64"),
-    ("jms-map-xml", b"<map/>", "unsupported transformation 'jms-map-xml'"),
+    ("jms-object-json", b"{}", "unsupported transformation 'jms-object-json'"),
+    ("jms-map-xml", b"<map><entry><string>a</string></entry></map>", "not an <entry> of two"),
+    ("jms-map-xml", b"<string>a</string>", "must be a <map> or a <list>"),
+    ("jms-map-xml", b'<!DOCTYPE m [<!ENTITY x "y">]><map/>', "DOCTYPE"),
 ])
 def test_bad_json_bodies_are_refused(t, body, error):
     with pytest.raises(MessageFormatError, match=error):

@@ -24,6 +24,9 @@ class Conn:
         self.state = State.CONNECTED
         self.level = MQTT_5
         self.sent: list[Any] = []
+        self.session: Any = None
+        self.in_qos1 = 0  # the Receive Maximum count: QoS 1 until PUBACK is sent
+        self.in_qos2: set[int] = set()  # QoS 2 until PUBCOMP or a refusing PUBREC
 
     def send(self, packet: Any) -> None:
         self.sent.append(packet)
@@ -43,6 +46,7 @@ async def test_acks_keep_publish_order_whatever_order_commits_end_in() -> None:
     for pid, fut in enumerate(futs, start=1):
         c.pending_acks.append((pid, fut, (2 if pid == 3 else 1) << 16))
     c.pending_acks.append((7, None, 1 << 16))  # nothing to wait for, but behind the others
+    c.in_qos1, c.in_qos2 = 6, {3}
     c._flush_acks()
     assert c.sent == [] and c.ack_watch is futs[0]
     assert len(futs[0]._callbacks) == 1 and not any(f._callbacks for f in futs[1:])  # type: ignore[attr-defined]
@@ -58,5 +62,6 @@ async def test_acks_keep_publish_order_whatever_order_commits_end_in() -> None:
     futs[5].set_exception(OSError("disk full"))
     await asyncio.sleep(0)
     assert [p.packet_id for p in c.sent] == [1, 2, 3, 4, 5, 6, 7]
+    assert (c.in_qos1, c.in_qos2) == (0, {3})  # the QoS 2 one counts until its PUBCOMP
     assert c.sent[5].reason_code == 0x80  # the failed commit: Unspecified error
     assert not c.pending_acks
