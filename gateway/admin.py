@@ -6,9 +6,14 @@ request; nothing here runs on the message path.
 
 ==========================================  ===========================================
 ``GET /health``                             ``{"status": "ok"}`` once the broker runs
-``GET /api/v1/server``                      ``show server``: counts, memory, statistics,
-                                            the garbage collector's settings and counts
-``GET /api/v1/queues``                      ``show queues``: one row per queue
+``GET /api/v1/server``                      ``show server``: counts, memory (``memory``
+                                            charged, ``max_msg_memory``, ``msg_swapping``,
+                                            ``swapped`` messages, ``memory_held_producers``),
+                                            statistics (``swapped_out``, ``swapped_in``,
+                                            ``memory_held`` among them), the garbage
+                                            collector's settings and counts
+``GET /api/v1/queues``                      ``show queues``: one row per queue (``swapped``:
+                                            pending messages whose body is in the store)
 ``GET /api/v1/topics``                      ``show topics``
 ``GET /api/v1/durables``                    ``show durables``
 ``GET /api/v1/connections``                 ``show connections``

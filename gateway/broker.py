@@ -20,6 +20,17 @@ in-process client, an adapter connection, a transport): stamp → route → stor
   be waited for, or a future that resolves when it is durable and, with flow control on,
   when the destination has drained below its ``flowControl`` limit (seed L3392-3398).
 
+Memory (``max_msg_memory``, seed L8277-8368). ``memory`` is what the messages held by
+endpoints cost (:func:`gateway.endpoint.charge`). With ``msg_swapping`` the persistent messages
+pending on a queue behind its first ``destination_backlog_swapout`` leave memory for the store
+as they come, and past :data:`SWAP_AT` of the limit more do, deepest queues first, until
+memory is down to :data:`SWAP_TO` (:meth:`Broker.swap_out`). A message that would take
+memory past the limit even so is, with ``flow_control`` enabled, accepted but its producer's
+confirmation waits until memory is back under :data:`RESUME_AT` of the limit -- the adapters
+stop reading or withhold credit while confirmations wait, so producers are paused, as EMS
+blocks a send under flow control -- and, with ``flow_control`` disabled, refused with
+:class:`~gateway.errors.LimitExceededError`, which each adapter answers in its protocol.
+
 Destinations are created on first use only when a ``topics.conf``/``queues.conf`` entry
 matches (seed L3113-3148). Temporary destinations belong to their connection and vanish
 with it. Undeliverable messages (expired, past ``maxRedelivery``) go to
@@ -41,7 +52,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gateway import subject
-from gateway.endpoint import Endpoint, QueueEndpoint, Subscription
+from gateway.endpoint import MESSAGE_OVERHEAD, Endpoint, QueueEndpoint, Subscription
+from gateway.endpoint import preserved as _preserve
 from gateway.errors import (
     IllegalStateError,
     InvalidDestinationError,
@@ -50,7 +62,6 @@ from gateway.errors import (
 )
 from gateway.message import (
     PROP_DISABLE_SENDER,
-    PROP_PRESERVE_UNDELIVERED,
     PROP_SENDER,
     QUEUE,
     TEMP_PREFIX,
@@ -69,6 +80,17 @@ UNDELIVERED = "$sys.undelivered"
 PERSISTENT = DeliveryMode.PERSISTENT
 RELIABLE = DeliveryMode.RELIABLE
 SWEEP_INTERVAL = 1.0  # seconds between expiry sweeps
+# Memory marks, as fractions of max_msg_memory. Swapping starts past SWAP_AT and goes down to
+# SWAP_TO, so it runs now and then in batches rather than for every message; 75% leaves the
+# last quarter for what cannot be swapped (non-persistent messages, topics, messages in
+# flight) before producers are held. Held producers go on below RESUME_AT, not at once below
+# the limit, so that they are not woken for one message at a time.
+SWAP_AT = 0.75
+SWAP_TO = 0.5
+RESUME_AT = 0.9
+# Pending messages one swap pass looks at before it yields the loop (a pass over a deep queue
+# costs about 0.3 µs a message).
+SWAP_BUDGET = 50_000
 
 
 class Topic:
@@ -104,6 +126,21 @@ class Broker:
         self.max_memory = int(gw.max_msg_memory)
         self.max_msg_size = int(gw.max_client_msg_size)
         self.memory = 0
+        # memory + a message's size past this: the message would take memory past the limit.
+        self.memory_cap = self.max_memory - MESSAGE_OVERHEAD
+        # Message swapping needs a store that can give bodies back (not the memory store).
+        self.swapping = bool(gw.msg_swapping) and bool(getattr(store, "swappable", False))
+        limit = self.max_memory
+        self.swap_at = int(limit * SWAP_AT) if limit and self.swapping else 1 << 62
+        # Pending messages a queue keeps in memory before the ones behind them are swapped.
+        self.backlog_swapout = int(gw.destination_backlog_swapout) if self.swapping else 1 << 62
+        self.resume_at = int(limit * RESUME_AT)
+        self.swap_pending = False  # a swap pass is scheduled
+        self.swap_more = False  # the last pass stopped at its budget
+        self.next_deep = 0  # memory past which the next deep swap pass may run
+        self.swapped = 0  # pending messages whose body is in the store only
+        # Confirmations of producers held by the memory limit (flow control).
+        self.memory_waiters: list[asyncio.Future[None]] = []
         self.topics: dict[str, Topic] = {}
         self.queues: dict[str, QueueEndpoint] = {}
         self.subs = SubIndex()
@@ -127,7 +164,8 @@ class Broker:
         self._trace_prefix = f"{self.id}:"
         self._sweeper: asyncio.TimerHandle | None = None
         self.stats = {"rejected": 0, "dropped": 0, "discarded": 0, "expired": 0,
-                      "undelivered": 0}
+                      "undelivered": 0, "swapped_out": 0, "swapped_in": 0,
+                      "memory_held": 0}
         self.published = 0
         self.closed = False
         # The store's key-value records at start-up, for adapters (MQTT sessions, retained).
@@ -149,6 +187,8 @@ class Broker:
             self.kv = recovered.kv
             recover(self, recovered)
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+        if self.swapping and self.memory:
+            self._swap_soon()  # what recovery brought back: backlogs and the limit apply
 
     def close(self) -> None:
         """Stop timers; the caller flushes the store and the delivery log afterwards."""
@@ -419,8 +459,9 @@ class Broker:
                 raise LimitExceededError(
                     f"message of {msg.size} bytes exceeds max_client_msg_size {self.max_msg_size}"
                 )
-            if self.max_memory and self.memory + msg.size > self.max_memory:
-                raise LimitExceededError("server message memory limit (max_msg_memory) reached")
+            held = False
+            if self.max_memory and self.memory + msg.size > self.memory_cap:
+                held = self._memory_full(msg)
             is_topic = dest.kind is TOPIC
             if is_topic:
                 target: Topic | QueueEndpoint = self.topics.get(dest.name) or self.topic(dest.name)
@@ -437,8 +478,12 @@ class Broker:
                 self.dlog.record("publish", msg, dest._text or str(dest),
                                  conn.id if conn else None)
             if is_topic:
-                return self._route_topic(target, msg, now)  # type: ignore[arg-type]
-            return self._route_queue(target, msg, now)  # type: ignore[arg-type]
+                fut = self._route_topic(target, msg, now)  # type: ignore[arg-type]
+            else:
+                fut = self._route_queue(target, msg, now)  # type: ignore[arg-type]
+            if held:
+                return self._hold_for_memory(fut)
+            return fut
         except (InvalidDestinationError, SecurityError, LimitExceededError) as exc:
             self.stats["rejected"] += 1
             if self.log_enabled:
@@ -548,7 +593,7 @@ class Broker:
                 msg.refs += 1
                 store.add_entry(sub.key, msg.store_id, 0)
                 stored = True
-            self.memory += msg.size
+            self.memory += msg.size + MESSAGE_OVERHEAD
             sub.put(msg, now)
             if flow_limit and sub.bytes >= flow_limit and sub.consumers:
                 # Flow control on a topic holds the producer while a subscriber lags (seed L3400-3406).
@@ -593,8 +638,17 @@ class Broker:
             msg.refs += 1
             store.add_entry(q.key, msg.store_id, 0)
             fut = self._commit_future(msg.store_id)
-        self.memory += msg.size
-        q.put(msg, now)
+            q.fresh += 1
+            self.memory += msg.size + MESSAGE_OVERHEAD
+            q.put(msg, now)
+            # Only a queue's persistent messages can be swapped: the trigger is here alone (at
+            # the limit _memory_full swaps whatever the message).
+            if ((q.npending - q.swapped > self.backlog_swapout or self.memory > self.swap_at)
+                    and not self.swap_pending):
+                self._swap_soon()
+        else:
+            self.memory += msg.size + MESSAGE_OVERHEAD
+            q.put(msg, now)
         if q.flow_limit and q.bytes >= q.flow_limit and q.consumers:
             flow = self.loop.create_future()
             q.flow_waiters.append(flow)
@@ -631,6 +685,99 @@ class Broker:
             if not f.done():
                 f.set_result(None)
 
+    # -- memory (max_msg_memory) ------------------------------------------------------------
+
+    def _memory_full(self, msg: Message) -> bool:
+        """``msg`` would take memory past ``max_msg_memory``: swap now if that can help;
+        returns True to accept it and hold its producer (flow control, RELIABLE aside).
+
+        Raises:
+            LimitExceededError: flow control is off (seed L8317-8334: sends fail).
+        """
+        need = msg.size + MESSAGE_OVERHEAD
+        if self.swapping:
+            self.swap_out()
+            if self.memory + need > self.max_memory and self.memory >= self.next_deep:
+                # What earlier passes left (the fronts of queues): at most once for every
+                # sixteenth of the limit that memory grows by, so a full gateway does not
+                # walk every queue for every message it refuses.
+                self.swap_out(deep=True)
+                self.next_deep = self.memory + self.max_memory // 16
+            if self.memory + need <= self.max_memory:
+                return False
+        if not self.flow_control or msg.delivery_mode == RELIABLE:
+            raise LimitExceededError(
+                f"server message memory limit reached (max_msg_memory={self.max_memory})")
+        return True
+
+    def _hold_for_memory(self, fut: asyncio.Future[None] | None) -> asyncio.Future[None]:
+        """The producer's confirmation, held until memory is under RESUME_AT of the limit."""
+        self.stats["memory_held"] += 1
+        if self.memory <= self.resume_at:  # drained already (a fast consumer)
+            return fut if fut is not None else _done(self.loop)
+        flow: asyncio.Future[None] = self.loop.create_future()
+        self.memory_waiters.append(flow)
+        return flow if fut is None else _both(self.loop, fut, flow)
+
+    def release_memory(self) -> None:
+        """Memory is under RESUME_AT of the limit: confirm the held producers."""
+        self.next_deep = 0
+        waiters, self.memory_waiters = self.memory_waiters, []
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
+
+    def _swap_soon(self) -> None:
+        if not self.swap_pending:
+            self.swap_pending = True
+            self.loop.call_soon(self._swap_pass)
+
+    def _swap_pass(self) -> None:
+        self.swap_pending = False
+        if self.closed:
+            return
+        self.swap_out()
+        if self.swap_more:
+            self._swap_soon()  # more to do: after other work on the loop
+
+    def swap_out(self, deep: bool = False) -> int:
+        """Swap pending persistent queue messages out (EMS ``msg_swapping``, seed
+        L8277-8368): each queue's messages behind its first ``destination_backlog_swapout``,
+        and, while memory is past SWAP_AT of the limit, more from the deepest queues until it
+        is down to SWAP_TO; looks at no more than SWAP_BUDGET messages. Returns the bytes
+        freed.
+
+        A pass looks only at queues that got persistent messages since the last one, from
+        their back; a ``deep`` pass (at the limit, see :meth:`_memory_full`) looks at every
+        pending message of every queue."""
+        if not self.swapping:
+            return 0
+        want = 0
+        if self.memory > self.swap_at or deep:
+            want = self.memory - int(self.max_memory * SWAP_TO)
+        backlog = self.backlog_swapout
+        budget = SWAP_BUDGET
+        freed = 0
+        if deep:
+            queues = [q for q in self.queues.values() if q.npending > q.swapped]
+        else:
+            queues = [q for q in self.queues.values() if q.fresh]
+        queues.sort(key=_depth, reverse=True)
+        for q in queues:
+            if budget <= 0:
+                break
+            over = q.npending - q.swapped - backlog
+            if freed >= want and over <= 0:
+                q.fresh = 0  # nothing to do here until more arrives
+                continue
+            got, seen = q.swap_out(want - freed, over, budget, deep)
+            freed += got
+            budget -= seen
+        self.swap_more = budget <= 0
+        if self.memory_waiters and self.memory <= self.resume_at:
+            self.release_memory()
+        return freed
+
     def unstore(self, ep: Endpoint, msg: Message) -> None:
         """Remove ``msg`` from ``ep`` in the store; the message row goes with its last entry."""
         store = self.store
@@ -666,7 +813,7 @@ class Broker:
                 copy.refs = 1
                 self.store.add_entry(q.key, copy.store_id, 0)
                 self.store.commit(None)
-            self.memory += copy.size
+            self.memory += copy.size + MESSAGE_OVERHEAD
             q.put(copy, self.now())
             return
         self.stats["dropped"] += 1
@@ -860,18 +1007,13 @@ class Broker:
             "durables": len(self.durables),
             "subscriptions": len(self.subs),
             "memory": self.memory,
+            "max_msg_memory": self.max_memory,
+            "msg_swapping": self.swapping,
+            "swapped": self.swapped,
+            "memory_held_producers": len(self.memory_waiters),
             "published": self.published,
             **self.stats,
         }
-
-
-def _preserve(msg: Message) -> bool:
-    """``JMS_GW_PRESERVE_UNDELIVERED`` read as a JMS boolean: ``true``, or the string "true" in
-    any case (a protocol without typed properties sends a string); anything else is false."""
-    value = msg.properties.get(PROP_PRESERVE_UNDELIVERED)
-    if value is True:
-        return True
-    return type(value) is str and value.lower() == "true"
 
 
 def is_simple(props: Any) -> bool:
@@ -892,6 +1034,16 @@ def _over_bound(sub: Subscription, msg: Message, bound: tuple[int, int, bool]) -
     or bytes held (queued and in flight)."""
     return bool((bound[0] and sub.npending + len(sub.held) >= bound[0])
                 or (bound[1] and sub.bytes + msg.size > bound[1]))
+
+
+def _depth(q: QueueEndpoint) -> int:
+    return q.bytes
+
+
+def _done(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+    f: asyncio.Future[None] = loop.create_future()
+    f.set_result(None)
+    return f
 
 
 def _both(loop: asyncio.AbstractEventLoop, a: asyncio.Future[None],

@@ -264,10 +264,11 @@ class Session:
             broker.check(self.connection, "queue", q.name, "browse", q.props)
         sel = compile_selector(selector)
         now = broker.now()
-        return [
+        snapshot = [
             m for m in q.iter_pending()
             if not (m.expires_at and m.expires_at <= now) and (sel is None or sel.matches(m))
         ]
+        return q.with_bodies(snapshot) if q.swapped else snapshot
 
     def unsubscribe(self, name: str, share_scope: str | None = None) -> None:
         self.broker.unsubscribe(self.connection, name, share_scope)

@@ -420,6 +420,15 @@ def estimate_size(m: Message) -> int:
     return n + 64
 
 
+def body_size(body: Any) -> int:
+    """The part of :func:`estimate_size` that is the body's (what swapping a body frees)."""
+    if body is None:
+        return 0
+    if isinstance(body, (str, bytes)):
+        return len(body)
+    return _nested_size(body)
+
+
 def _nested_size(v: Any) -> int:
     if isinstance(v, dict):
         return sum(len(k) + _nested_size(x) for k, x in v.items()) + 8

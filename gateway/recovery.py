@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from gateway.endpoint import Endpoint, Subscription
+from gateway.endpoint import MESSAGE_OVERHEAD, Endpoint, Subscription
 from gateway.message import estimate_size
 from gateway.selector import compile_selector
 
@@ -61,8 +61,9 @@ def recover(broker: Broker, recovered: Any) -> dict[str, int]:
             msg.refs += 1
             if not msg.size:
                 msg.size = estimate_size(msg)
-            broker.memory += msg.size
+            broker.memory += msg.size + MESSAGE_OVERHEAD
             ep.restore(msg, count, now)
+            ep.fresh += 1  # the swap pass after start looks at it
             restored += 1
     if orphans:
         store.commit(None)

@@ -39,7 +39,16 @@ parameter                           default            meaning
 ``flow_control``                    disabled           enforce destinations' ``flowControl`` (seed
                                                        L7978-7985)
 ``max_msg_memory``                  512MB              memory for pending messages; 0 = unlimited
-                                                       (seed L8317-8341)
+                                                       (seed L8317-8341). Past it a producer is held
+                                                       (``flow_control`` enabled) or refused
+``msg_swapping``                    enabled            persistent queue messages leave memory for
+                                                       the store past 75% of ``max_msg_memory`` and
+                                                       are read back before delivery (seed
+                                                       L8362-8368)
+``destination_backlog_swapout``     1024               with ``msg_swapping``, pending messages a
+                                                       queue keeps in memory; those behind them
+                                                       are swapped out as they come; 0 = all
+                                                       (seed L8277-8289)
 ``max_client_msg_size``             0                  reject larger incoming messages; 0 = any size;
                                                        at most 2GB (seed L8300-8310)
 ``max_connections``                 0                  simultaneous client connections; 0 = unlimited
@@ -197,6 +206,8 @@ class GatewaySettings:
     allow_anonymous: bool = True
     flow_control: bool = False
     max_msg_memory: int = 512 * 1024**2
+    msg_swapping: bool = True
+    destination_backlog_swapout: int = 1024
     max_client_msg_size: int = 0
     max_connections: int = 0
     listen_backlog: int = 0  # 0: system_backlog()
@@ -366,6 +377,8 @@ _PARAMS: dict[str, Callable[[str], Any]] = {
     "allow_anonymous": parse_bool,
     "flow_control": parse_bool,
     "max_msg_memory": parse_size,
+    "msg_swapping": parse_bool,
+    "destination_backlog_swapout": _count,
     "max_client_msg_size": _client_msg_size,
     "max_connections": _count,
     "listen_backlog": _backlog,

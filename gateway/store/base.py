@@ -34,6 +34,8 @@ from gateway.message import Message
 
 Callback = Callable[[], None]
 ErrorCallback = Callable[[Exception], None]
+# Called on the loop thread with the messages read, by store id (see Store.read_messages).
+ReadCallback = Callable[[dict[int, Message]], None]
 
 
 class StoreError(GatewayError):
@@ -58,6 +60,9 @@ class Store(Protocol):
     """A message store (:mod:`gateway.store.sqlite` is the default)."""
 
     stats: dict[str, int]
+    # The store can give messages back (read_messages), so the broker may drop their bodies
+    # from memory (message swapping); false for a store that keeps nothing.
+    swappable: bool
 
     def open(self, call_soon_threadsafe: Callable[..., object]) -> Recovered:
         """Open or create the store and return everything to recover.
@@ -108,6 +113,18 @@ class Store(Protocol):
         It becomes durable in the next group commit; then ``callback`` is called on the loop
         thread. If the write fails, ``on_error(exc)`` is called there instead.
         """
+        ...
+
+    def read_messages(self, store_ids: list[int], callback: ReadCallback) -> None:
+        """Read stored messages back (message swapping): ``callback`` gets, on the loop
+        thread, the messages found by id, read after every unit committed before this call
+        (so a message put in such a unit is found until a later unit deletes it). An id not
+        found (deleted meanwhile, or a read error, which is logged) is left out."""
+        ...
+
+    def read_now(self, store_ids: list[int]) -> dict[int, Message]:
+        """:meth:`read_messages`, blocking the caller until the read is done: for the rare
+        paths that need a body at once (a queue browser's snapshot)."""
         ...
 
     def flush(self) -> None:

@@ -30,6 +30,7 @@ from gateway.store.base import (
     OP_UPDATE_ENTRY,
     Callback,
     ErrorCallback,
+    ReadCallback,
     Recovered,
     StoreError,
 )
@@ -45,6 +46,8 @@ class MemoryStore:
              "netted", "errors", "failed_batches"),
             0,
         )  # fmt: skip
+        # Nothing to read back from: the broker keeps every message in memory (no swapping).
+        self.swappable = False
         self._call_soon: Callable[..., object] | None = None
         self._next_id = 1
         self._unit: list[tuple[Any, ...]] = []
@@ -135,6 +138,21 @@ class MemoryStore:
             if self._call_soon is None:
                 raise StoreError("memory store is not open")
             self._call_soon(callback)
+
+    def read_messages(self, store_ids: list[int], callback: ReadCallback) -> None:
+        """What ``retain`` kept of those messages, on the next loop turn."""
+        if self._call_soon is None:
+            raise StoreError("memory store is not open")
+        self._call_soon(callback, self.read_now(store_ids))
+
+    def read_now(self, store_ids: list[int]) -> dict[int, Message]:
+        out: dict[int, Message] = {}
+        for sid in store_ids:
+            data = self._messages.get(sid)
+            if data is not None:
+                msg = out[sid] = decode_message(data)
+                msg.store_id = sid
+        return out
 
     def flush(self) -> None:
         if self._unit:

@@ -1,0 +1,236 @@
+"""``max_msg_memory`` seen by real producers: held back with ``flow_control = enabled``,
+refused in each protocol's own way without it, and nothing accepted is lost.
+
+How this works. A gateway runs with an 8 MB ``max_msg_memory``; producers (stomp.py, paho,
+python-qpid-proton) send non-persistent messages, which cannot be swapped, to a queue or
+topic that nobody consumes yet. The tests wait on the gateway's own state (asked on its loop
+with ``g.call``): the core's memory figure past the limit, the STOMP connection's reading
+paused, the AMQP transfer left without its disposition. Then a consumer drains the queue and
+every message the producer was told was accepted arrives.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import stomp
+from amqpclient import connect
+from gw import GatewayThread, wait_for
+from paho.mqtt.enums import CallbackAPIVersion
+from proton import Delivery, Message
+
+from gateway.endpoint import MESSAGE_OVERHEAD
+from gateway.message import Destination
+
+LIMIT = 8 * 1024 * 1024
+BODY = 10_000
+FLOW = f"max_msg_memory = {LIMIT}\nflow_control = enabled\n"
+NO_FLOW = f"max_msg_memory = {LIMIT}\n"
+LISTEN = ("listen = mqtt://127.0.0.1:0\nlisten = stomp://127.0.0.1:0\n"
+          "listen = amqp://127.0.0.1:0\nlisten = http://127.0.0.1:0\n")
+
+
+def start(tmp_path: Any, conf: str) -> GatewayThread:
+    return GatewayThread(tmp_path, gateway=conf + LISTEN).start()
+
+
+def body(i: int) -> bytes:
+    return i.to_bytes(4, "big") * (BODY // 4)
+
+
+class Collector(stomp.ConnectionListener):
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.numbers: list[int] = []
+        self.errors: list[Any] = []
+
+    def on_message(self, frame: Any) -> None:
+        with self.lock:
+            self.numbers.append(int.from_bytes(frame.body[:4], "big"))
+
+    def on_error(self, frame: Any) -> None:
+        with self.lock:
+            self.errors.append(frame)
+
+
+def stomp_peer(g: GatewayThread) -> tuple[Any, Collector]:
+    c = stomp.Connection12([("127.0.0.1", g.port("stomp"))], auto_decode=False,
+                           reconnect_attempts_max=1)
+    listener = Collector()
+    c.set_listener("collector", listener)
+    c.connect(wait=True)
+    return c, listener
+
+
+def stomp_paused(g: GatewayThread) -> bool:
+    server = g.broker.adapter_servers["stomp"]
+    return any(conn.reading_paused for conn in server.connections)
+
+
+def test_stomp_producer_is_paused_at_the_limit_and_nothing_is_lost(tmp_path):
+    g = start(tmp_path, FLOW)
+    try:
+        producer, _ = stomp_peer(g)
+        n = 3000  # past the limit by more than the connection's 1000 unconfirmed sends
+        sent: list[int] = []
+
+        def produce() -> None:
+            for i in range(n):
+                producer.send("/queue/mem", body(i), headers={"persistent": "false"})
+                sent.append(i)
+
+        t = threading.Thread(target=produce, daemon=True)
+        t.start()
+        wait_for(lambda: g.call(lambda: stomp_paused(g)), 60, "the producer's reading paused")
+        info = g.call(g.broker.info)
+        assert info["memory"] > LIMIT and info["memory_held_producers"] > 0
+        assert info["rejected"] == 0
+        assert t.is_alive() or len(sent) == n
+        consumer, got = stomp_peer(g)
+        consumer.subscribe("/queue/mem", id="1", ack="auto")
+        t.join(timeout=60)
+        assert not t.is_alive(), "the producer was not resumed"
+        wait_for(lambda: len(got.numbers) == n, 60, f"{n} messages")
+        assert got.numbers == list(range(n))
+        assert not g.call(lambda: stomp_paused(g))
+        assert g.call(lambda: g.broker.memory) == 0
+        producer.disconnect()
+        consumer.disconnect()
+    finally:
+        g.stop()
+
+
+def test_stomp_send_past_the_limit_without_flow_control_is_an_error_frame(tmp_path):
+    g = start(tmp_path, NO_FLOW)
+    try:
+        producer, listener = stomp_peer(g)
+        sent = 0
+        for i in range(2000):
+            if listener.errors:
+                break
+            try:
+                producer.send("/queue/mem", body(i), headers={"persistent": "false"})
+            except Exception:  # the gateway closed the connection after its ERROR frame
+                break
+            sent += 1
+        wait_for(lambda: listener.errors, 30, "an ERROR frame")
+        err = listener.errors[0]
+        assert err.headers["message"] == "limit exceeded"
+        assert b"max_msg_memory" in err.body
+        accepted = g.call(lambda: g.broker.queues["mem"].count)
+        assert 0 < accepted < sent + 1
+        # The core charged each accepted message its body and object overhead, up to the limit.
+        assert accepted * (BODY + MESSAGE_OVERHEAD) <= g.call(lambda: g.broker.memory) <= LIMIT
+        consumer, got = stomp_peer(g)
+        consumer.subscribe("/queue/mem", id="1", ack="auto")
+        wait_for(lambda: len(got.numbers) == accepted, 30, "the accepted messages")
+        assert got.numbers == list(range(accepted))
+        consumer.disconnect()
+    finally:
+        g.stop()
+
+
+def test_mqtt5_publish_past_the_limit_without_flow_control_gets_quota_exceeded(tmp_path):
+    g = start(tmp_path, NO_FLOW)
+    try:
+        # A core subscriber that takes nothing: the topic's messages wait in memory.
+        g.call(lambda: g.broker.connect().session().consumer(Destination.topic("mem.t"),
+                                                             window=0))
+        acks: queue.Queue = queue.Queue()
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="mem-pub",
+                        protocol=mqtt.MQTTv5)
+        c.on_publish = lambda cl, u, mid, rc, p: acks.put((mid, rc.value))
+        c.connect("127.0.0.1", g.port("mqtt"))
+        c.loop_start()
+        try:
+            codes = []
+            for i in range(2000):
+                info = c.publish("mem/t", body(i), qos=1)
+                info.wait_for_publish(timeout=30)
+                codes.append(acks.get(timeout=30)[1])
+                if codes[-1] != 0:
+                    break
+            assert codes[-1] == 0x97  # Quota exceeded (MQTT 5.0 §3.4.2.1)
+            assert all(code == 0 for code in codes[:-1]) and len(codes) > 1
+            held = g.call(lambda: g.broker.all_subscriptions()[0].count)
+            assert held == len(codes) - 1  # every acknowledged message is there
+            assert held * (BODY + MESSAGE_OVERHEAD) <= g.call(lambda: g.broker.memory) <= LIMIT
+        finally:
+            c.loop_stop()
+            c.disconnect()
+    finally:
+        g.stop()
+
+
+def test_amqp_transfer_past_the_limit_without_flow_control_is_rejected(tmp_path):
+    g = start(tmp_path, NO_FLOW)
+    try:
+        c = connect(g.port("amqp"))
+        s = c.create_sender("queue://mem")
+        accepted = 0
+        for i in range(2000):
+            d = s.send(Message(body=body(i), durable=False), error_states=[])
+            if d.remote_state == Delivery.REJECTED:
+                assert d.remote.condition.name == "amqp:resource-limit-exceeded"
+                assert "max_msg_memory" in d.remote.condition.description
+                break
+            assert d.remote_state == Delivery.ACCEPTED
+            accepted += 1
+        else:
+            raise AssertionError("no transfer was rejected")
+        assert accepted * (BODY + MESSAGE_OVERHEAD) <= g.call(lambda: g.broker.memory) <= LIMIT
+        r = c.create_receiver("queue://mem", credit=100)
+        numbers = []
+        for _ in range(accepted):
+            m = r.receive(timeout=10)
+            numbers.append(int.from_bytes(m.body[:4], "big"))
+            r.accept()
+        assert numbers == list(range(accepted))
+        c.close()
+    finally:
+        g.stop()
+
+
+def test_amqp_producer_is_held_at_the_limit_and_nothing_is_lost(tmp_path):
+    g = start(tmp_path, FLOW)
+    try:
+        n = 1000  # about 10 MB: past the limit
+        c = connect(g.port("amqp"), timeout=60)
+        s = c.create_sender("queue://mem")
+        sent: list[int] = []
+
+        def produce() -> None:
+            # proton's blocking sender waits for each disposition: held, it stops there.
+            for i in range(n):
+                s.send(Message(body=body(i), durable=False))
+                sent.append(i)
+
+        t = threading.Thread(target=produce, daemon=True)
+        t.start()
+
+        def unconfirmed() -> int:
+            server = g.broker.adapter_servers["amqp"]
+            return sum(getattr(link, "unconfirmed", 0)
+                       for conn in server.connections for link in conn.links)
+
+        wait_for(lambda: g.call(lambda: g.broker.memory_waiters and unconfirmed() > 0), 60,
+                 "the producer's transfer held unconfirmed")
+        assert t.is_alive() and len(sent) < n
+        assert g.call(lambda: g.broker.stats["rejected"]) == 0
+        c2 = connect(g.port("amqp"), timeout=60)
+        r = c2.create_receiver("queue://mem", credit=200)
+        numbers = []
+        for _ in range(n):
+            m = r.receive(timeout=30)
+            numbers.append(int.from_bytes(m.body[:4], "big"))
+            r.accept()
+        t.join(timeout=60)
+        assert not t.is_alive() and len(sent) == n
+        assert numbers == list(range(n))
+        c2.close()
+        c.close()
+    finally:
+        g.stop()
