@@ -18,8 +18,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SKIP = shutil.ignore_patterns(".git", ".venv", ".bench-venv", "build", "__pycache__", "*.so",
-                              "*.egg-info", ".*_cache", "node_modules", "data")  # fmt: skip
+_SKIP_ANYWHERE = shutil.ignore_patterns(".git", ".venv", ".bench-venv", "build", "__pycache__",
+                                       "*.so", "*.egg-info", ".*_cache", "node_modules")
+
+
+def SKIP(directory: str, names: list[str]) -> set[str]:
+    """What the copy leaves out: the patterns above anywhere, and the store of a gateway run
+    from the top of the tree (``./data``, the embedded default's); test data stays."""
+    skipped = set(_SKIP_ANYWHERE(directory, names))
+    if Path(directory) == ROOT and "data" in names:
+        skipped.add("data")
+    return skipped
 
 
 class BuildFailed(Exception):
