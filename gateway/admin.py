@@ -1,8 +1,8 @@
 """The admin HTTP API (aiohttp), on the HTTP listener (default 127.0.0.1:8080).
 
 Read-only JSON views of the running core, in the spirit of EMS's ``show`` commands
-(seed §7.2), plus ``purge``. Every view is a plain function of the broker's state, built on
-request; nothing here runs on the message path.
+(TIBCO EMS User's Guide, "Command Listing"), plus ``purge``. Every view is a plain function of
+the broker's state, built on request; nothing here runs on the message path.
 
 ==========================================  ===========================================
 ``GET /health``                             ``{"status": "ok"}`` once the broker runs

@@ -4,38 +4,43 @@ How this works. ``publish`` is the one path every message takes, whoever sent it
 in-process client, an adapter connection, a transport): stamp → route → store → confirm.
 
 * *Stamp*: message id, timestamp and trace id when absent; the destination's
-  ``expiration`` override (seed L2334-2352) and ``sender_name`` (seed L2844-2888).
+  ``expiration`` override (TIBCO EMS User's Guide, "Destination Properties", expiration) and
+  ``sender_name`` (EMS User's Guide, "Destination Properties", sender_name).
 * *Route*: a topic message goes to every subscription whose pattern matches the topic name
   (the :class:`~gateway.subindex.SubIndex`; matching never delivers), then each
   subscription's no-local and selector test; a queue message goes to its one queue. Limits
-  and ``overflowPolicy`` are applied per subscription or per queue (seed L2566-2653).
+  and ``overflowPolicy`` are applied per subscription or per queue (EMS User's Guide,
+  "Destination Properties", overflowPolicy).
 * *Store*: a PERSISTENT message is written when it lands on a queue or on a durable
-  subscription (seed L1190-1240); the producer's confirmation waits for the group commit
-  that makes it durable -- or, when every stored copy was acknowledged before that commit
-  (a fast consumer, a transport whose far side confirmed), for that last acknowledgement:
-  the message has then reached the end of its way, and its write, if the writer had not
-  taken it yet, is coalesced away (ActiveMQ's concurrent store and dispatch).
-  NON_PERSISTENT and RELIABLE messages are never written.
+  subscription (EMS User's Guide, "How EMS Manages Persistent Messages"); the producer's
+  confirmation waits for the group commit that makes it durable -- or, when every stored copy
+  was acknowledged before that commit (a fast consumer, a transport whose far side confirmed),
+  for that last acknowledgement: the message has then reached the end of its way, and its
+  write, if the writer had not taken it yet, is coalesced away (ActiveMQ's concurrent store and
+  dispatch). NON_PERSISTENT and RELIABLE messages are never written.
 * *Confirm*: ``publish`` returns ``None`` when the message is accepted and nothing needs to
   be waited for, or a future that resolves when it is durable and, with flow control on,
-  when the destination has drained below its ``flowControl`` limit (seed L3392-3398).
+  when the destination has drained below its ``flowControl`` limit (EMS User's Guide,
+  "Flow Control", "Enforcing Flow Control").
 
-Memory (``max_msg_memory``, seed L8277-8368). ``memory`` is what the messages held by
-endpoints cost (:func:`gateway.endpoint.charge`). With ``msg_swapping`` the persistent messages
-pending on a queue behind its first ``destination_backlog_swapout`` leave memory for the store
-as they come, and past :data:`SWAP_AT` of the limit more do, deepest queues first, until
-memory is down to :data:`SWAP_TO` (:meth:`Broker.swap_out`). A message that would take
-memory past the limit even so is, with ``flow_control`` enabled, accepted but its producer's
-confirmation waits until memory is back under :data:`RESUME_AT` of the limit -- the adapters
-stop reading or withhold credit while confirmations wait, so producers are paused, as EMS
-blocks a send under flow control -- and, with ``flow_control`` disabled, refused with
+Memory (``max_msg_memory``, EMS User's Guide, "tibemsd.conf", Connection and Memory
+Parameters). ``memory`` is what the messages held by endpoints cost
+(:func:`gateway.endpoint.charge`). With ``msg_swapping`` the persistent messages pending on a
+queue behind its first ``destination_backlog_swapout`` leave memory for the store as they come,
+and past :data:`SWAP_AT` of the limit more do, deepest queues first, until memory is down to
+:data:`SWAP_TO` (:meth:`Broker.swap_out`). A message that would take memory past the limit even
+so is, with ``flow_control`` enabled, accepted but its producer's confirmation waits until
+memory is back under :data:`RESUME_AT` of the limit -- the adapters stop reading or withhold
+credit while confirmations wait, so producers are paused, as EMS blocks a send under flow
+control -- and, with ``flow_control`` disabled, refused with
 :class:`~gateway.errors.LimitExceededError`, which each adapter answers in its protocol.
 
 Destinations are created on first use only when a ``topics.conf``/``queues.conf`` entry
-matches (seed L3113-3148). Temporary destinations belong to their connection and vanish
-with it. Undeliverable messages (expired, past ``maxRedelivery``) go to
-``$sys.undelivered`` when they carry ``JMS_GW_PRESERVE_UNDELIVERED``, otherwise they are
-dropped and logged (seed L1004-1032).
+matches (EMS User's Guide, "Wildcards and Dynamically Created Destinations"). Temporary
+destinations belong to their connection and vanish with it. Undeliverable messages (expired,
+past ``maxRedelivery``) go to ``$sys.undelivered`` when they carry
+``JMS_GW_PRESERVE_UNDELIVERED``, otherwise they are dropped and logged (EMS User's Guide,
+"Undelivered Message Queue").
 
 Runs on the loop; never awaits. See ``gateway/README.md`` for what owns which state.
 """
@@ -149,7 +154,8 @@ class Broker:
         self.confirming: dict[int, asyncio.Future[None]] = {}
         self.spools = 0  # subscriptions with a bound of their own (transport export spools)
         # Called with (subscription, True) when one is made and (subscription, False) when it
-        # ends: transports start and stop topic imports by them (ems.md §5.7).
+        # ends: transports start and stop topic imports by them (EMS User's Guide, chapter
+        # "Working With TIBCO Rendezvous", "Topics" and "Queues").
         self.subscription_listeners: list[Callable[[Subscription, bool], None]] = []
         self.transports: Any = None  # the TransportManager, when transports run (admin API)
         # The declarative mappings (mappings.engine.MappingSet) of the config directory, if
@@ -246,8 +252,9 @@ class Broker:
 
     def anonymous_allowed(self) -> bool:
         """Whether a client without a user name may connect: always with ``authorization``
-        disabled (every connection is accepted, seed L4543-4546, L11238-11240), otherwise
-        as ``allow_anonymous`` says (EMS's ``anonymous`` user, seed L11334-11341)."""
+        disabled (every connection is accepted, EMS User's Guide, "Security Considerations";
+        "Enabling Access Control"), otherwise as ``allow_anonymous`` says (EMS's ``anonymous``
+        user, EMS User's Guide, "Users and Groups", "Users")."""
         return not self.authorization or bool(self.config.gateway.allow_anonymous)
 
     def authenticate(self, user: str | None, password: str | None) -> str | None:
@@ -257,9 +264,10 @@ class Broker:
         An empty user name is no user name. With ``authorization`` disabled every
         connection is accepted, whatever it presents, and keeps the name it gave -- unverified,
         a label for ``sender_name`` and the admin API's connection views; no permission is
-        checked then (seed L11238-11240). With it enabled the name and password are checked
-        against ``users.conf`` (seed L11242-11244), and a client without a name connects
-        only with ``allow_anonymous`` enabled.
+        checked then (EMS User's Guide, "Enabling Access Control"). With it enabled the name
+        and password are checked against ``users.conf`` (EMS User's Guide,
+        "Enabling Access Control"), and a client without a name connects only with
+        ``allow_anonymous`` enabled.
 
         Raises:
             SecurityError: with ``authorization`` enabled, an unknown user or a wrong
@@ -325,7 +333,8 @@ class Broker:
         """The topic ``name``, created if its name matches a topics.conf entry.
 
         Raises:
-            InvalidDestinationError: bad name, wildcard, or creation not allowed (seed L3063-3071).
+            InvalidDestinationError: bad name, wildcard, or creation not allowed
+            (EMS User's Guide, "Wildcards in Topics").
         """
         t = self.topics.get(name)
         if t is not None:
@@ -344,7 +353,8 @@ class Broker:
         return t
 
     def queue(self, name: str, *, create: bool = True) -> QueueEndpoint:
-        """The queue ``name``, created if its name matches a queues.conf entry (seed L3077-3088)."""
+        """The queue ``name``, created if its name matches a queues.conf entry
+        (EMS User's Guide, "Wildcards in Queues")."""
         q = self.queues.get(name)
         if q is not None:
             return q
@@ -374,7 +384,8 @@ class Broker:
         return q
 
     def create_temporary(self, conn: Any, kind: int) -> Destination:
-        """A new temporary topic or queue owned by ``conn`` (seed L1992-2134)."""
+        """A new temporary topic or queue owned by ``conn`` (EMS User's Guide,
+        "Destination Overview")."""
         name = f"{TEMP_PREFIX}{self.name}.{next(self._temp_seq)}"
         if kind == QUEUE:
             self._ensure_queue(name, props=self.config.queues.default_props(), owner=conn)
@@ -408,7 +419,7 @@ class Broker:
         """Raise SecurityError unless ``conn`` may do ``perm`` on the destination.
 
         Permissions are checked only with ``authorization`` on and on ``secure``
-        destinations (seed L2817-2842).
+        destinations (EMS User's Guide, "Destination Properties", secure).
         """
         if not self.authorization or props is None or not props.secure or conn.kind != "CLIENT":
             return
@@ -444,7 +455,7 @@ class Broker:
         Raises:
             InvalidDestinationError, SecurityError, LimitExceededError: the message was not
             accepted (never raised for RELIABLE messages, which are dropped and logged,
-            seed L1167-1189).
+            EMS User's Guide, "Message Delivery Modes", RELIABLE_DELIVERY).
         """
         if not now:
             now = self.now()
@@ -495,7 +506,8 @@ class Broker:
 
     def _apply_props(self, msg: Message, conn: Any, dest: Destination, props: Any,
                      now: int) -> None:
-        """Security, sender name, expiration override and tracing (seed §3.6)."""
+        """Security, sender name, expiration override and tracing (EMS User's Guide,
+        "Destination Properties")."""
         if conn is not None:
             if conn.kind == "CLIENT" and self.authorization and props is not None and props.secure:
                 self.check(conn, "topic" if dest.kind == TOPIC else "queue", dest.name,
@@ -505,7 +517,8 @@ class Broker:
                     msg.properties[PROP_SENDER] = conn.user or "anonymous"
         override = props.expiration_ms if props is not None else None
         if override is not None:
-            # The destination's expiration wins; consumers see JMSExpiration 0 (seed L2334-2352).
+            # The destination's expiration wins; consumers see JMSExpiration 0
+            # (EMS User's Guide, "Destination Properties", expiration).
             msg.expires_at = now + override if override else 0
             msg.expiration = 0
         elif msg.expiration:
@@ -527,7 +540,8 @@ class Broker:
         limited = maxmsgs or maxbytes
         policy = props.overflow_policy.name if limited else "DEFAULT"
         if policy == "DEFAULT" and limited and msg.delivery_time > now:
-            # With delivery delay a topic's default policy behaves like a queue (seed L2617-2620).
+            # With delivery delay a topic's default policy behaves like a queue
+            # (EMS User's Guide, "Destination Properties", overflowPolicy).
             policy = "REJECT_INCOMING"
         if policy == "REJECT_INCOMING":
             for s in subs:
@@ -581,7 +595,8 @@ class Broker:
                     while _over(sub, msg, maxmsgs, maxbytes) and sub.discard_oldest():
                         pass
                 else:
-                    # default: this subscriber misses the message; others get it (seed L2609-2611).
+                    # default: this subscriber misses the message; others get it
+                    # (EMS User's Guide, "Destination Properties", overflowPolicy).
                     sub.dropped += 1
                     self.stats["dropped"] += 1
                     if self.log_enabled:
@@ -596,7 +611,8 @@ class Broker:
             self.memory += msg.size + MESSAGE_OVERHEAD
             sub.put(msg, now)
             if flow_limit and sub.bytes >= flow_limit and sub.consumers:
-                # Flow control on a topic holds the producer while a subscriber lags (seed L3400-3406).
+                # Flow control on a topic holds the producer while a subscriber lags
+                # (EMS User's Guide, "Flow Control", "Enforcing Flow Control").
                 sub.flow_limit = flow_limit
                 blocked = sub
             spool = sub.spool
@@ -692,7 +708,8 @@ class Broker:
         returns True to accept it and hold its producer (flow control, RELIABLE aside).
 
         Raises:
-            LimitExceededError: flow control is off (seed L8317-8334: sends fail).
+            LimitExceededError: flow control is off (EMS User's Guide, "tibemsd.conf",
+            max_msg_memory: sends fail).
         """
         need = msg.size + MESSAGE_OVERHEAD
         if self.swapping:
@@ -741,11 +758,11 @@ class Broker:
             self._swap_soon()  # more to do: after other work on the loop
 
     def swap_out(self, deep: bool = False) -> int:
-        """Swap pending persistent queue messages out (EMS ``msg_swapping``, seed
-        L8277-8368): each queue's messages behind its first ``destination_backlog_swapout``,
-        and, while memory is past SWAP_AT of the limit, more from the deepest queues until it
-        is down to SWAP_TO; looks at no more than SWAP_BUDGET messages. Returns the bytes
-        freed.
+        """Swap pending persistent queue messages out (EMS ``msg_swapping``, EMS User's Guide,
+        "tibemsd.conf", Connection and Memory Parameters): each queue's messages behind its
+        first ``destination_backlog_swapout``, and, while memory is past SWAP_AT of the limit,
+        more from the deepest queues until it is down to SWAP_TO; looks at no more than
+        SWAP_BUDGET messages. Returns the bytes freed.
 
         A pass looks only at queues that got persistent messages since the last one, from
         their back; a ``deep`` pass (at the limit, see :meth:`_memory_full`) looks at every
@@ -793,7 +810,8 @@ class Broker:
         store.commit(None)
 
     def undeliverable(self, msg: Message, ep: Endpoint, reason: str, count: int) -> None:
-        """An expired or over-delivered message: to ``$sys.undelivered`` or dropped (seed L1004-1032)."""
+        """An expired or over-delivered message: to ``$sys.undelivered`` or dropped
+        (EMS User's Guide, "Undelivered Message Queue")."""
         if reason == "expired":
             self.stats["expired"] += 1
         if _preserve(msg) and ep.key != "queue:" + UNDELIVERED:
@@ -836,7 +854,8 @@ class Broker:
         parent_match: bool = False,
         share_scope: str | None = None,
     ) -> Subscription:
-        """Find or create the subscription a new topic consumer attaches to (seed L443-510).
+        """Find or create the subscription a new topic consumer attaches to (EMS User's Guide,
+        "Durable Subscribers for Topics" and "Shared Subscriptions for Topics").
 
         Raises:
             InvalidDestinationError: a bad pattern, or a temporary topic of another connection.

@@ -5,7 +5,7 @@ AMQP or STOMP adapter connection, a transport bridging to another system — doe
 :class:`Connection` opened with :meth:`Broker.connect`. Its ``kind`` is ``CLIENT``,
 ``BRIDGE`` or ``INTERNAL``; the publish path never branches on protocol.
 
-A :class:`Session` has one acknowledge mode (seed L1631-1697):
+A :class:`Session` has one acknowledge mode (TIBCO EMS User's Guide, "Message Acknowledgement"):
 
 ================================  ===============================================
 ``AUTO``                          acknowledged when the listener returns / ``receive`` returns
@@ -193,9 +193,9 @@ class Session:
         / createSharedConsumer / createSharedDurableConsumer).
 
         ``window`` is the prefetch: ``"default"`` takes the destination's ``prefetch``
-        (seed L2654-2780); ``None`` is unlimited; adapters pass their credit.
-        ``share_scope`` names shared subscriptions in a scope other than the client id
-        (JMS qualifies them by client id; MQTT's ``$share`` groups span clients).
+        (EMS User's Guide, "Destination Properties", prefetch); ``None`` is unlimited; adapters
+        pass their credit. ``share_scope`` names shared subscriptions in a scope other than the
+        client id (JMS qualifies them by client id; MQTT's ``$share`` groups span clients).
 
         Raises:
             InvalidSelectorError: the selector does not parse (shows where).
@@ -216,7 +216,8 @@ class Session:
         else:
             if self.no_ack and durable_name is not None:
                 raise IllegalStateError(
-                    "a NO_ACKNOWLEDGE session cannot create durable subscribers (seed L1675-1676)"
+                    "a NO_ACKNOWLEDGE session cannot create durable subscribers (EMS User's Guide, "
+                    "'Message Acknowledgement', NO_ACKNOWLEDGE)"
                 )
             sub = broker.subscribe(
                 conn, destination.name, durable_name=durable_name, shared_name=shared_name,
@@ -254,7 +255,8 @@ class Session:
         return q
 
     def browser(self, queue: Destination, selector: str | None = None) -> list[Message]:
-        """A snapshot of the queue's pending messages that match ``selector`` (seed §4.3)."""
+        """A snapshot of the queue's pending messages that match ``selector`` (JMS 1.1 §5.9,
+        QueueBrowser)."""
         self._check_open()
         if queue.kind != QUEUE:
             raise InvalidDestinationError("only queues can be browsed")
@@ -277,7 +279,8 @@ class Session:
 
     def acknowledge(self, delivery: Delivery | None = None) -> None:
         """JMS ``Message.acknowledge()``: CLIENT mode acknowledges every delivery of the
-        session so far; EXPLICIT modes acknowledge only ``delivery`` (seed L1681-1691)."""
+        session so far; EXPLICIT modes acknowledge only ``delivery`` (EMS User's Guide,
+        "Message Acknowledgement", EXPLICIT_CLIENT_ACKNOWLEDGE)."""
         self._check_open()
         if self.transacted:
             return
@@ -490,7 +493,8 @@ class Producer:
         delivery_delay: int | None = None,
     ) -> asyncio.Future[None] | None:
         """Send with the producer's defaults; the producer's mode wins over the message's
-        (seed L13810-13812). Returns ``None`` or a future (see ``Broker.publish``).
+        (EMS User's Guide, "Creating a Message Producer"). Returns ``None`` or a future (see
+        ``Broker.publish``).
 
         The message object itself is what gets queued and delivered: it is not copied, as
         with ActiveMQ's ``copyMessageOnSend = false`` (copying a small text message takes a

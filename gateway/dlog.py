@@ -88,10 +88,14 @@ EVENTS = (
     "deliver",  # the message was sent to a consumer for the first time (count = 1)
     "ack",  # the consumer acknowledged it; the gateway forgets it for that consumer
     "redeliver",  # sent to a consumer again after recover/rollback/close (count >= 2)
-    "expire",  # its expiration passed before it was consumed (seed L2355-2358)
+    # its expiration passed before it was consumed (TIBCO EMS User's Guide,
+    # "Destination Properties", expiration)
+    "expire",
     "drop",  # the gateway let it go without telling the producer (reason says why)
     "discard",  # the oldest message was discarded to make room, overflowPolicy=discardOld
-    "undeliverable",  # moved to $sys.undelivered (expired or maxRedelivery; seed L1004-1032)
+    # moved to $sys.undelivered (expired or maxRedelivery; EMS User's Guide,
+    # "Undelivered Message Queue")
+    "undeliverable",
     "import",  # it entered from an external system through a transport (client = transport)
     "export",  # it was sent out to an external system through a transport (client = transport)
     "reject",  # the producer was refused with an error (limit, permission, name; reason)

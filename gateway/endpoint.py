@@ -2,34 +2,36 @@
 
 How this works. A queue and a topic subscription behave the same once a message has been
 routed to them: the message waits in ``pending`` (one deque per JMS priority, so a backlog is
-delivered highest priority first, seed L1099-1122), is handed to a ready consumer, waits
-unacknowledged ("in flight") and is finally acknowledged, or comes back for redelivery. So
-both are an :class:`Endpoint`; :class:`QueueEndpoint` adds the queue's name and properties,
-:class:`Subscription` adds a topic pattern, a selector, no-local and durability.
+delivered highest priority first, TIBCO EMS User's Guide, "Message Priority"), is handed to a
+ready consumer, waits unacknowledged ("in flight") and is finally acknowledged, or comes back
+for redelivery. So both are an :class:`Endpoint`; :class:`QueueEndpoint` adds the queue's name
+and properties, :class:`Subscription` adds a topic pattern, a selector, no-local and durability.
 
 A consumer is *ready* while it is active, not paused by its adapter, and holds fewer
 unacknowledged deliveries than its window (EMS ``prefetch``, AMQP credit, MQTT Receive
 Maximum). Non-exclusive queues hand messages round robin to ready consumers; an exclusive
-queue gives everything to its first consumer while it lives (seed L2303-2332). A queue
-consumer with a selector only receives matching messages; the others stay on the queue.
+queue gives everything to its first consumer while it lives (EMS User's Guide,
+"Destination Properties", exclusive). A queue consumer with a selector only receives matching
+messages; the others stay on the queue.
 
 Messages are shared by every endpoint they were routed to. What is per endpoint — how many
 times this endpoint has delivered the message — is kept in ``counts`` (only for messages
 that were delivered at least once and came back), so the common path allocates nothing.
 
-Messages that may not be delivered yet (delivery delay, seed L3477-3511; redelivery delay,
-seed L2782-2815) are *held* in a heap with their due time; one timer per endpoint releases
-them. Expired messages are removed when met at dispatch and by the broker's periodic sweep.
+Messages that may not be delivered yet (delivery delay, EMS User's Guide, "Delivery Delay";
+redelivery delay, EMS User's Guide, "Destination Properties", redeliveryDelay) are *held* in a
+heap with their due time; one timer per endpoint releases them. Expired messages are removed
+when met at dispatch and by the broker's periodic sweep.
 
 Memory. Every message an endpoint holds is charged to ``broker.memory`` (``max_msg_memory``)
 at :func:`charge`: its size estimate plus :data:`MESSAGE_OVERHEAD`. A queue may *swap* its
-pending persistent messages (EMS ``msg_swapping``, seed L8277-8368): the body leaves memory
-(the store has it) and a :class:`Swapped` marker takes its place, so the message object stays
-where it was in ``pending`` with its headers and properties -- order, priority, expiry and
-selectors work on it unchanged. Dispatch that meets a swapped message asks the store for it
-and the next swapped ones in delivery order (:meth:`Endpoint._load`) and goes on when they are
-back. Swapping starts from the back of the queue (lowest priority, newest), so what is
-delivered next stays in memory.
+pending persistent messages (EMS ``msg_swapping``, EMS User's Guide, "tibemsd.conf", Connection
+and Memory Parameters): the body leaves memory (the store has it) and a :class:`Swapped` marker
+takes its place, so the message object stays where it was in ``pending`` with its headers and
+properties -- order, priority, expiry and selectors work on it unchanged. Dispatch that meets a
+swapped message asks the store for it and the next swapped ones in delivery order
+(:meth:`Endpoint._load`) and goes on when they are back. Swapping starts from the back of the
+queue (lowest priority, newest), so what is delivered next stays in memory.
 
 Everything here runs on the loop thread and never awaits.
 """
@@ -55,7 +57,7 @@ if TYPE_CHECKING:
     from gateway.client import Session
     from gateway.selector import Selector
 
-PRIORITIES = 10  # JMS priorities 0..9 (seed L900-904)
+PRIORITIES = 10  # JMS priorities 0..9 (EMS User's Guide, "JMS Message Header Fields", JMSPriority)
 PERSISTENT = DeliveryMode.PERSISTENT
 _seq = itertools.count()
 
@@ -395,7 +397,8 @@ class Endpoint:
             if count > 1:
                 self.counts[msg] = count
         else:
-            # No acknowledgement: the server forgets the message once sent (seed L1665-1679).
+            # No acknowledgement: the server forgets the message once sent (EMS User's Guide,
+            # "Message Acknowledgement", NO_ACKNOWLEDGE).
             self._remove(msg)
             d.settled = True
         if broker.log_enabled:
@@ -459,8 +462,9 @@ class Endpoint:
                 dispatch: bool = True) -> None:
         """Return an unacknowledged delivery for redelivery (rollback, recover, close, NACK).
 
-        Past ``maxRedelivery`` delivery attempts the message is undeliverable (seed
-        L2537-2550); with ``redeliveryDelay`` it waits before it returns (seed L2782-2815).
+        Past ``maxRedelivery`` delivery attempts the message is undeliverable
+        (EMS User's Guide, "Destination Properties", maxRedelivery); with ``redeliveryDelay``
+        it waits before it returns (EMS User's Guide, "Destination Properties", redeliveryDelay).
         """
         if d.settled:
             return
@@ -531,7 +535,8 @@ class Endpoint:
         self.broker.undeliverable(msg, self, "expired", self.counts.get(msg, 0))
 
     def discard_oldest(self) -> bool:
-        """Drop the oldest pending message (overflowPolicy=discardOld, seed L2624-2635)."""
+        """Drop the oldest pending message (overflowPolicy=discardOld, EMS User's Guide,
+        "Destination Properties", overflowPolicy)."""
         oldest: Message | None = None
         oldest_p = -1
         for p in range(PRIORITIES):
@@ -828,7 +833,8 @@ class QueueEndpoint(Endpoint):
 
 
 class Subscription(Endpoint):
-    """A topic subscription: non-durable, durable, shared or shared-durable (seed L443-510).
+    """A topic subscription: non-durable, durable, shared or shared-durable (EMS User's Guide,
+    "Durable Subscribers for Topics" and "Shared Subscriptions for Topics").
 
     ``pattern`` may hold wildcards. ``selector`` and ``no_local`` are applied when a
     message is routed here (the subscription's consumers all share them).

@@ -6,13 +6,15 @@ subscription it is delivered to; what differs per delivery (redelivered flag, de
 lives on the :class:`~gateway.endpoint.Delivery`, never on the message. Nested map and stream
 bodies are plain ``dict`` and ``list`` values holding typed values from :mod:`gateway.types`.
 
-The 11 JMS header fields (seed L836-929) are attributes: ``destination``, ``delivery_mode``,
-``expiration`` (absolute epoch ms; 0 = never), ``delivery_time`` (absolute epoch ms),
-``priority``, ``message_id``, ``timestamp``, ``correlation_id``, ``reply_to``, ``type`` and
-``redelivered``. Properties are a ``dict`` of name to typed value.
+The 11 JMS header fields (TIBCO EMS User's Guide, "JMS Message Header Fields") are attributes:
+``destination``, ``delivery_mode``, ``expiration`` (absolute epoch ms; 0 = never),
+``delivery_time`` (absolute epoch ms), ``priority``, ``message_id``, ``timestamp``,
+``correlation_id``, ``reply_to``, ``type`` and ``redelivered``. Properties are a ``dict`` of
+name to typed value.
 
-The gateway's equivalents of the EMS vendor properties (seed L945-1003) use the JMS vendor
-prefix ``JMS_GW_`` (the mapping is in ``gateway/README.md``):
+The gateway's equivalents of the EMS vendor properties (EMS User's Guide,
+"EMS Message Properties") use the JMS vendor prefix ``JMS_GW_`` (the mapping is in
+``gateway/README.md``):
 
 =====================================  ===================================
 EMS                                    gateway
@@ -49,11 +51,13 @@ PROP_MSG_TRACE = "JMS_GW_MSG_TRACE"
 PROP_TRACE_ID = "JMS_GW_TRACE_ID"
 PROP_DELIVERY_COUNT = "JMSXDeliveryCount"
 
-DEFAULT_PRIORITY = 4  # JMS default; seed L3832 shows JMSPriority={4}
+# JMS default; EMS User's Guide, "Publish and Subscribe Messaging Example" shows JMSPriority={4}
+DEFAULT_PRIORITY = 4
 
 
 class DeliveryMode(enum.IntEnum):
-    """JMS delivery modes with EMS's RELIABLE extension; values are EMS's (seed L1123-1189)."""
+    """JMS delivery modes with EMS's RELIABLE extension; values are EMS's (EMS User's Guide,
+    "Message Delivery Modes")."""
 
     NON_PERSISTENT = 1
     PERSISTENT = 2
@@ -61,7 +65,7 @@ class DeliveryMode(enum.IntEnum):
 
 
 class BodyKind(enum.IntEnum):
-    """The JMS body types (seed Table 6, L1052-1092)."""
+    """The JMS body types (EMS User's Guide, "JMS Message Bodies", Table 6 "JMS Message Types")."""
 
     NONE = 0
     TEXT = 1

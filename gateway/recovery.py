@@ -2,10 +2,11 @@
 
 How this works. The store returns every endpoint definition (queues that held persistent
 messages, durable subscriptions), the entries still pending on each in the order they were
-written, and the messages those entries reference (seed L1190-1240: persistent queue messages
-and persistent topic messages for durable subscribers survive a restart). Each message is
-put back on its endpoints with its stored delivery count, so redelivery limits keep counting
-across a restart (stronger than EMS, which resets JMSXDeliveryCount, seed L2552-2556).
+written, and the messages those entries reference (TIBCO EMS User's Guide,
+"How EMS Manages Persistent Messages": persistent queue messages and persistent topic messages
+for durable subscribers survive a restart). Each message is put back on its endpoints with its
+stored delivery count, so redelivery limits keep counting across a restart (stronger than EMS,
+which resets JMSXDeliveryCount, EMS User's Guide, "Destination Properties", maxRedelivery).
 Entries whose endpoint no longer exists are removed.
 """
 

@@ -1,14 +1,14 @@
 """JMS / EMS message selectors, compiled once into a Python function.
 
-How this works. A selector (reference/ems.md §4.2, seed L1698-1814; JMS 1.1 §3.8.1.1) is
+How this works. A selector (TIBCO EMS User's Guide, "Message Selectors"; JMS 1.1 §3.8.1.1) is
 parsed by a lark LALR(1) parser (``selector.lark``) whose rule callbacks (:class:`_Builder`)
 build small typed nodes while parsing, checking types as they go, so no parse tree is kept
 and deep input never recurses. :class:`_CodeGen` then turns the nodes into the source of one
 Python function, ``_match(m)``, which reads each identifier with ``m.header(name)`` and
 computes SQL's three-valued logic with ``True`` / ``False`` / ``None`` (UNKNOWN); the
-selector matches only when the result ``is True`` (seed L1735-1741). A top-level AND / OR
-becomes a run of ``if`` statements that returns as soon as the answer is known. Common
-shapes are inlined (``color = 'red'``, ``weight > 10``, ``x BETWEEN 1 AND 9``, ``c IN
+selector matches only when the result ``is True`` (EMS User's Guide, "Message Selectors"). A
+top-level AND / OR becomes a run of ``if`` statements that returns as soon as the answer is
+known. Common shapes are inlined (``color = 'red'``, ``weight > 10``, ``x BETWEEN 1 AND 9``, ``c IN
 (...)``, prefix / suffix / contains ``LIKE``); the rest call the run-time helpers of
 :mod:`gateway.selector_runtime` (``_eq``, ``_lt``, ``_arith`` ...), which the inlined code
 also falls back to for unusual value types. A
@@ -21,23 +21,23 @@ Semantic choices (the JMS and EMS texts leave these open):
   (``bool`` is not a number); ``str`` and ``Char`` are strings; ``bool`` is boolean. Any other
   value (bytes, map, stream, array) compares with nothing.
 * Comparison of incomparable types is FALSE for every operator, ``<>`` included; a NULL
-  operand makes it UNKNOWN (seed L1755-1760). So ``x <> 'a'`` is FALSE when ``x`` is 5, and
-  ``x IN (...)``, ``x NOT IN (...)``, ``x LIKE ...`` and ``x NOT LIKE ...`` are all FALSE
-  when ``x`` holds a non-string.
-* Ordering (``< <= > >=``) of strings or booleans (seed L1762-1765) is rejected at compile
-  time when either operand is a string or boolean literal or a condition; between two
-  identifiers that hold strings at run time it is FALSE.
+  operand makes it UNKNOWN (EMS User's Guide, "Message Selectors"). So ``x <> 'a'`` is FALSE
+  when ``x`` is 5, and ``x IN (...)``, ``x NOT IN (...)``, ``x LIKE ...`` and
+  ``x NOT LIKE ...`` are all FALSE when ``x`` holds a non-string.
+* Ordering (``< <= > >=``) of strings or booleans (EMS User's Guide, "Message Selectors") is
+  rejected at compile time when either operand is a string or boolean literal or a condition;
+  between two identifiers that hold strings at run time it is FALSE.
 * Static type errors are :class:`InvalidSelectorError` with a position: arithmetic on a
   string or boolean literal, ``'a' = 1``, ``NOT 5``, a selector that is not a condition,
   ``IN`` / ``LIKE`` / ``IS NULL`` on anything but an identifier (as JMS's grammar says).
 * An identifier used alone as a condition (``JMSRedelivered``, ``NOT flag``) reads as
   ``ident = TRUE``: TRUE / FALSE for a boolean, UNKNOWN for NULL, FALSE for anything else.
-* Arithmetic follows Java's promotion (seed L1771-1774): integers of every width compute as
-  Java ``long`` (64-bit two's complement wrap-around, ``/`` truncates toward zero); a
-  ``Float32`` with integers or ``Float32`` computes as Java ``float`` (rounded to float32,
-  overflow to infinity); anything with a ``float`` computes as ``double``. Mixed comparisons
-  convert the integer to the floating side's type first, as Java does. Division by zero (of
-  any type) and arithmetic on NULL or on a non-number give NULL, never an exception.
+* Arithmetic follows Java's promotion (EMS User's Guide, "Message Selectors"): integers of
+  every width compute as Java ``long`` (64-bit two's complement wrap-around, ``/`` truncates
+  toward zero); a ``Float32`` with integers or ``Float32`` computes as Java ``float`` (rounded
+  to float32, overflow to infinity); anything with a ``float`` computes as ``double``. Mixed
+  comparisons convert the integer to the floating side's type first, as Java does. Division by
+  zero (of any type) and arithmetic on NULL or on a non-number give NULL, never an exception.
 * Literals: exact literals are Java ``long`` literals (decimal, ``0x`` hex, ``0`` octal,
   optional ``L``; hex and octal up to 64 bits, read as two's complement as in Java);
   approximate literals are Java ``double`` literals (``7.``, ``.5``, ``7E3``, optional ``D``)
@@ -47,9 +47,10 @@ Semantic choices (the JMS and EMS texts leave these open):
   character is an error.
 * Header identifiers are whatever :meth:`gateway.message.Message.header` returns (all 11
   JMS headers; ``JMSDeliveryMode`` reads as ``'PERSISTENT'`` / ``'NON_PERSISTENT'``).
-* ``selector_logical_operator_limit`` (seed L8137-8159) is not implemented: it guards EMS's
-  recursive evaluator; here AND / OR runs are flat loops of statements and nesting is capped
-  at compile time by :data:`MAX_NESTING`.
+* ``selector_logical_operator_limit`` (EMS User's Guide, "tibemsd.conf",
+  selector_logical_operator_limit) is not implemented: it guards EMS's recursive evaluator;
+  here AND / OR runs are flat loops of statements and nesting is capped at compile time by
+  :data:`MAX_NESTING`.
 """
 
 from __future__ import annotations
@@ -80,14 +81,15 @@ from gateway.types import Float32
 __all__ = ["MAX_NESTING", "SELECTOR_CACHE_SIZE", "HasHeaders", "Selector", "compile_selector"]
 
 # Deeper nesting is refused: compiling walks the nodes recursively and a real selector never
-# comes near (EMS guards its evaluator for the same reason, seed L8137-8148).
+# comes near (EMS guards its evaluator for the same reason, EMS User's Guide, "tibemsd.conf",
+# selector_logical_operator_limit).
 MAX_NESTING = 200
 # Distinct selector texts kept compiled; consumers of one application share a few texts.
 SELECTOR_CACHE_SIZE = 1024
 # Generated code nests about two parentheses per node; CPython refuses 200 (too many nested
 # parentheses), so a subtree deeper than this becomes a function of its own.
 _HOIST_DEPTH = 40
-# JMS white space (seed L1813-1814); a selector of only these is no selector.
+# JMS white space (EMS User's Guide, "Message Selectors"); a selector of only these is no selector.
 _WHITESPACE = " \t\f\r\n"
 
 
@@ -358,7 +360,8 @@ def _logic(kind: str, left: _Node, right: _Node) -> _Node:
 
 
 def _number(text: str, pos: int) -> Any:
-    """The value of a Java integer or floating-point literal (seed L1726-1732)."""
+    """The value of a Java integer or floating-point literal (EMS User's Guide,
+    "Message Selectors")."""
     low = text.lower()
     digits = low.rstrip("l")
     if digits.startswith("0x") or (len(digits) > 1 and digits[0] == "0" and digits.isdigit()):
@@ -390,7 +393,7 @@ _ONE = object()  # '_'
 
 
 def _like_plan(pattern: str, escape: str | None, pos: int) -> tuple[str, Any]:
-    """Reduce a LIKE pattern to its cheapest test (seed L1790-1801).
+    """Reduce a LIKE pattern to its cheapest test (EMS User's Guide, "Message Selectors").
 
     Returns ``(test, argument)``: ``any``; ``exact``, ``prefix``, ``suffix`` or
     ``contains`` with a string; or ``regex`` with a compiled pattern's ``fullmatch``.

@@ -2,8 +2,8 @@
 
 :mod:`gateway.selector` generates each selector's ``_match`` function with the names of
 :data:`RUNTIME` in its namespace. These helpers give SQL's three-valued logic (``None`` is
-UNKNOWN) and Java's numeric rules (seed L1755-1774; the choices are listed in
-:mod:`gateway.selector`'s docstring): integers of every width compute as a Java ``long``
+UNKNOWN) and Java's numeric rules (TIBCO EMS User's Guide, "Message Selectors"; the choices are
+listed in :mod:`gateway.selector`'s docstring): integers of every width compute as a Java ``long``
 (:func:`wrap`), a ``Float32`` as a Java ``float``, anything with a ``float`` as a
 ``double``; mixed comparisons promote the integer side first; incomparable values compare
 FALSE; NULL, a non-number or a division by zero in arithmetic give NULL, never an exception.
@@ -97,10 +97,11 @@ def _kind(v: Any) -> int:
 def _equality(test: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool | None]:
     def compare(a: Any, b: Any) -> bool | None:
         if a is None or b is None:
-            return None  # NULL makes a comparison UNKNOWN (seed L1760)
+            return None  # NULL makes a comparison UNKNOWN (EMS User's Guide, "Message Selectors")
         k = _kind(a)
         if k == 0 or k != _kind(b):
-            return False  # incomparable types, = and <> alike (seed L1757-1759)
+            # incomparable types, = and <> alike (EMS User's Guide, "Message Selectors")
+            return False
         if k == 2:
             a, b = _promote(a, b)
         return test(a, b)
@@ -129,7 +130,8 @@ _ge = _ordering(lambda a, b: bool(a >= b))
 
 
 def _between(x: Any, low: Any, high: Any) -> bool | None:
-    """``x BETWEEN low AND high`` is ``x >= low AND x <= high`` (seed L1776-1780)."""
+    """``x BETWEEN low AND high`` is ``x >= low AND x <= high`` (EMS User's Guide,
+    "Message Selectors")."""
     a = _ge(x, low)
     if a is False:
         return False
@@ -140,7 +142,8 @@ def _between(x: Any, low: Any, high: Any) -> bool | None:
 
 
 def _not_between(x: Any, low: Any, high: Any) -> bool | None:
-    """``x NOT BETWEEN low AND high`` is ``x < low OR x > high`` (seed L1782)."""
+    """``x NOT BETWEEN low AND high`` is ``x < low OR x > high`` (EMS User's Guide,
+    "Message Selectors")."""
     a = _lt(x, low)
     if a is True:
         return True

@@ -1,14 +1,15 @@
 """A compact, versioned binary encoding of a core :class:`~gateway.message.Message`.
 
-How this works. The store (ems.md §9: persistent messages are written on receipt and must
-come back unchanged after a restart) and any other module that keeps typed values on disk use
-this codec. It keeps everything the message model holds: the JMS headers (seed L836-929), the
+How this works. The store (TIBCO EMS User's Guide, "How EMS Manages Persistent Messages":
+persistent messages are written on receipt and must come back unchanged after a restart) and
+any other module that keeps typed values on disk use this codec. It keeps everything the
+message model holds: the JMS headers (EMS User's Guide, "JMS Message Header Fields"), the
 gateway tags (``trace_id``, ``origin``, ``hops``, ``producer_conn``, ``expires_at``), typed
-properties and the body, where map and stream bodies nest to any depth (EMS extension, seed
-L811-815) and every value keeps its exact Python type -- ``Int16(5)`` comes back as
-``Int16(5)``, a plain ``int`` as a plain ``int`` (both are int64 on the wire, under different
-tags). Runtime-only attributes (``wire``, ``store_id``, ``refs``) are not written; ``size`` is
-recomputed with :func:`~gateway.message.estimate_size` on decode.
+properties and the body, where map and stream bodies nest to any depth (EMS extension,
+EMS User's Guide, "EMS Extensions to JMS Messages") and every value keeps its exact Python type
+-- ``Int16(5)`` comes back as ``Int16(5)``, a plain ``int`` as a plain ``int`` (both are int64
+on the wire, under different tags). Runtime-only attributes (``wire``, ``store_id``, ``refs``)
+are not written; ``size`` is recomputed with :func:`~gateway.message.estimate_size` on decode.
 
 A message is::
 

@@ -80,7 +80,7 @@ class Gateway:
                 self.addresses[spec.scheme] = (host, port)
                 log.info("listening for %s on %s:%d", spec.scheme, host, port)
             if any(gw.transports_enabled(t.type) for t in self.config.transports.values()):
-                # Loaded by name: the core never imports a transport (DESIGN.md layering).
+                # Loaded by name: the core never imports a transport (the layering import-linter checks).
                 manager = registry.import_string("transports.manager:TransportManager")
                 self.transports = manager(self.broker, self.config)
                 self.broker.transports = self.transports
@@ -92,7 +92,7 @@ class Gateway:
 
     def _mappings(self) -> Any:
         """The declarative mappings of ``<config dir>/mappings/*.yaml`` (None without any).
-        Loaded by name: the core never imports the mapping engine (DESIGN.md layering).
+        Loaded by name: the core never imports the mapping engine (the layering import-linter checks).
         Raises ConfigErrors naming file, line and field."""
         if self.config.embedded:
             return None

@@ -1,12 +1,13 @@
 """The subscription index: which subscriptions want a message published on a name.
 
 How this works. This is the NATS server's sublist (``server/sublist.go``) in Python: a trie
-with one level per name element (seed L2167-2172). A node holds the literal children of the
-next level in a dict, and the two wildcards in dedicated slots, so a lookup never scans:
-``pwc`` is the node for ``*`` (exactly one element) and ``fwc`` the node for ``>`` (one or
-more trailing elements, seed L3014-3028). A subscription sits on the node where its pattern
-ends. Matching a name walks the trie element by element; at each level it takes every sub
-of the ``>`` node, descends into ``*`` (recursively) and into the literal child (iteratively).
+with one level per name element (TIBCO EMS User's Guide, "Destination Name Syntax"). A node
+holds the literal children of the next level in a dict, and the two wildcards in dedicated
+slots, so a lookup never scans: ``pwc`` is the node for ``*`` (exactly one element) and ``fwc``
+the node for ``>`` (one or more trailing elements, EMS User's Guide, "Wildcards"). A
+subscription sits on the node where its pattern ends. Matching a name walks the trie element by
+element; at each level it takes every sub of the ``>`` node, descends into ``*`` (recursively)
+and into the literal child (iteratively).
 
 Each node keeps its subscriptions as a ready-made tuple, rebuilt on insert and remove, so the
 common case -- exactly one node matched -- returns that tuple itself and allocates nothing for
@@ -14,7 +15,7 @@ the result. Only when several nodes match are the tuples merged, dropping repeat
 object (first occurrence wins, order is the trie walk's). "No match" is the shared
 :data:`EMPTY` tuple.
 
-Results are cached per name in a bounded dict (seed-free: nats ``slCacheMax``). A hit is one
+Results are cached per name in a bounded dict (as the NATS server's ``slCacheMax``). A hit is one
 dict lookup. Every change to the index bumps :attr:`SubIndex.genid` and clears the cache;
 a client may keep its own L1 cache keyed by name and drop it when ``genid`` moves (nats
 ``client.go`` ``processInboundClientMsg``). When the cache is full the older half is dropped
@@ -27,7 +28,7 @@ parent and the parent itself.
 
 A pattern whose first element is a wildcard does not match a name whose first element starts
 with ``$`` [MQTT-4.7.2-1]; this also keeps ``>`` and ``*.*`` subscribers off the server's
-``$sys.*`` monitor topics (seed L17892-17896, L17910-17936).
+``$sys.*`` monitor topics (EMS User's Guide, "Monitoring Server Events").
 
 Runs on the event loop; never awaits, takes no locks. Not safe to mutate from another thread.
 """
@@ -106,7 +107,8 @@ class SubIndex:
         matches the name without that element, as MQTT ``a/#`` matches ``a`` [MQTT-4.7.1-2].
 
         Raises:
-            InvalidDestinationError: the pattern breaks the EMS name syntax (seed L2178-2212).
+            InvalidDestinationError: the pattern breaks the EMS name syntax (EMS User's Guide,
+            "Destination Name Syntax").
         """
         tokens = validate(pattern, wildcards=True, system=True)
         node = self._root
@@ -225,8 +227,10 @@ class SubIndex:
         """True if some sub's pattern matches a name that ``subject_or_pattern`` matches.
 
         For a literal name this is ``match(name) != ()``. For a pattern it is "the two
-        patterns intersect" (seed L12109-12132), with the ``$`` rule applied to both sides.
-        Transports use it to import a topic only while it has subscribers (seed L16285-16290).
+        patterns intersect" (EMS User's Guide, "Implications of Wildcards on Permissions"),
+        with the ``$`` rule applied to both sides. Transports use it to import a topic only
+        while it has subscribers (EMS User's Guide, chapter "Working With TIBCO Rendezvous",
+        "Import Only when Subscribers Exist").
         """
         toks = subject_or_pattern.split(".")
         if STAR not in toks and GT not in toks:

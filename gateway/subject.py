@@ -1,11 +1,13 @@
 """Destination names: EMS/RV subjects, their limits and their wildcards.
 
-A name is a string of elements separated by ``.`` (seed L2167-2172). ``*`` as a whole
-element matches exactly one element; ``>`` as the last element matches one or more trailing
-elements (seed L3014-3028). A dot cannot be escaped: a backslash stays part of the element
-(L2239-2240). Limits (L2178-2184): at most 249 characters, 64 elements, 127 characters per
-element; no empty element. ``$`` may not start a client-created name (L4875-4876): the
-``$sys.`` namespace belongs to the server, ``$TMP$.`` to temporary destinations.
+A name is a string of elements separated by ``.`` (TIBCO EMS User's Guide,
+"Destination Name Syntax"). ``*`` as a whole element matches exactly one element; ``>`` as the
+last element matches one or more trailing elements (EMS User's Guide, "Wildcards"). A dot
+cannot be escaped: a backslash stays part of the element (EMS User's Guide,
+"Destination Name Syntax"). Limits (EMS User's Guide, "Destination Name Syntax"): at most 249
+characters, 64 elements, 127 characters per element; no empty element. ``$`` may not start a
+client-created name (EMS User's Guide, "Naming Conventions"): the ``$sys.`` namespace belongs
+to the server, ``$TMP$.`` to temporary destinations.
 
 Every adapter maps its own syntax onto these names (MQTT ``a/b``, STOMP ``/queue/x``, AMQP
 ``queue://x``) in its own package; nothing here knows about protocols.
@@ -19,9 +21,9 @@ from gateway.errors import InvalidDestinationError
 
 Subject = NewType("Subject", str)
 
-MAX_NAME_LENGTH = 249  # seed L2178-2180
-MAX_ELEMENTS = 64  # seed L2182
-MAX_ELEMENT_LENGTH = 127  # seed L2183
+MAX_NAME_LENGTH = 249  # EMS User's Guide, "Destination Name Syntax"
+MAX_ELEMENTS = 64  # EMS User's Guide, "Destination Name Syntax"
+MAX_ELEMENT_LENGTH = 127  # EMS User's Guide, "Destination Name Syntax"
 
 STAR = "*"
 GT = ">"
@@ -82,7 +84,8 @@ def is_wildcard(name: str) -> bool:
 
 
 def matches(pattern: str, name: str) -> bool:
-    """True if the wildcard ``pattern`` matches the literal ``name`` (seed L3014-3028)."""
+    """True if the wildcard ``pattern`` matches the literal ``name`` (EMS User's Guide,
+    "Wildcards")."""
     return _match(pattern.split("."), name.split("."))
 
 
@@ -101,7 +104,7 @@ def contains(outer: str, inner: str) -> bool:
     """True if every name ``inner`` matches is also matched by ``outer``.
 
     ``foo.>`` contains ``foo.bar.*`` and ``foo.*.baz``; ``foo.bar.*`` and ``foo.*.baz``
-    merely intersect (seed L12109-12132).
+    merely intersect (EMS User's Guide, "Implications of Wildcards on Permissions").
     """
     o, i = outer.split("."), inner.split(".")
     for k, el in enumerate(o):

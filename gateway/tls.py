@@ -1,7 +1,8 @@
 """The TLS context of the gateway's TLS listeners (``mqtts``, ``amqps``, ``stomps``, ``https``).
 
 One function, so that every protocol reads ``tls_cert``, ``tls_key``, ``tls_ca`` and
-``tls_require_client_cert`` from ``gateway.conf`` the same way (seed L9099-9147).
+``tls_require_client_cert`` from ``gateway.conf`` the same way (TIBCO EMS User's Guide,
+"tibemsd.conf", ssl_require_client_cert).
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ Python value        gateway type name      JMS type
 ``Int16Array`` ...  ``int16[]`` ...        short[] ... (EMS arrays)
 ==================  =====================  =========================
 
-:func:`convert` implements the JMS conversion table (ems.md §2.3, seed L1817-1840).
+:func:`convert` implements the JMS conversion table (TIBCO EMS User's Guide,
+"Data Type Conversion").
 """
 
 from __future__ import annotations
@@ -248,8 +249,9 @@ def type_name(value: Any) -> str:
 def check_value(value: Any, *, nested: bool = True, depth: int = 0) -> None:
     """Raise :class:`MessageFormatError` if ``value`` is not a legal message value.
 
-    Property values may not be ``bytes``, maps, streams or arrays (seed L1837); map and
-    stream bodies may hold all of them, nested to any depth (EMS extension, seed L811-815).
+    Property values may not be ``bytes``, maps, streams or arrays (EMS User's Guide,
+    "Data Type Conversion"); map and stream bodies may hold all of them, nested to any depth
+    (EMS extension, EMS User's Guide, "EMS Extensions to JMS Messages").
     """
     if value is None:
         return

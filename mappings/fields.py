@@ -8,9 +8,9 @@ message (``header.<JMS name>``, ``property.<name>``, ``body``, ``body.<key>``,
 are :mod:`mappings.wire`'s). Every step becomes a closure ``step(msg)`` over those functions,
 so nothing is parsed per message. Types are the gateway's names
 (:data:`gateway.types.SCALAR_TYPES`) or the JMS names (``byte`` … ``double``), converted by the
-JMS table (:func:`gateway.types.convert`, seed L1817-1840) plus the three extensions JSON
-values need (:func:`_coercer`). ``mappings/README.md`` ("Declarative mappings (YAML)")
-documents every path and step.
+JMS table (:func:`gateway.types.convert`, TIBCO EMS User's Guide, "Data Type Conversion") plus
+the three extensions JSON values need (:func:`_coercer`). ``mappings/README.md``
+("Declarative mappings (YAML)") documents every path and step.
 """
 
 from __future__ import annotations
@@ -192,8 +192,9 @@ def _millis(*attrs: str) -> _Field:
 
 _PRIORITIES = tuple(gt.Int32(p) for p in range(10))  # JMSPriority reads as a JMS int
 
-# The JMS header fields by JMS name (seed L836-929) and what a mapping may do with each.
-# Setting JMSExpiration sets the effective expiry too: that is what the mappings out send.
+# The JMS header fields by JMS name (EMS User's Guide, "JMS Message Header Fields") and what a
+# mapping may do with each. Setting JMSExpiration sets the effective expiry too: that is what
+# the mappings out send.
 HEADERS: dict[str, _Field] = {
     "JMSType": _nullable("type", _text_header),
     "JMSMessageID": _nullable("message_id", _text_header),

@@ -70,7 +70,8 @@ def scalars() -> st.SearchStrategy[Any]:
 
 
 def property_values() -> st.SearchStrategy[Any]:
-    """Legal property values (no bytes, maps, streams or arrays: seed L1837)."""
+    """Legal property values (no bytes, maps, streams or arrays: TIBCO EMS User's Guide,
+    "Data Type Conversion")."""
     return st.one_of(scalars(), st.none())
 
 

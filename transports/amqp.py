@@ -28,11 +28,12 @@ heartbeats and the idle timeout (``idle_timeout``) are ``Transport.tick`` on a `
   (:meth:`AmqpTransport.remote_subscribe`). A resend after a lost settlement is dropped: by
   base's (trace id, destination) check for what a gateway sent, here by (message-id,
   destination) for a copy the peer marks as possibly delivered before (``_on_transfer``).
-* Temporary reply-to (seed L16440-16447): an export whose JMSReplyTo is temporary names the
-  far address ``<address_prefix_topic>gw-reply.<gateway id>.<key>`` (:class:`ReplyRoutes`); a
-  receiver link from it, made with the route and after each reconnect, imports the replies
-  into the temporary destination; routes whose destination is gone are dropped (checked
-  every :data:`~transports.base.REPLY_SWEEP` s, and on each reply).
+* Temporary reply-to (TIBCO EMS User's Guide, chapter "Working With TIBCO Rendezvous",
+  "Export Issues"): an export whose JMSReplyTo is temporary names the far address
+  ``<address_prefix_topic>gw-reply.<gateway id>.<key>`` (:class:`ReplyRoutes`); a receiver link
+  from it, made with the route and after each reconnect, imports the replies into the temporary
+  destination; routes whose destination is gone are dropped (checked every
+  :data:`~transports.base.REPLY_SWEEP` s, and on each reply).
 
 The names, the RabbitMQ wildcard rule (``>`` → ``#``) and the message rules are in
 ``transports/README.md`` ("amqp").

@@ -155,7 +155,9 @@ class Exports:
         if to is not None:
             pm.address = to
         if reply is not None:
-            if reply.name.startswith(TEMP_PREFIX):  # a route back (EMS, seed L16440-16447)
+            # a route back (TIBCO EMS User's Guide, chapter "Working With TIBCO Rendezvous",
+            # "Export Issues")
+            if reply.name.startswith(TEMP_PREFIX):
                 pm.reply_to = t.replies.route(reply, t._reply_address)
             else:
                 prefix = t.topic_prefix if reply.kind is TOPIC else t.queue_prefix

@@ -4,10 +4,11 @@ the inbound queue, loop prevention and the counters.
 How this works. The :class:`~transports.manager.TransportManager` (one per gateway) reads
 ``transports.conf`` and the ``import`` / ``export`` properties of ``topics.conf`` /
 ``queues.conf`` entries, and starts one :class:`Transport` per section whose type is enabled
-in ``gateway.conf`` (``mqtt_transports = enabled``; off by default, as in EMS, seed
-L15920-15923). A transport is a core client of kind ``BRIDGE`` (client id
-``$transport:<name>``) plus a connection to the far side made by its subclass (paho-mqtt,
-proton, stomp.py). EMS's rules (ems.md §5.7):
+in ``gateway.conf`` (``mqtt_transports = enabled``; off by default, as in EMS,
+TIBCO EMS User's Guide, chapter "Working With TIBCO Rendezvous", "Overview"). A transport is a
+core client of kind ``BRIDGE`` (client id ``$transport:<name>``) plus a connection to the far
+side made by its subclass (paho-mqtt, proton, stomp.py). EMS's rules (EMS User's Guide, chapter
+"Working With TIBCO Rendezvous", "Topics" and "Queues"):
 
 * **Export** (topics only): for each topic entry that names the transport in ``export``, a
   durable core subscription ``export:<pattern>`` holds what is to go out; its consumer sends
@@ -136,15 +137,15 @@ class ExportBinding:
 class ReplyRoutes:
     """Temporary reply destinations of exported messages, standing as far-side names.
 
-    EMS arranges a temporary ``JMSReplyTo`` across a transport (seed L16440-16447): the
-    exported message names a far-side destination, and what a far-side responder sends there
-    comes back to the temporary destination while it exists. The transport chooses the
-    far-side name (:meth:`route` calls ``far_name`` with ``gw-reply``, the gateway id and a
-    key per temporary destination) and subscribes to it (``subscribe``) when the route is
-    made and again after every reconnect (:attr:`names`). An import from a route's name goes
-    to :meth:`target`; a route whose destination is gone is dropped (``unsubscribe``) when a
-    reply comes or at the next :meth:`sweep`, and at most :data:`MAX_REPLY_ROUTES` are
-    kept, oldest dropped first.
+    EMS arranges a temporary ``JMSReplyTo`` across a transport (EMS User's Guide, chapter
+    "Working With TIBCO Rendezvous", "Export Issues"): the exported message names a far-side
+    destination, and what a far-side responder sends there comes back to the temporary
+    destination while it exists. The transport chooses the far-side name (:meth:`route` calls
+    ``far_name`` with ``gw-reply``, the gateway id and a key per temporary destination) and
+    subscribes to it (``subscribe``) when the route is made and again after every reconnect
+    (:attr:`names`). An import from a route's name goes to :meth:`target`; a route whose
+    destination is gone is dropped (``unsubscribe``) when a reply comes or at the next
+    :meth:`sweep`, and at most :data:`MAX_REPLY_ROUTES` are kept, oldest dropped first.
     """
 
     __slots__ = ("broker", "subscribe", "unsubscribe", "by_name", "by_dest", "timer")
@@ -519,8 +520,8 @@ class Transport:
     def outgoing(self, msg: Message) -> Message:
         """The message as exported: through the declarative mappings for this transport
         (direction ``out``), then without headers or properties when the section says so
-        (``export_headers`` / ``export_properties``, seed L10639-10678). The delivered
-        message itself is never changed (other subscribers share it).
+        (``export_headers`` / ``export_properties``, EMS User's Guide, "transports.conf"). The
+        delivered message itself is never changed (other subscribers share it).
 
         Raises:
             MappingFailed: a mapping rule failed (the export is refused).
@@ -612,7 +613,8 @@ class Transport:
 
     def _enqueue(self, msg: Message, ack: Callable[[], None] | None) -> None:
         """Hold an import while the core is busy; apply the inbound queue policy when full
-        (seed L16136-16169: FIRST drops the oldest, LAST the most recently received)."""
+        (EMS User's Guide, "Configuring Transports for Rendezvous", rv_queue_policy: FIRST
+        drops the oldest, LAST the most recently received)."""
         policy = self.params.get("inbound_queue_policy")
         inbound = self.inbound
         if (policy is not None and policy.policy is not DiscardPolicy.NONE

@@ -3,14 +3,14 @@
 How this works. The :class:`TransportManager` reads ``transports.conf`` and the ``import`` /
 ``export`` properties of ``topics.conf`` / ``queues.conf`` entries, and starts one
 :class:`~transports.base.Transport` per section whose type is enabled in ``gateway.conf``
-(``mqtt_transports = enabled``; off by default, as in EMS, seed L15920-15923), found by type
-through :mod:`gateway.registry`. It binds each entry's names (at start, and when the admin
-API defines an entry), tells the importing transports when local subscriptions come and go
-(a topic imports only while it has subscribers), and holds the duplicate window all its
-transports share, seeded at start from the store (:meth:`TransportManager.seed_duplicates`).
-A transport marked ``required = true`` (or any, with ``startup_abort_list`` naming
-``TRANSPORTS``) that cannot connect in time stops the start with
-:class:`TransportRequiredError`; the others keep trying in the background. What each
+(``mqtt_transports = enabled``; off by default, as in EMS, TIBCO EMS User's Guide, chapter
+"Working With TIBCO Rendezvous", "Overview"), found by type through :mod:`gateway.registry`. It
+binds each entry's names (at start, and when the admin API defines an entry), tells the
+importing transports when local subscriptions come and go (a topic imports only while it has
+subscribers), and holds the duplicate window all its transports share, seeded at start from the
+store (:meth:`TransportManager.seed_duplicates`). A transport marked ``required = true`` (or
+any, with ``startup_abort_list`` naming ``TRANSPORTS``) that cannot connect in time stops the
+start with :class:`TransportRequiredError`; the others keep trying in the background. What each
 transport does is described in :mod:`transports.base`.
 """
 

@@ -22,7 +22,7 @@ loop never runs any of it:
 * **The listener** (stomp.py's receiver and heart-beat threads) touches no gateway state: it
   appends each event (CONNECTED, MESSAGE, RECEIPT, ERROR, lost) to a deque and wakes the loop
   with ``call_soon_threadsafe`` only when the deque was empty, so a burst of frames costs one
-  wake-up (DESIGN.md: blocking libraries hand work to the loop). The loop drains the deque;
+  wake-up (blocking libraries hand work to the loop). The loop drains the deque;
   events of a connection that is no longer the current one are dropped.
 
 Names: core topic ``a.b`` ↔ ``<topic_prefix>a.b`` (``/topic/a.b``), queue ``q`` ↔
@@ -65,11 +65,12 @@ The last local subscription going removes it on the far side, in the dialect the
 frame's ``server`` names (:meth:`_durable_unsubscribe`); one whose import ended while the
 link was down is removed on the next connection.
 
-Temporary reply-to (seed L16440-16447): an export whose JMSReplyTo is a temporary destination
-of the gateway gets ``reply-to:<topic_prefix>gw-reply.<gateway id>.<q|t><n>``; the transport
-subscribes that topic (again after every reconnect) and imports what arrives there into the
-temporary destination while it exists (:class:`~transports.base.ReplyRoutes`). Every
-:data:`~transports.base.REPLY_SWEEP` seconds routes whose destination is gone are dropped and unsubscribed.
+Temporary reply-to (TIBCO EMS User's Guide, chapter "Working With TIBCO Rendezvous",
+"Export Issues"): an export whose JMSReplyTo is a temporary destination of the gateway gets
+``reply-to:<topic_prefix>gw-reply.<gateway id>.<q|t><n>``; the transport subscribes that topic
+(again after every reconnect) and imports what arrives there into the temporary destination
+while it exists (:class:`~transports.base.ReplyRoutes`). Every :data:`~transports.base.REPLY_SWEEP`
+seconds routes whose destination is gone are dropped and unsubscribed.
 """
 
 from __future__ import annotations
@@ -548,7 +549,8 @@ class StompTransport(Transport):
             if key is None:
                 self._durable_unsubscribe(link, name, active=False)
 
-    # -- reply routes (a temporary JMSReplyTo, seed L16440-16447) -----------------------------
+    # -- reply routes (a temporary JMSReplyTo) ------------------------------------------------
+    # EMS User's Guide, chapter "Working With TIBCO Rendezvous", "Export Issues".
 
     def _reply_name(self, *parts: str) -> str:
         return self.topic_prefix + ".".join(parts)

@@ -3,7 +3,7 @@
 Theory of operation. :class:`MqttCodec` owns a receive buffer (a ``bytearray``).
 :meth:`~MqttCodec.receive_data` appends to it; :meth:`~MqttCodec.events_received` takes one
 ``bytes`` snapshot of it, parses *every* complete packet in it with a moving offset, and
-compacts the buffer once at the end (style-study rule 9). A packet is complete when its
+compacts the buffer once at the end. A packet is complete when its
 fixed header and all ``Remaining Length`` bytes are in; the size limit is checked as soon as
 the Remaining Length is known, so an oversized packet is refused without being buffered.
 While a packet is incomplete the codec remembers how many bytes it needs and does not look

@@ -10,7 +10,7 @@ acknowledgement reason codes below MQTT 5) are empty on parse and left out on en
 Reason codes are MQTT 5's everywhere, also on a 3.1/3.1.1 connection: the codec translates a
 CONNACK reason code to the old return code (:data:`V3_CONNACK_RETURN_CODES`) when it writes one
 and back when it reads one, so the session has one vocabulary. PUBLISH is not frozen and is
-built positionally by the parser: it is the hot path (style-study rule 11).
+built positionally by the parser: it is the hot path.
 
 Errors (``gateway.errors`` draws the whole tree)::
 

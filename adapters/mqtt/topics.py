@@ -12,7 +12,8 @@ MQTT level   element    why
 ``.``        ``%2E``    the subject separator
 ``*``        ``%2A``    one-element wildcard in subjects
 ``>``        ``%3E``    trailing wildcard in subjects
-(empty)      ``%``      subjects have no empty elements (seed L2171)
+(empty)      ``%``      subjects have no empty elements (TIBCO EMS User's Guide,
+                        "Destination Name Syntax")
 ===========  =========  ==========================================
 
 In the other direction (a subject made by a JMS, AMQP or STOMP client, delivered to an MQTT

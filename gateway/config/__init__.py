@@ -1,4 +1,5 @@
-"""The gateway's configuration, read the way TIBCO EMS reads its own (ems.md §6).
+"""The gateway's configuration, read the way TIBCO EMS reads its own (TIBCO EMS User's Guide,
+chapter "Using the Configuration Files").
 
 A config directory holds ``gateway.conf`` (:mod:`gateway.config.gateway_conf`),
 ``topics.conf`` / ``queues.conf`` (:mod:`gateway.config.destinations`), ``users.conf``,

@@ -1,34 +1,40 @@
 """``topics.conf`` / ``queues.conf``: destination definitions, wildcards and inheritance.
 
-How this works. Each line defines one destination, literal or wildcard (seed L10234-10277,
-L10580-10606)::
+How this works. Each line defines one destination, literal or wildcard (TIBCO EMS User's Guide,
+"queues.conf"; "topics.conf")::
 
     [jndi-name1, jndi-name2]destination-name property1, property2=value, ...
     business.inventory global, import="RV01,RV02", export="RV03", maxbytes=1MB
 
 A :class:`DestinationTable` per kind holds the entries. :meth:`DestinationTable.resolve`
 gives the effective :class:`DestinationProps` of a name by combining its own entry with
-every wildcard entry that matches it (seed L3149-3241):
+every wildcard entry that matches it (EMS User's Guide, "Inheritance"):
 
 * flags (``secure``, ``global``, ``exclusive``, ``sender_name``, ...) add up; an inherited
-  flag cannot be removed (L3174-3185);
-* value properties: the destination's own value wins (L3186-3192); otherwise, of several
-  parents, the smallest (L3203-3211). ``0`` counts as "not set" for ``maxmsgs``,
-  ``maxbytes``, ``maxRedelivery``, ``redeliveryDelay`` and ``flowControl`` (L2478, L2514);
-  for ``expiration`` ``0`` means "never expires" (L2345-2346) and ranks as the largest value;
+  flag cannot be removed (EMS User's Guide, "Inheritance of Properties");
+* value properties: the destination's own value wins (EMS User's Guide,
+  "Inheritance of Properties"); otherwise, of several parents, the smallest (EMS User's Guide,
+  "Inheritance of Properties"). ``0`` counts as "not set" for ``maxmsgs``, ``maxbytes``,
+  ``maxRedelivery``, ``redeliveryDelay`` and ``flowControl`` (EMS User's Guide,
+  "Destination Properties", maxbytes and maxmsgs); for ``expiration`` ``0`` means
+  "never expires" (EMS User's Guide, "Destination Properties", expiration) and ranks as the
+  largest value;
 * ``prefetch``: own value; else the largest non-zero numeric parent value; else ``none`` if
-  parents only say ``none``; else the default, 5 for queues and 64 for topics (L2689-2692,
-  L2770-2780);
+  parents only say ``none``; else the default, 5 for queues and 64 for topics
+  (EMS User's Guide, "Destination Properties", prefetch);
 * ``overflowPolicy``: own non-default value; else ``rejectIncoming`` if any parent has it;
-  else ``discardOld`` if any parent has it; else ``default`` (L2586-2600);
+  else ``discardOld`` if any parent has it; else ``default`` (EMS User's Guide,
+  "Destination Properties", overflowPolicy);
 * ``trace``: ``body`` beats ``on``; ``import`` / ``export``: union, own names first;
-* ``store`` and ``channel`` are disjoint (L3030-3050): two entries that can match the same
-  name may not give different values. A file that does so is an error at load; a clash that
-  still reaches :meth:`~DestinationTable.resolve` raises ``InvalidDestinationError``.
+* ``store`` and ``channel`` are disjoint (EMS User's Guide,
+  "Overlapping Wildcards and Disjoint Properties"): two entries that can match the same name
+  may not give different values. A file that does so is an error at load; a clash that still
+  reaches :meth:`~DestinationTable.resolve` raises ``InvalidDestinationError``.
 
 ``resolve`` returns ``None`` when no entry matches: the destination may not be created
-dynamically (L3113-3148); a lone ``>`` entry allows every name. Results are cached until the
-table changes (:meth:`~DestinationTable.add`, :meth:`~DestinationTable.remove`).
+dynamically (EMS User's Guide, "Wildcards and Dynamically Created Destinations"); a lone ``>``
+entry allows every name. Results are cached until the table changes
+(:meth:`~DestinationTable.add`, :meth:`~DestinationTable.remove`).
 """
 
 from __future__ import annotations
@@ -54,17 +60,22 @@ from gateway.errors import ConfigError, ConfigErrors, InvalidDestinationError
 
 Kind = Literal["topic", "queue"]
 
-DEFAULT_PREFETCH: dict[str, int] = {"queue": 5, "topic": 64}  # seed L2689-2692
-DEFAULT_FLOW_CONTROL = 256 * 1024  # seed L2411-2412: flowControl without a value
-REDELIVERY_DELAY_MIN_MS = 15_000  # seed L2795-2796: 15 seconds ...
+# EMS User's Guide, "Destination Properties", prefetch
+DEFAULT_PREFETCH: dict[str, int] = {"queue": 5, "topic": 64}
+# EMS User's Guide, "Destination Properties", flowControl: without a value
+DEFAULT_FLOW_CONTROL = 256 * 1024
+# EMS User's Guide, "Destination Properties", redeliveryDelay: 15 seconds ...
+REDELIVERY_DELAY_MIN_MS = 15_000
 REDELIVERY_DELAY_MAX_MS = 8 * 3_600_000  # ... to 8 hours
-MAX_REDELIVERY_RANGE = (2, 255)  # seed L2541-2545; 0 disables
+# EMS User's Guide, "Destination Properties", maxRedelivery; 0 disables
+MAX_REDELIVERY_RANGE = (2, 255)
 MAX_CACHED_NAMES = 65_536  # resolve() cache; cleared whole when full
 ADMIN_FILE = "<admin>"
 
 
 class OverflowPolicy(enum.Enum):
-    """``overflowPolicy`` values (seed L2566-2653); ``value`` is the EMS spelling."""
+    """``overflowPolicy`` values (EMS User's Guide, "Destination Properties", overflowPolicy);
+    ``value`` is the EMS spelling."""
 
     DEFAULT = "default"
     DISCARD_OLD = "discardOld"
@@ -73,13 +84,15 @@ class OverflowPolicy(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class DestinationProps:
-    """Effective properties of one destination (Table 12, seed L2252-2275).
+    """Effective properties of one destination (EMS User's Guide, Table 12
+    "Destination properties").
 
     ``prefetch`` is ``None`` for ``none`` and is already defaulted per kind;
-    ``expiration_ms`` is ``None`` when not set and ``0`` for "never expires" (seed
-    L2345-2346); the other numbers use ``0`` for "not set / unlimited". ``inherited`` names,
-    in EMS spelling (``maxbytes``, ``overflowPolicy``, ...), the properties whose value came
-    from a wildcard parent, which ``show`` listings mark with ``*`` (seed L6556).
+    ``expiration_ms`` is ``None`` when not set and ``0`` for "never expires" (EMS User's Guide,
+    "Destination Properties", expiration); the other numbers use ``0`` for
+    "not set / unlimited". ``inherited`` names, in EMS spelling (``maxbytes``,
+    ``overflowPolicy``, ...), the properties whose value came from a wildcard parent, which
+    ``show`` listings mark with ``*`` (EMS User's Guide, "Command Listing", show queues).
     """
 
     maxmsgs: int = 0
@@ -141,7 +154,7 @@ def _prefetch(v: str | None) -> object:
     if text.lower() == "none":
         return None
     n = parse_int(text, minimum=0)
-    return _UNSET if n == 0 else n  # 0 = inherit (seed Table 13)
+    return _UNSET if n == 0 else n  # 0 = inherit (EMS User's Guide, Table 13 "Prefetch")
 
 
 def _expiration(v: str | None) -> int:
@@ -302,15 +315,18 @@ def parse_properties(text: str, kind: Kind, *, report: Callable[[str], None]) ->
         if value is _UNSET:
             continue
         if prop.attr == "prefetch" and value is None and kind == "topic":
-            # seed L2674-2677: automatic fetch cannot be disabled for topics
+            # EMS User's Guide, "Destination Properties", prefetch: automatic fetch cannot be
+            # disabled for topics
             report("prefetch=none is not allowed for a topic")
             continue
         own[prop.attr] = value
     if kind == "queue" and own.get("global_"):
         if own.get("exclusive"):
-            report("a global queue cannot be exclusive (seed L2303-2332)")
+            report("a global queue cannot be exclusive (EMS User's Guide, 'Destination "
+                   "Properties', exclusive)")
         if "prefetch" in own and own["prefetch"] is None:
-            report("prefetch=none is not allowed for a global queue (seed L2674-2677)")
+            report("prefetch=none is not allowed for a global queue (EMS User's Guide, "
+                   "'Destination Properties', prefetch)")
     return own
 
 
@@ -412,7 +428,8 @@ class DestinationTable:
     def insert(
         self, entry: DestinationEntry, errors: list[ConfigError], *, replace: bool = False
     ) -> bool:
-        """Add a parsed entry, checking duplicates and disjoint properties (seed L3030-3050).
+        """Add a parsed entry, checking duplicates and disjoint properties (EMS User's Guide,
+        "Overlapping Wildcards and Disjoint Properties").
 
         Problems go to ``errors`` (naming ``entry``'s file and line); returns whether it was
         added.
@@ -550,7 +567,7 @@ class DestinationTable:
                     )
         return out
 
-    # -- inheritance (seed L3149-3241) ---------------------------------------------
+    # -- inheritance (EMS User's Guide, "Inheritance") ---------------------------------
 
     def _combine(
         self, name: str, own_entry: DestinationEntry | None, parents: list[DestinationEntry]
@@ -582,7 +599,8 @@ class DestinationTable:
             else:
                 values = [p[attr] for p in pv if p.get(attr)]
                 if values:
-                    take(attr, min(values), True)  # smallest of the parents (L3203-3211)
+                    # smallest of the parents (EMS User's Guide, "Inheritance of Properties")
+                    take(attr, min(values), True)
         if "expiration_ms" in own:
             take("expiration_ms", own["expiration_ms"], False)
         else:
@@ -596,11 +614,15 @@ class DestinationTable:
             pf = [p["prefetch"] for p in pv if "prefetch" in p]
             numeric = [x for x in pf if x is not None]
             if numeric:
-                take("prefetch", max(numeric), True)  # largest in the chain (L2776-2777)
+                # largest in the chain (EMS User's Guide, "Destination Properties", prefetch)
+                take("prefetch", max(numeric), True)
             elif pf:
-                take("prefetch", None, True)  # every parent says none (L2774-2775)
+                # every parent says none (EMS User's Guide, "Destination Properties", prefetch)
+                take("prefetch", None, True)
         if v.get("global_") and "prefetch" in v and v["prefetch"] is None:
-            del v["prefetch"]  # seed L22296-22297: none is illegal for global; reset
+            # EMS User's Guide, appendix "Error and Status Messages": none is illegal for
+            # global; reset
+            del v["prefetch"]
             inherited.discard("prefetch")
         mine = own.get("overflow_policy", OverflowPolicy.DEFAULT)
         if mine is not OverflowPolicy.DEFAULT:
@@ -609,7 +631,8 @@ class DestinationTable:
             policies = {p.get("overflow_policy") for p in pv}
             for pol in (OverflowPolicy.REJECT_INCOMING, OverflowPolicy.DISCARD_OLD):
                 if pol in policies:
-                    take("overflow_policy", pol, True)  # seed L2586-2600
+                    # EMS User's Guide, "Destination Properties", overflowPolicy
+                    take("overflow_policy", pol, True)
                     break
         rank = {None: 0, "on": 1, "body": 2}
         best = max((p.get("trace") for p in pv), key=lambda t: rank[t], default=None)

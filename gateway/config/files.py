@@ -7,20 +7,20 @@ raised one at a time: each parser appends :class:`~gateway.errors.ConfigError` o
 list, and the loader raises them together as :class:`~gateway.errors.ConfigErrors`, so the
 operator sees every bad line of a load at once.
 
-Shared syntax (EMS, seed L7370-7379):
+Shared syntax (TIBCO EMS User's Guide, "Mechanics of Configuration"):
 
 * ``#`` starts a comment: a line whose first non-blank character is ``#``, and (where the
   file allows it) the rest of a line after a blank followed by ``#`` outside double quotes.
-* Lines may be at most 256,000 characters long (seed L7379).
+* Lines may be at most 256,000 characters long (EMS User's Guide, "Mechanics of Configuration").
 * Booleans: ``enable, enabled, true, yes, on`` / ``disable, disabled, false, no, off``
-  (seed L7370-7375), case-insensitive.
+  (EMS User's Guide, "Mechanics of Configuration"), case-insensitive.
 * Sizes: a non-negative integer with an optional ``KB``, ``MB`` or ``GB`` suffix
-  (1 KB = 1024 bytes; seed L2463-2470).
+  (1 KB = 1024 bytes; EMS User's Guide, "Destination Properties", maxbytes).
 * Durations: a non-negative integer with an optional ``msec``, ``sec``, ``min``, ``hour`` or
-  ``day`` suffix (seed L2341-2352); a bare number is in the unit the parameter names
-  (seconds for every EMS parameter).
+  ``day`` suffix (EMS User's Guide, "Destination Properties", expiration); a bare number is in
+  the unit the parameter names (seconds for every EMS parameter).
 * Multi-element values are comma-separated; a value holding blanks or commas may be
-  enclosed in double quotes (seed L7377-7378).
+  enclosed in double quotes (EMS User's Guide, "Mechanics of Configuration").
 
 The value parsers raise :class:`ValueError` with a message meant for the operator; the
 callers add file and line.
@@ -34,10 +34,12 @@ from dataclasses import dataclass
 
 from gateway.errors import ConfigError
 
-MAX_LINE_LENGTH = 256_000  # seed L7379
+MAX_LINE_LENGTH = 256_000  # EMS User's Guide, "Mechanics of Configuration"
 
-TRUE_WORDS = frozenset({"enable", "enabled", "true", "yes", "on"})  # seed L7373
-FALSE_WORDS = frozenset({"disable", "disabled", "false", "no", "off"})  # seed L7374
+# EMS User's Guide, "Mechanics of Configuration"
+TRUE_WORDS = frozenset({"enable", "enabled", "true", "yes", "on"})
+# EMS User's Guide, "Mechanics of Configuration"
+FALSE_WORDS = frozenset({"disable", "disabled", "false", "no", "off"})
 
 _SIZE_UNITS = {"": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}
 _DURATION_MS = {
@@ -182,7 +184,7 @@ def parse_list(value: str) -> list[str]:
 
 
 def parse_bool(value: str) -> bool:
-    """EMS booleans (seed L7370-7375)."""
+    """EMS booleans (EMS User's Guide, "Mechanics of Configuration")."""
     word = value.strip().lower()
     if word in TRUE_WORDS:
         return True
@@ -207,7 +209,8 @@ def parse_int(value: str, *, minimum: int = 0, maximum: int | None = None) -> in
 
 
 def parse_size(value: str) -> int:
-    """Bytes from ``N``, ``NKB``, ``NMB`` or ``NGB`` (case-insensitive; seed L2463-2470)."""
+    """Bytes from ``N``, ``NKB``, ``NMB`` or ``NGB`` (case-insensitive; EMS User's Guide,
+    "Destination Properties", maxbytes)."""
     m = _NUMBER_UNIT.fullmatch(value.strip())
     unit = m.group(2).lower() if m else ""
     if m is None or unit not in _SIZE_UNITS:
@@ -216,7 +219,8 @@ def parse_size(value: str) -> int:
 
 
 def parse_duration_ms(value: str, *, bare_unit_ms: int = 1000) -> int:
-    """Milliseconds from ``N[msec|sec|min|hour|day]`` (seed L2341-2352).
+    """Milliseconds from ``N[msec|sec|min|hour|day]`` (EMS User's Guide,
+    "Destination Properties", expiration).
 
     A bare number is multiplied by ``bare_unit_ms`` (seconds unless the parameter says
     otherwise).

@@ -1,26 +1,30 @@
 """``gateway.conf``: the gateway's own parameters (the counterpart of EMS's ``tibemsd.conf``).
 
-How this works. Each line is ``name = value`` (seed L7311-7379); ``#`` starts a comment;
-a value holding blanks may be double-quoted. Every parameter is optional; ``listen`` may
-be repeated, any other parameter given twice is an error, and so is a parameter the table
-below does not name (EMS's JSON configuration silently ignores unknown names, seed
-L8201-8203; we do not). Relative paths resolve against the config directory, or against the
-working directory for the embedded default configuration.
+How this works. Each line is ``name = value`` (TIBCO EMS User's Guide,
+"Mechanics of Configuration"); ``#`` starts a comment; a value holding blanks may be
+double-quoted. Every parameter is optional; ``listen`` may be repeated, any other parameter
+given twice is an error, and so is a parameter the table below does not name (EMS's JSON
+configuration silently ignores unknown names, EMS User's Guide, "tibemsd.conf",
+startup_abort_list; we do not). Relative paths resolve against the config directory, or against
+the working directory for the embedded default configuration.
 
 ==================================  =================  ===============================================
 parameter                           default            meaning
 ==================================  =================  ===============================================
 ``server``                          ``gateway``        gateway name: at most 64 characters, no ``.``
-                                                       (EMS ``server``, seed L8161-8166)
-``listen``                          see below          ``scheme://host:port``, repeatable (seed
-                                                       L7986-8012). ``host`` may be ``[::1]``; no
-                                                       host (``mqtt://:1883``, ``mqtt://1883``) means
-                                                       all interfaces; the port defaults per scheme
-                                                       (mqtt 1883, mqtts 8883, amqp 5672, amqps 5671,
-                                                       stomp 61613, stomps 61614, http 8080, https
-                                                       8443). ``listen = none``: no listener. Without
-                                                       any ``listen`` line: mqtt, amqp, stomp and http
-                                                       on 127.0.0.1 at their default ports
+                                                       (EMS ``server``, EMS User's Guide,
+                                                       "tibemsd.conf")
+``listen``                          see below          ``scheme://host:port``, repeatable
+                                                       (EMS User's Guide, "tibemsd.conf", listen).
+                                                       ``host`` may be ``[::1]``; no host
+                                                       (``mqtt://:1883``, ``mqtt://1883``) means all
+                                                       interfaces; the port defaults per scheme
+                                                       (mqtt 1883, mqtts 8883, amqp 5672, amqps
+                                                       5671, stomp 61613, stomps 61614, http 8080,
+                                                       https 8443). ``listen = none``: no
+                                                       listener. Without any ``listen`` line:
+                                                       mqtt, amqp, stomp and http on 127.0.0.1
+                                                       at their default ports
 ``store``                           ``data``           directory of the message store
 ``store_type``                      ``sqlite``         ``sqlite`` or ``memory`` (nothing survives a
                                                        restart)
@@ -29,40 +33,50 @@ parameter                           default            meaning
 ``delivery_log_dir``                ``<store>/delivery-log``  where delivery log files go
 ``delivery_log_max_file_size``      64MB               roll to a new file past this size; 0 = never
 ``authorization``                   disabled           authenticate users and check ACLs on ``secure``
-                                                       destinations (seed L7916-7930); disabled:
-                                                       every connection is accepted, whatever
-                                                       user name and password it gives (seed
-                                                       L11238-11240)
+                                                       destinations (EMS User's Guide,
+                                                       "tibemsd.conf", authorization);
+                                                       disabled: every connection is accepted,
+                                                       whatever user name and password it gives
+                                                       (EMS User's Guide, "Enabling Access Control")
 ``allow_anonymous``                 enabled            with ``authorization`` enabled, accept
                                                        connections without a user name (EMS's
-                                                       ``anonymous`` user, seed L11334-11341)
-``flow_control``                    disabled           enforce destinations' ``flowControl`` (seed
-                                                       L7978-7985)
+                                                       ``anonymous`` user, EMS User's Guide,
+                                                       "Users and Groups", "Users")
+``flow_control``                    disabled           enforce destinations' ``flowControl``
+                                                       (EMS User's Guide, "tibemsd.conf",
+                                                       flow_control)
 ``max_msg_memory``                  512MB              memory for pending messages; 0 = unlimited
-                                                       (seed L8317-8341). Past it a producer is held
-                                                       (``flow_control`` enabled) or refused
+                                                       (EMS User's Guide, "tibemsd.conf",
+                                                       max_msg_memory). Past it a producer is
+                                                       held (``flow_control`` enabled) or refused
 ``msg_swapping``                    enabled            persistent queue messages leave memory for
                                                        the store past 75% of ``max_msg_memory`` and
-                                                       are read back before delivery (seed
-                                                       L8362-8368)
+                                                       are read back before delivery
+                                                       (EMS User's Guide, "tibemsd.conf",
+                                                       msg_swapping)
 ``destination_backlog_swapout``     1024               with ``msg_swapping``, pending messages a
                                                        queue keeps in memory; those behind them
                                                        are swapped out as they come; 0 = all
-                                                       (seed L8277-8289)
+                                                       (EMS User's Guide, "tibemsd.conf",
+                                                       Connection and Memory Parameters)
 ``max_client_msg_size``             0                  reject larger incoming messages; 0 = any size;
-                                                       at most 2GB (seed L8300-8310)
+                                                       at most 2GB (EMS User's Guide,
+                                                       "tibemsd.conf", max_client_msg_size)
 ``max_connections``                 0                  simultaneous client connections; 0 = unlimited
-                                                       (seed L8312-8316)
+                                                       (EMS User's Guide, "tibemsd.conf",
+                                                       max_connections)
 ``listen_backlog``                  0                  accept queue of every listener (MQTT, AMQP,
                                                        STOMP, HTTP): connections the system completes
                                                        before the gateway accepts them; 0 = the
                                                        system's maximum, ``net.core.somaxconn``
                                                        (4096 where it cannot be read); the system
                                                        caps any value at ``somaxconn``
-``selector_logical_operator_limit`` 5000               accepted for EMS compatibility (seed
-                                                       L8137-8159) but not needed: selectors are
-                                                       compiled, never recurse, and their nesting
-                                                       is capped when compiled
+``selector_logical_operator_limit`` 5000               accepted for EMS compatibility
+                                                       (EMS User's Guide, "tibemsd.conf",
+                                                       selector_logical_operator_limit) but not
+                                                       needed: selectors are compiled, never
+                                                       recurse, and their nesting is capped
+                                                       when compiled
 ``mqtt_max_inflight_messages``      20                 outgoing QoS 1 and 2 messages in flight (sent,
                                                        not yet acknowledged) per MQTT 3.1/3.1.1
                                                        client, as mosquitto's
@@ -81,23 +95,27 @@ parameter                           default            meaning
                                                        ``max_queued_bytes``; 0 = no limit
 ``mqtt_transports``                 disabled           run the ``type = mqtt`` transports of
                                                        ``transports.conf`` (as EMS's
-                                                       ``tibrv_transports``, seed L8818-8858)
+                                                       ``tibrv_transports``, EMS User's Guide,
+                                                       "tibemsd.conf", tibrv_transports)
 ``amqp_transports``                 disabled           the same for ``type = amqp``
 ``stomp_transports``                disabled           the same for ``type = stomp``
 ``rv_transports``                   disabled           the same for ``type = rv``
 ``startup_abort_list``              (empty)            stop at start-up on failures of these kinds:
                                                        ``TLS`` (alias ``SSL``), ``TRANSPORTS``,
                                                        ``LISTENERS``, ``CONFIG_FILES``,
-                                                       ``CONFIG_ERRORS``, ``DB_FILES`` (seed
-                                                       L8172-8224). Config errors always stop the
-                                                       gateway; ``CONFIG_ERRORS`` is accepted for
-                                                       EMS compatibility
+                                                       ``CONFIG_ERRORS``, ``DB_FILES``
+                                                       (EMS User's Guide, "tibemsd.conf",
+                                                       startup_abort_list). Config errors
+                                                       always stop the gateway;
+                                                       ``CONFIG_ERRORS`` is accepted for EMS
+                                                       compatibility
 ``tls_cert``                        (none)             PEM certificate chain for TLS listeners;
                                                        required when a TLS listener is configured
 ``tls_key``                         (none)             PEM private key (if not in ``tls_cert``)
 ``tls_ca``                          (none)             PEM CA bundle to verify client certificates
 ``tls_require_client_cert``         disabled           TLS clients must present a certificate that
-                                                       ``tls_ca`` verifies (seed L9099-9147)
+                                                       ``tls_ca`` verifies (EMS User's Guide,
+                                                       "tibemsd.conf", ssl_require_client_cert)
 ``mqtt_max_keepalive``              0                  the longest MQTT Keep Alive, in seconds (at most
                                                        65535), as mosquitto's ``max_keepalive``: an
                                                        MQTT 5 client asking more, or 0 (none), is
@@ -133,8 +151,9 @@ from gateway.config.files import (
 )
 from gateway.errors import ConfigError
 
-MAX_SERVER_NAME = 64  # seed L8161-8166
-MAX_CLIENT_MSG_SIZE = 2 * 1024**3  # seed L8300-8310: "maximum 2 GB"
+MAX_SERVER_NAME = 64  # EMS User's Guide, "tibemsd.conf", server
+# EMS User's Guide, "tibemsd.conf", max_client_msg_size: "maximum 2 GB"
+MAX_CLIENT_MSG_SIZE = 2 * 1024**3
 MAX_KEEPALIVE = 65535  # MQTT Keep Alive is a Two Byte Integer (MQTT 5.0 3.1.2.10)
 
 DEFAULT_PORTS: dict[str, int] = {
@@ -259,7 +278,8 @@ def listen_backlog(settings: GatewaySettings) -> int:
 
 
 def parse_listener(value: str, line: int | None = None) -> Listener:
-    """Parse ``scheme://host:port`` (seed L7986-8012: IPv6 in brackets, no host = all).
+    """Parse ``scheme://host:port`` (EMS User's Guide, "tibemsd.conf", listen: IPv6 in
+    brackets, no host = all).
 
     Raises:
         ValueError: saying what is wrong with ``value``.

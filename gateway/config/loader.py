@@ -1,7 +1,7 @@
 """Loading a configuration directory: every file, then the checks that span files.
 
-How this works. :func:`load_config` reads the files of one directory (seed L9692-9717,
-adapted: ``gateway.conf`` stands for ``tibemsd.conf``)::
+How this works. :func:`load_config` reads the files of one directory (TIBCO EMS User's Guide,
+"Using Other Configuration Files", adapted: ``gateway.conf`` stands for ``tibemsd.conf``)::
 
     gateway.conf  topics.conf  queues.conf  users.conf  groups.conf  acl.conf  transports.conf
 
@@ -11,9 +11,12 @@ directory the embedded default in ``gateway/defaults/`` is used, whose relative 
 problem of every file is collected, then the cross-file checks run:
 
 * each transport named in an ``import`` / ``export`` list exists (EMS: "ignoring transport
-  '%s' in %s list, transport not found", seed L22306-22307 — here an error);
-* a topic and a queue of the same name do not both import (seed L16383-16388);
-* JNDI names are unique across topics and queues (seed L22301-22302);
+  '%s' in %s list, transport not found", EMS User's Guide, appendix "Error and Status Messages"
+  — here an error);
+* a topic and a queue of the same name do not both import (EMS User's Guide, chapter
+  "Working With TIBCO Rendezvous", "Import Issues");
+* JNDI names are unique across topics and queues (EMS User's Guide, appendix
+  "Error and Status Messages");
 
 and, if anything was wrong, :class:`~gateway.errors.ConfigErrors` is raised with all of
 them, in file and line order. Warnings (EMS "Configuration warning" lines) do not stop the
@@ -146,7 +149,8 @@ def _check_transport_refs(
 def _check_import_names(
     topics: DestinationTable, queues: DestinationTable, errors: list[ConfigError]
 ) -> None:
-    """Seed L16383-16388: a topic and a queue of one name may not both import."""
+    """EMS User's Guide, chapter "Working With TIBCO Rendezvous", "Import Issues": a topic and
+    a queue of one name may not both import."""
     for q in queues.entries():
         t = topics.get(q.name)
         if t is not None and t.own.get("imports") and q.own.get("imports"):

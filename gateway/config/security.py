@@ -5,27 +5,30 @@ How this works. The three files are parsed into :class:`User`, :class:`Group` an
 *may this user log in* (:meth:`Security.authenticate`) and *does this user hold this
 permission on this destination* (:meth:`Security.check`, :meth:`Security.admin_check`).
 The core decides *when* to ask: only with ``authorization`` enabled, and for destination
-permissions only on ``secure`` destinations (seed L11654-11672).
+permissions only on ``secure`` destinations (TIBCO EMS User's Guide,
+"When Permissions Are Checked").
 
-Permissions have positive boolean inheritance (seed L3224-3241, L11553-11647): a user holds
-the union of the grants made to the user, to each group the user belongs to and to the
-predefined group ``all`` (every user, including ``anonymous``); a grant on a wildcard
-(``foo.*``) covers every name it matches, and, for a wildcard subscription, every wildcard
-it contains (:func:`gateway.subject.contains`). Nothing revokes what another grant gives.
+Permissions have positive boolean inheritance (EMS User's Guide, "Inheritance of Permissions";
+"User Permissions"): a user holds the union of the grants made to the user, to each group the
+user belongs to and to the predefined group ``all`` (every user, including ``anonymous``); a
+grant on a wildcard (``foo.*``) covers every name it matches, and, for a wildcard subscription,
+every wildcard it contains (:func:`gateway.subject.contains`). Nothing revokes what another
+grant gives.
 
 File formats::
 
-    users.conf    username:password:"description"      (seed L10801-10840)
-    groups.conf   group-name:"description"              (seed L10213-10242)
+    users.conf    username:password:"description"      (EMS User's Guide, "users.conf")
+    groups.conf   group-name:"description"              (EMS User's Guide, "groups.conf")
                   member-user-name                       one per line, after its group
-    acl.conf      TOPIC=name USER=u PERM=p1,p2           (seed L9726-9772)
+    acl.conf      TOPIC=name USER=u PERM=p1,p2           (EMS User's Guide, "acl.conf")
                   QUEUE=name GROUP=g PERM=...
                   ADMIN USER=u PERM=...
 
 A password is plain text, empty (anyone giving the user name and no password may log in,
 as EMS's blank passwords), or a hash made by :func:`hash_password`:
 ``$pbkdf2-sha256$<iterations>$<salt>$<digest>`` (salt and digest base64url, unpadded).
-Names are at most 127 characters and may not contain ``:`` (seed L4880, L10801-10810).
+Names are at most 127 characters and may not contain ``:`` (EMS User's Guide,
+"Naming Conventions"; "users.conf").
 """
 
 from __future__ import annotations
@@ -43,19 +46,22 @@ from gateway import subject
 from gateway.config.files import SourceLine
 from gateway.errors import ConfigError, InvalidDestinationError
 
-MAX_NAME = 127  # seed L4880, L10222
+MAX_NAME = 127  # EMS User's Guide, "Naming Conventions"; "groups.conf"
 HASH_PREFIX = "$pbkdf2-sha256$"
 PBKDF2_ITERATIONS = 200_000
 MAX_CACHED_CHECKS = 65_536
-ALL_GROUP = "all"  # seed L9749-9750: predefined group of every user
-ADMIN_USER = "admin"  # seed L10926-10938: predefined administrator, cannot be restricted
+ALL_GROUP = "all"  # EMS User's Guide, "acl.conf": predefined group of every user
+# EMS User's Guide, "Predefined Administrative User and Group": predefined administrator,
+# cannot be restricted
+ADMIN_USER = "admin"
 ADMIN_GROUP = "$admin"  # members hold every administrator permission
-ANONYMOUS = "anonymous"  # seed L6209-6211: connections without a user name
+# EMS User's Guide, "Command Listing", show connections: connections without a user name
+ANONYMOUS = "anonymous"
 
 TOPIC_PERMS = frozenset({"publish", "subscribe", "durable", "use_durable"})  # Table 49
 QUEUE_PERMS = frozenset({"send", "receive", "browse"})  # Table 48
 DEST_ADMIN_PERMS = frozenset({"view", "create", "delete", "modify", "purge"})  # Table 46
-ADMIN_PERMS = frozenset(  # Table 45, seed L11015-11104
+ADMIN_PERMS = frozenset(  # EMS User's Guide, Table 45 "Global administrator permissions"
     {
         "all", "view-all", "change-acl", "change-admin-acl", "change-bridge",
         "change-connection", "create-destination", "modify-destination",
@@ -72,7 +78,8 @@ PERMS: dict[str, frozenset[str]] = {
     "queue": QUEUE_PERMS | DEST_ADMIN_PERMS,
     "admin": ADMIN_PERMS,
 }
-# seed L11092-11096, L11143-11145: any change/modify permission implies the view one
+# EMS User's Guide, "Global Administrator Permissions"; "Destination-Level Permissions": any
+# change/modify permission implies the view one
 _ADMIN_IMPLIES: dict[str, tuple[str, ...]] = {
     "view-acl": ("change-acl",),
     "view-admin-acl": ("change-admin-acl",),
@@ -89,7 +96,8 @@ _ADMIN_IMPLIES: dict[str, tuple[str, ...]] = {
     "view-server": ("change-server",),
     "view-user": ("change-user", "view-group", "change-group"),
 }  # fmt: skip
-# destination-level admin permission -> the global ones that override it (seed L11116-11117)
+# destination-level admin permission -> the global ones that override it (EMS User's Guide,
+# "Destination-Level Permissions")
 _DEST_GLOBAL: dict[str, tuple[str, ...]] = {
     "view": ("view-destination",) + _ADMIN_IMPLIES["view-destination"],
     "create": ("create-destination",),
@@ -272,7 +280,8 @@ class Security:
         held = self.permissions(user, kind, name)
         ok = perm in held
         if not ok and perm == "view":
-            ok = bool(held & {"create", "delete", "modify", "purge"})  # seed L11143-11145
+            # EMS User's Guide, "Destination-Level Permissions"
+            ok = bool(held & {"create", "delete", "modify", "purge"})
         if not ok and perm in _DEST_GLOBAL:
             ok = any(self.admin_check(user, g) for g in _DEST_GLOBAL[perm])
         if len(self._cache) >= MAX_CACHED_CHECKS:
@@ -283,9 +292,9 @@ class Security:
     def admin_check(self, user: str | None, perm: str) -> bool:
         """Whether ``user`` holds the global administrator permission ``perm`` (Table 45).
 
-        ``admin`` and members of ``$admin`` hold them all (seed L10926-10938); ``all``
-        grants every one, ``view-all`` every ``view-*`` one, and a change permission
-        implies its view permission.
+        ``admin`` and members of ``$admin`` hold them all (EMS User's Guide,
+        "Predefined Administrative User and Group"); ``all`` grants every one, ``view-all``
+        every ``view-*`` one, and a change permission implies its view permission.
         """
         if perm not in ADMIN_PERMS:
             raise ValueError(f"{perm!r} is not an administrator permission")
@@ -330,8 +339,8 @@ class Security:
         group: str | None = None,
     ) -> bool:
         """Remove permissions granted *directly* by entries for exactly this principal and
-        name (admin ``revoke``). Grants through groups or wildcards stay (seed L3238-3241).
-        Returns whether anything was removed."""
+        name (admin ``revoke``). Grants through groups or wildcards stay (EMS User's Guide,
+        "Inheritance of Permissions"). Returns whether anything was removed."""
         target = make_acl_entry(kind, name, perms, user=user, group=group)
         changed = False
         kept: list[AclEntry] = []
@@ -422,7 +431,7 @@ _ACL_KEY = re.compile(r"(?:^|\s)(TOPIC|QUEUE|USER|GROUP|PERM)\s*=\s*", re.IGNORE
 
 
 def parse_users(lines: list[SourceLine] | None, errors: list[ConfigError]) -> list[User]:
-    """``username:password:"description"`` lines (seed L10801-10840)."""
+    """``username:password:"description"`` lines (EMS User's Guide, "users.conf")."""
     users: dict[str, User] = {}
     for sl in lines or ():
         m = _USER_LINE.fullmatch(sl.text)
@@ -454,7 +463,8 @@ def parse_groups(
     errors: list[ConfigError],
     warnings: list[str],
 ) -> list[Group]:
-    """``group:"description"`` lines, each followed by member names (seed L10213-10242)."""
+    """``group:"description"`` lines, each followed by member names (EMS User's Guide,
+    "groups.conf")."""
     known = set(users)
     groups: dict[str, tuple[Group, list[str]]] = {}
     current: list[str] | None = None
@@ -515,7 +525,7 @@ def parse_acl(
     errors: list[ConfigError],
     warnings: list[str],
 ) -> list[AclEntry]:
-    """``TOPIC=… USER=… PERM=…`` lines (seed L9726-9772)."""
+    """``TOPIC=… USER=… PERM=…`` lines (EMS User's Guide, "acl.conf")."""
     known_users, known_groups = set(users), set(groups) | {ALL_GROUP, ADMIN_GROUP}
     out: list[AclEntry] = []
     for sl in lines or ():

@@ -1,13 +1,13 @@
 """``transports.conf``: the gateway's connections, as a client, to systems outside it.
 
-How this works. The file follows EMS's grammar (seed L10613-10749, ems.md §5.2): one
+How this works. The file follows EMS's grammar (TIBCO EMS User's Guide, "transports.conf"): one
 ``[name]`` section per transport, then ``key = value`` lines; ``type`` is required. Sections
 are collected first and validated whole, so ``type`` may come anywhere in its section. The
 result is one :class:`TransportDef` per section whose ``params`` holds every parameter of
 its type, typed and defaulted (``None`` where there is no default). Durations are float
 seconds, sizes bytes, paths absolute.
 
-Common parameters (every type; seed L10639-10678, ems.md §5.3):
+Common parameters (every type; EMS User's Guide, "transports.conf"):
 
 ========================  =====================  =============================================
 ``type``                  (required)             ``mqtt``, ``amqp``, ``stomp`` or ``rv`` (alias
@@ -19,9 +19,11 @@ Common parameters (every type; seed L10639-10678, ems.md §5.3):
 ``export_headers``        true                   carry JMS headers on exported messages
 ``export_properties``     true                   carry JMS properties on exported messages
 ``inbound_queue_policy``  ``DISCARD_NONE``       ``POLICY:max_msgs:qty_discard`` (alias
-                                                 ``rv_queue_policy``; seed L16136-16169); a bad
-                                                 value is a warning and means DISCARD_NONE
-                                                 (seed L22712-22728) → :class:`QueuePolicy`
+                                                 ``rv_queue_policy``; EMS User's Guide,
+                                                 "Configuring Transports for Rendezvous",
+                                                 rv_queue_policy); a bad value is a warning and
+                                                 means DISCARD_NONE (EMS User's Guide, appendix
+                                                 "Error and Status Messages") → :class:`QueuePolicy`
 ``required``              false                  the gateway stops if this transport cannot start
 ``max_hops``              8                      drop imported messages that crossed more
                                                  gateways than this (loop prevention)
@@ -50,7 +52,8 @@ unlimited; ``spool_policy`` (``block`` | ``reject``) when the spool is full; ``t
           (``/queue/``), ``client_id``, ``durable_subscriptions`` (false; topic imports).
           ``params["url"]``, ``["host"]`` and ``["port"]`` are always set
 ``rv``    ``service`` (UDP port; 7500), ``network`` (""), ``daemon`` (""),
-          ``temp_destination_timeout`` (60 s; seed L16171-16177)
+          ``temp_destination_timeout`` (60 s; EMS User's Guide,
+          "Configuring Transports for Rendezvous", temp_destination_timeout)
 ========  ===========================================================================
 """
 
@@ -82,11 +85,13 @@ _TYPE_ALIASES = {"tibrv": "rv"}
 _SECTION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_TRANSPORT_NAME = 127
-DISCARD_TOO_SMALL_FRACTION = 10  # seed L22712-22714: "at least 10% of the maxEvents"
+# EMS User's Guide, appendix "Error and Status Messages": "at least 10% of the maxEvents"
+DISCARD_TOO_SMALL_FRACTION = 10
 
 
 class DiscardPolicy(enum.Enum):
-    """What a full inbound queue drops (seed L16136-16169)."""
+    """What a full inbound queue drops (EMS User's Guide,
+    "Configuring Transports for Rendezvous", rv_queue_policy)."""
 
     NONE = "DISCARD_NONE"
     FIRST = "DISCARD_FIRST"  # the oldest, next to be dispatched
@@ -283,7 +288,8 @@ SPECS: dict[str, Spec] = {
 
 
 def parse_queue_policy(value: str, warn: Callable[[str], None]) -> QueuePolicy:
-    """Parse ``POLICY:max_msgs:qty_discard`` with EMS's rules (seed L22712-22728).
+    """Parse ``POLICY:max_msgs:qty_discard`` with EMS's rules (EMS User's Guide, appendix
+    "Error and Status Messages").
 
     Every problem is a warning (passed to ``warn``) and gives ``DISCARD_NONE``, except a
     discard amount under 10% of ``max_msgs``, which warns and keeps the policy.
@@ -393,7 +399,7 @@ def _section(
             errors.append(sl.error(f"expected 'key = value', got {sl.text!r}"))
             continue
         if key == "rv_queue_policy":
-            key = "inbound_queue_policy"  # EMS spelling (seed L10700)
+            key = "inbound_queue_policy"  # EMS spelling (EMS User's Guide, "transports.conf")
         if key in kv:
             what = "transport type" if key == "type" else f"parameter {key!r}"
             errors.append(

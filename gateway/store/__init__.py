@@ -19,7 +19,8 @@ def open_store(kind: str, path: str, sync: bool) -> Store:
     """A new, not yet opened store of ``kind``.
 
     ``path`` is the SQLite database file (its directory is created if missing); the memory
-    store ignores it. ``sync`` asks for an fsync per group commit (ems.md §9.3 ``mode = sync``).
+    store ignores it. ``sync`` asks for an fsync per group commit (TIBCO EMS User's Guide,
+    "stores.conf", ``mode = sync``).
 
     Raises:
         ValueError: ``kind`` is not one of :data:`STORE_KINDS`.

@@ -1,13 +1,15 @@
 """The store interface: what the broker asks of a message store, and what it gets back at open.
 
 How this works. Persistent messages to queues, and to topics with durable subscribers, are
-written on receipt and survive a restart (ems.md §9.1, seed L1190-1240); durable subscription
-and queue definitions are kept with them (EMS keeps these in ``$sys.meta``, seed L1338-1339).
-The broker describes every change as a small call -- a message, an *entry* (a message pending
-on an endpoint, with its delivery count), an endpoint definition, a generic key/value record --
-and ends each unit of work with :meth:`Store.commit`. A store makes each unit durable as a
-whole, many units per disk flush (group commit), and then calls the unit's callback on the
-event loop thread; the producer of a persistent message is confirmed only from there.
+written on receipt and survive a restart (TIBCO EMS User's Guide,
+"How EMS Manages Persistent Messages"); durable subscription and queue definitions are kept
+with them (EMS keeps these in ``$sys.meta``, EMS User's Guide,
+"Store Messages in Multiple Stores"). The broker describes every change as a small call -- a
+message, an *entry* (a message pending on an endpoint, with its delivery count), an endpoint
+definition, a generic key/value record -- and ends each unit of work with :meth:`Store.commit`.
+A store makes each unit durable as a whole, many units per disk flush (group commit), and then
+calls the unit's callback on the event loop thread; the producer of a persistent message is
+confirmed only from there.
 
 Contracts (all calls but :meth:`Store.flush` and :meth:`Store.close` run on the loop thread,
 never block and never raise for I/O reasons; I/O errors come back through ``on_error``):

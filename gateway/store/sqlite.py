@@ -5,10 +5,10 @@ tuple to the current unit of work (encoding a message with :mod:`gateway.serial`
 real piece of work, so a message is captured as it was when it was put). :meth:`commit`
 hands the unit to the writer thread's queue. The writer thread owns the sqlite3 connection:
 it takes *every* queued unit at once, applies them in one transaction and commits -- one
-fsync for the lot with ``synchronous=FULL`` (``sync=True``; EMS's ``mode = sync``, ems.md
-§9.3) -- then posts all the batch's callbacks to the loop with a single
-``call_soon_threadsafe``. While it commits, new units queue up for the next batch, so the
-batch grows with the load and the fsync cost is shared (group commit). With ``sync=False``,
+fsync for the lot with ``synchronous=FULL`` (``sync=True``; EMS's ``mode = sync``,
+TIBCO EMS User's Guide, "stores.conf") -- then posts all the batch's callbacks to the loop with
+a single ``call_soon_threadsafe``. While it commits, new units queue up for the next batch, so
+the batch grows with the load and the fsync cost is shared (group commit). With ``sync=False``,
 ``synchronous=NORMAL`` survives a process crash but may lose the last batches on power loss.
 
 Before executing a batch the writer coalesces it: a message put and deleted in the same
@@ -30,11 +30,12 @@ so one bad unit does not fail the others. A unit that still fails is logged, cou
 its ``on_error`` callback; its success callback is never called. :meth:`flush` raises
 :class:`StoreError` if the unit it waited for failed.
 
-Opening takes an exclusive lock on ``<path>.lock`` (as EMS locks its store files, seed
-L4625-4651), creates or checks the schema, drops entries whose message is gone and messages no
-entry references, and decodes everything left. A record that does not decode stops the start
-(as EMS does, seed L4430-4479) unless the store was made with ``force_start=True``, which
-drops such records and logs them.
+Opening takes an exclusive lock on ``<path>.lock`` (as EMS locks its store files,
+EMS User's Guide, "How EMS Manages Access to Shared Store Files"), creates or checks the
+schema, drops entries whose message is gone and messages no entry references, and decodes
+everything left. A record that does not decode stops the start (as EMS does, EMS User's Guide,
+"Error Recovery Policy") unless the store was made with ``force_start=True``, which drops such
+records and logs them.
 """
 
 from __future__ import annotations

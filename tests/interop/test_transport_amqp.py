@@ -1,6 +1,7 @@
 """The amqp transport against a real RabbitMQ 3.10 (AMQP 1.0 plugin): export, import, spool,
-loops and a nested map body (ems.md §5.7). One node serves the module (it takes ~10 s to
-start); the spool test stops and starts its application, so it runs last."""
+loops and a nested map body (TIBCO EMS User's Guide, chapter "Working With TIBCO Rendezvous",
+"Topics" and "Queues"). One node serves the module (it takes ~10 s to start); the spool test
+stops and starts its application, so it runs last."""
 
 from __future__ import annotations
 
@@ -304,9 +305,10 @@ def test_nested_map_body_round_trip_between_two_gateways(tmp_path, rabbitmq):
 
 
 def test_a_temporary_reply_to_is_answered_across_the_bridge(tmp_path, rabbitmq, amqp):
-    """EMS arranges replies to a temporary JMSReplyTo across a transport (seed L16440-16447):
-    the request goes out with a far address that leads back, a proton responder on RabbitMQ
-    answers it, and the reply reaches the temporary queue; the route goes with the queue."""
+    """EMS arranges replies to a temporary JMSReplyTo across a transport (EMS User's Guide,
+    chapter "Working With TIBCO Rendezvous", "Export Issues"): the request goes out with a far
+    address that leads back, a proton responder on RabbitMQ answers it, and the reply reaches
+    the temporary queue; the route goes with the queue."""
     g = gateway(tmp_path / "gw", rabbitmq.amqp_port, 'svc.> export="far"\n>\n')
     t = g.gateway.transports.transports["far"]
     try:

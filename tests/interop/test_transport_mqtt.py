@@ -1,4 +1,5 @@
-"""The mqtt transport against a real mosquitto: export, import, spool, loops (ems.md §5.7)."""
+"""The mqtt transport against a real mosquitto: export, import, spool, loops
+(TIBCO EMS User's Guide, chapter "Working With TIBCO Rendezvous", "Topics" and "Queues")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The stomp transport against real brokers: RabbitMQ's STOMP plugin and ActiveMQ's STOMP
-connector (export, import, spool, loops; ems.md §5.7).
+connector (export, import, spool, loops; TIBCO EMS User's Guide, chapter
+"Working With TIBCO Rendezvous", "Topics" and "Queues").
 
 Each broker is started once for the module (RabbitMQ takes about 10 s); tests keep apart by
 destination names. The far side is a stomp.py client of its own (:class:`Remote`). The spool
@@ -516,7 +517,8 @@ def test_stomps_to_another_gateway(tmp_path: Path) -> None:
         far.stop()
 
 
-# -- temporary reply-to across the bridge (seed L16440-16447) --------------------------------
+# -- temporary reply-to across the bridge -----------------------------------------------------
+# EMS User's Guide, chapter "Working With TIBCO Rendezvous", "Export Issues".
 
 
 def transport(g: GatewayThread) -> Any:

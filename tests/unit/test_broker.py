@@ -1,7 +1,4 @@
-"""The core broker through the in-process client API: routing, consumers, delivery rules.
-
-Rows of the EMS behavioural catalogue (reference/ems.md §20) are named in the test names.
-"""
+"""The core broker through the in-process client API: routing, consumers, delivery rules."""
 
 from __future__ import annotations
 
@@ -548,8 +545,9 @@ async def test_authorization_and_acl_on_secure_destinations(tmp_path):
 ], ids=["default", "no-anonymous-alone", "authorization", "authorization-no-anonymous"])
 async def test_credential_rules(tmp_path, security, results):
     """Broker.authenticate, the rules every adapter uses: with authorization disabled anyone
-    connects and keeps the name given (seed L11238-11240), allow_anonymous notwithstanding;
-    with it enabled users.conf decides, and a missing or empty name is anonymous."""
+    connects and keeps the name given (TIBCO EMS User's Guide, "Enabling Access Control"),
+    allow_anonymous notwithstanding; with it enabled users.conf decides, and a missing or empty
+    name is anonymous."""
     async with running_broker(tmp_path, gateway=security, users='alice:secret:"Alice"\n') as b:
         cases = [("alice", "secret"), ("alice", "wrong"), ("mallory", "x"), (None, None),
                  ("", "x")]

@@ -50,7 +50,7 @@ def where(errors: list[ConfigError]) -> list[tuple[str, int | None]]:
     return [(os.path.basename(e.file), e.line) for e in errors]
 
 
-# -- shared value syntax (seed L7370-7379) ------------------------------------------------
+# -- shared value syntax (TIBCO EMS User's Guide, "Mechanics of Configuration") -------
 
 
 @pytest.mark.parametrize("word", ["enable", "enabled", "true", "yes", "on", "ON", "Yes"])

@@ -1,5 +1,6 @@
-"""topics.conf / queues.conf: syntax, per-kind rules, inheritance (ems.md §3.5, §20 I1-I7)
-and wildcard-gated dynamic creation (W6-W9)."""
+"""topics.conf / queues.conf: syntax, per-kind rules, inheritance (TIBCO EMS User's Guide,
+"Inheritance") and wildcard-gated dynamic creation (EMS User's Guide,
+"Wildcards and Dynamically Created Destinations")."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def write(d: Path, **files: str) -> Path:
 # -- syntax --------------------------------------------------------------------------
 
 
-def test_seed_example_line() -> None:
-    """seed L10590-10591 (transport names checked by the loader, not here)."""
+def test_guide_example_line() -> None:
+    """EMS User's Guide, "topics.conf" (transport names checked by the loader, not here)."""
     t = table("topic", 'business.inventory global, import="RV01,RV02", export="RV03", maxbytes=1MB')
     p = props(t, "business.inventory")
     assert p.global_ and p.imports == ("RV01", "RV02") and p.exports == ("RV03",)
@@ -59,7 +60,8 @@ def test_seed_example_line() -> None:
 
 
 def test_queue_example_line_and_jndi_names() -> None:
-    """seed L10257: test store=mystore,secure,prefetch=2 — with JNDI names in brackets."""
+    """EMS User's Guide, "queues.conf": test store=mystore,secure,prefetch=2 — with JNDI names
+    in brackets."""
     t = table("queue", "[jq1, jq2]test store=mystore,secure,prefetch=2")
     e = t.get("test")
     assert e is not None and e.jndi_names == ("jq1", "jq2")
@@ -104,7 +106,7 @@ def test_property_names_are_case_insensitive_and_blanks_allowed() -> None:
 
 
 def test_flow_control_without_value_is_256kb() -> None:
-    """F3, seed L2411-2412."""
+    """EMS User's Guide, "Destination Properties", flowControl."""
     assert props(table("queue", "q flowControl"), "q").flow_control_bytes == 256 * 1024
 
 
@@ -134,7 +136,8 @@ def test_flag_accepts_boolean_value() -> None:
 
 
 def test_defaults_per_kind() -> None:
-    assert props(table("queue", "q"), "q").prefetch == 5  # seed L2689-2692
+    # EMS User's Guide, "Destination Properties", prefetch
+    assert props(table("queue", "q"), "q").prefetch == 5
     assert props(table("topic", "t"), "t").prefetch == 64
     assert DestinationTable("queue").default_props().prefetch == 5
     assert DestinationTable("topic").default_props().prefetch == 64
@@ -212,11 +215,11 @@ def test_to_line_round_trips() -> None:
     assert e.to_line().startswith("[j]q ")
 
 
-# -- inheritance (ems.md §3.5, §20) ----------------------------------------------------
+# -- inheritance (EMS User's Guide, "Inheritance") -----------------------------------
 
 
 def test_i1_flags_add_up() -> None:
-    """I1, seed L3177-3181: foo.* secure + foo.bar sender_name -> both."""
+    """EMS User's Guide, "Inheritance of Properties": foo.* secure + foo.bar sender_name -> both."""
     t = table("topic", "foo.* secure\nfoo.bar sender_name")
     p = props(t, "foo.bar")
     assert p.secure and p.sender_name
@@ -224,14 +227,14 @@ def test_i1_flags_add_up() -> None:
 
 
 def test_multiple_ancestors_union() -> None:
-    """seed L3193-3202: > sender_name, foo.* secure, foo.bar trace."""
+    """EMS User's Guide, "Inheritance of Properties": > sender_name, foo.* secure, foo.bar trace."""
     p = props(table("topic", "> sender_name\nfoo.* secure\nfoo.bar trace"), "foo.bar")
     assert p.sender_name and p.secure and p.trace == "on"
     assert p.inherited == {"sender_name", "secure"}
 
 
 def test_i2_smallest_parent_value_wins() -> None:
-    """I2, seed L3204-3211."""
+    """EMS User's Guide, "Inheritance of Properties"."""
     t = table("queue", "> maxbytes=2000\nfoo.* maxbytes=200")
     assert props(t, "foo.bar").maxbytes == 200
     assert props(t, "other").maxbytes == 2000
@@ -244,13 +247,14 @@ def test_i2_same_with_literal_child_entry_without_value() -> None:
 
 
 def test_i3_child_value_overrides_parent() -> None:
-    """I3, seed L3188-3192."""
+    """EMS User's Guide, "Inheritance of Properties"."""
     p = props(table("queue", "foo.* maxbytes=200\nfoo.bar maxbytes=2000"), "foo.bar")
     assert p.maxbytes == 2000 and "maxbytes" not in p.inherited
 
 
 def test_i4_disjoint_channel_overlap_fails_at_load() -> None:
-    """I4, seed L3039-3045: the second definition fails, naming the first."""
+    """EMS User's Guide, "Overlapping Wildcards and Disjoint Properties": the second definition
+    fails, naming the first."""
     errors = bad(
         "topic",
         "topic.multicast.> channel=m1\nother\ntopic.multicast.quotes.* channel=m2",
@@ -284,7 +288,7 @@ def test_disjoint_conflict_at_resolve_time(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_i5_prefetch_largest_non_zero_parent() -> None:
-    """I5, seed L2776-2777: parents none and 10 -> 10."""
+    """EMS User's Guide, "Destination Properties", prefetch: parents none and 10 -> 10."""
     t = table("queue", "foo.* prefetch=none\nfoo.> prefetch=10\n*.bar prefetch=3")
     p = props(t, "foo.bar")
     assert p.prefetch == 10 and "prefetch" in p.inherited
@@ -307,13 +311,14 @@ def test_prefetch_child_own_value_wins() -> None:
 
 
 def test_prefetch_none_is_reset_for_an_inherited_global_queue() -> None:
-    """seed L22296-22297: none is illegal for global queues; reset to default."""
+    """EMS User's Guide, appendix "Error and Status Messages": none is illegal for global
+    queues; reset to default."""
     t = table("queue", "> global\nq.* prefetch=none")
     assert props(t, "q.x").prefetch == 5
 
 
 def test_i6_reject_incoming_beats_discard_old() -> None:
-    """I6, seed L2592-2597."""
+    """EMS User's Guide, "Destination Properties", overflowPolicy."""
     t = table("queue", "a.* overflowPolicy=discardOld\n*.b overflowPolicy=rejectIncoming\n>")
     assert props(t, "a.b").overflow_policy is OverflowPolicy.REJECT_INCOMING
     assert props(t, "a.c").overflow_policy is OverflowPolicy.DISCARD_OLD
@@ -331,7 +336,7 @@ def test_overflow_child_non_default_wins_default_does_not() -> None:
 
 
 def test_i7_inherited_properties_are_marked() -> None:
-    """I7, seed L6556: inherited values show with '*'."""
+    """EMS User's Guide, "Command Listing", show queues: inherited values show with '*'."""
     t = table("queue", "foo.* secure, maxbytes=200\nfoo.bar maxmsgs=5, trace")
     p = props(t, "foo.bar")
     assert p.inherited == {"secure", "maxbytes"}
@@ -358,7 +363,8 @@ def test_trace_body_beats_on_and_lists_union_in_order() -> None:
 
 
 def test_child_zero_does_not_override_parent_limit() -> None:
-    """seed L2478, L2514: zero and unset mean the same (no limit)."""
+    """EMS User's Guide, "Destination Properties", maxbytes and maxmsgs: zero and unset mean
+    the same (no limit)."""
     t = table("queue", "> maxmsgs=100\nq maxmsgs=0")
     assert props(t, "q").maxmsgs == 100
 
@@ -367,7 +373,7 @@ def test_own_literal_entry_without_parents_has_no_inherited() -> None:
     assert props(table("queue", "q secure"), "q").inherited == frozenset()
 
 
-# -- dynamic creation (W6-W9, seed L3113-3148) -----------------------------------------
+# -- dynamic creation (EMS User's Guide, "Wildcards and Dynamically Created Destinations") ---
 
 
 def test_w6_topic_wildcard_allows_matching_dynamic_topic() -> None:
@@ -501,7 +507,7 @@ def test_unknown_transport_in_import_list_is_an_error(tmp_path: Path) -> None:
 
 
 def test_t6_topic_and_queue_of_one_name_may_not_both_import(tmp_path: Path) -> None:
-    """T6, seed L16383-16388."""
+    """EMS User's Guide, chapter "Working With TIBCO Rendezvous", "Import Issues"."""
     write(
         tmp_path,
         topics='foo.bar import="rv"\nother import="rv"\n',

@@ -1,5 +1,6 @@
 """users.conf, groups.conf, acl.conf and Security: authentication and positive inheritance
-of permissions (ems.md §6.4-6.5, §13; §20 SEC2)."""
+of permissions (TIBCO EMS User's Guide, "acl.conf", "users.conf" and "groups.conf"; chapter
+"Authentication and Permissions")."""
 
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ def test_authenticate(tmp_path: Path) -> None:
     assert not sec.authenticate("bob", "plain")
     assert sec.authenticate("carol", "") and sec.authenticate("carol", None)
     assert not sec.authenticate("carol", "x")
-    assert sec.authenticate("admin", "")  # seed L10827: blank password with blanks around
+    # EMS User's Guide, "users.conf": blank password with blanks around
+    assert sec.authenticate("admin", "")
     assert not sec.authenticate("dave", "")
     assert not sec.authenticate(None, "")
     assert sec.users["alice"].description == "Alice"
@@ -118,7 +120,7 @@ def test_duplicate_user(tmp_path: Path) -> None:
 
 
 def test_groups_and_the_all_group(tmp_path: Path) -> None:
-    """seed L10213-10242 example: administrators with admin and Bob."""
+    """EMS User's Guide, "groups.conf" example: administrators with admin and Bob."""
     sec, warnings = load_security(
         tmp_path,
         users="admin:\nBob:\nEve:\n",
@@ -162,7 +164,7 @@ def test_group_warnings(tmp_path: Path) -> None:
 
 
 def test_acl_forms(tmp_path: Path) -> None:
-    """seed L9770-9772 example, including the blank after a comma."""
+    """EMS User's Guide, "acl.conf" example, including the blank after a comma."""
     sec, warnings = load_security(
         tmp_path,
         users="user2:\nsys-admins:\n",
@@ -251,7 +253,8 @@ def test_direct_grant() -> None:
 
 
 def test_wildcard_grant_covers_matching_names() -> None:
-    """seed L3232-3236: publish on foo.* covers foo.bar and foo.new."""
+    """EMS User's Guide, "Inheritance of Permissions": publish on foo.* covers foo.bar and
+    foo.new."""
     sec = security("TOPIC=foo.* USER=alice PERM=publish\nQUEUE=> USER=bob PERM=receive")
     assert sec.check("alice", "topic", "foo.bar", "publish")
     assert sec.check("alice", "topic", "foo.new", "publish")
@@ -260,7 +263,8 @@ def test_wildcard_grant_covers_matching_names() -> None:
 
 
 def test_wildcard_subscription_needs_a_containing_grant() -> None:
-    """seed L12109-12132: foo.> contains foo.bar.*; foo.bar.* only intersects foo.*.baz."""
+    """EMS User's Guide, "Implications of Wildcards on Permissions": foo.> contains foo.bar.*;
+    foo.bar.* only intersects foo.*.baz."""
     sec = security("TOPIC=foo.> USER=alice PERM=durable\nTOPIC=foo.bar.* USER=bob PERM=durable")
     assert sec.check("alice", "topic", "foo.bar.*", "durable")
     assert sec.check("alice", "topic", "foo.*.baz", "durable")
@@ -298,7 +302,7 @@ def test_union_of_user_and_group_permissions() -> None:
 
 
 def test_sec2_revoking_a_direct_grant_keeps_inherited_ones() -> None:
-    """SEC2, seed L3231-3238, L11642-11647."""
+    """EMS User's Guide, "Inheritance of Permissions"; "User Permissions"."""
     sec = security(
         "TOPIC=foo.* GROUP=g PERM=publish\nTOPIC=foo.bar USER=bob PERM=publish,subscribe",
         groups='g:"x"\nbob\n',
@@ -336,7 +340,7 @@ def test_check_rejects_unknown_permission() -> None:
 
 
 def test_destination_admin_permissions() -> None:
-    """seed L11141-11145: create/modify/delete/purge imply view."""
+    """EMS User's Guide, "Destination-Level Permissions": create/modify/delete/purge imply view."""
     sec = security("QUEUE=acct.* USER=alice PERM=modify")
     assert sec.check("alice", "queue", "acct.x", "modify")
     assert sec.check("alice", "queue", "acct.x", "view")
@@ -345,7 +349,7 @@ def test_destination_admin_permissions() -> None:
 
 
 def test_global_admin_permission_overrides_destination_level() -> None:
-    """seed L11116-11117."""
+    """EMS User's Guide, "Destination-Level Permissions"."""
     sec = security("ADMIN USER=bob PERM=modify-destination")
     assert sec.check("bob", "queue", "any", "modify")
     assert sec.check("bob", "topic", "any", "view")

@@ -1,5 +1,6 @@
-"""transports.conf: sections, types, typed parameters, the inbound queue policy (ems.md §5.2,
-§5.3, §5.6; §20 T16) and the warnings about unused or disabled transports."""
+"""transports.conf: sections, types, typed parameters, the inbound queue policy
+(TIBCO EMS User's Guide, "transports.conf"; "Configuring Transports for Rendezvous",
+rv_queue_policy) and the warnings about unused or disabled transports."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def test_mqtt_transport_is_typed_and_defaulted(tmp_path: Path) -> None:
 
 
 def test_import_dm_defaults_to_non_persistent(tmp_path: Path) -> None:
-    """seed L10639-10678."""
+    """EMS User's Guide, "transports.conf"."""
     ts, _ = load(tmp_path, "[r]\ntype = rv\n", topics=uses("r"))
     assert ts["r"].params["topic_import_dm"] is DeliveryMode.NON_PERSISTENT
     assert ts["r"].params["queue_import_dm"] is DeliveryMode.NON_PERSISTENT
@@ -213,7 +214,9 @@ def test_tls_files_on_a_plain_url_are_a_warning(tmp_path: Path) -> None:
     assert len(warnings) == 1 and "transports.conf:4: tls_ca is ignored" in warnings[0]
 
 
-# -- inbound queue policy (rv_queue_policy, seed L16136-16169, L22712-22728) -------------
+# -- inbound queue policy (rv_queue_policy) --------------------------------------------
+# EMS User's Guide, "Configuring Transports for Rendezvous", rv_queue_policy; appendix
+# "Error and Status Messages".
 
 
 def policy(value: str) -> tuple[QueuePolicy, list[str]]:
@@ -231,14 +234,15 @@ def test_queue_policy_valid_forms() -> None:
 
 
 def test_t16_discard_amount_too_big_falls_back_to_none() -> None:
-    """T16, seed L22716-22717."""
+    """EMS User's Guide, appendix "Error and Status Messages"."""
     p, w = policy("TIBRVQUEUE_DISCARD_LAST:100:200")
     assert p == QueuePolicy(DiscardPolicy.NONE, 0, 0)
     assert len(w) == 1 and "too big" in w[0] and "DISCARD_NONE" in w[0]
 
 
 def test_discard_amount_too_small_warns_but_keeps_the_policy() -> None:
-    """seed L22712-22714: at least 10% of max is recommended."""
+    """EMS User's Guide, appendix "Error and Status Messages": at least 10% of max is
+    recommended."""
     p, w = policy("TIBRVQUEUE_DISCARD_FIRST:10000:100")
     assert p == QueuePolicy(DiscardPolicy.FIRST, 10000, 100)
     assert len(w) == 1 and "too small" in w[0]

@@ -1,4 +1,5 @@
-"""Message selectors: syntax, three-valued logic and typing (reference/ems.md §4.2, §20 S1-S10).
+"""Message selectors: syntax, three-valued logic and typing (TIBCO EMS User's Guide,
+"Message Selectors").
 
 Each table row is (selector, properties or headers, expected), where expected is the
 three-valued result: True, False or None (UNKNOWN). A row is checked twice: the selector
@@ -306,7 +307,7 @@ PROPERTY_ROWS: list[tuple[str, dict[str, Any], bool | None]] = [
     ("andy", {"andy": True}, T),
     ("éclair = 'x'", {"éclair": "x"}, T),
     ("nulls IS NULL", {}, T),
-    # -- literal forms (seed L1722-1733; Java literal syntax)
+    # -- literal forms (EMS User's Guide, "Message Selectors"; Java literal syntax)
     ("a = 57", {"a": 57}, T),
     ("a = -957", {"a": -957}, T),
     ("a = +62", {"a": 62}, T),
@@ -333,7 +334,7 @@ PROPERTY_ROWS: list[tuple[str, dict[str, Any], bool | None]] = [
     ("a = 9223372036854775807", {"a": Int64(2**63 - 1)}, T),
     ("a = - -9223372036854775808", {"a": Int64(-(2**63))}, T),  # -Long.MIN_VALUE wraps
     ("a = -(-(-(9223372036854775807)))", {"a": -(2**63) + 1}, T),
-    # -- white space (seed L1813-1814) and precedence NOT > AND > OR
+    # -- white space (EMS User's Guide, "Message Selectors") and precedence NOT > AND > OR
     ("a\t=\n1\fAND\r\nb = 2", {"a": 1, "b": 2}, T),
     ("a = 1 OR b = 1 AND c = 1", {"a": 1, "b": 0, "c": 0}, T),
     ("(a = 1 OR b = 1) AND c = 1", {"a": 1, "b": 0, "c": 0}, F),
@@ -392,7 +393,7 @@ def test_headers_and_properties_together() -> None:
     assert not s.matches(_msg({"color": "blue"}, priority=9))
 
 
-# -- three-valued logic truth tables (seed L1735-1741; SQL / Kleene) -----------------------
+# -- three-valued logic truth tables (EMS User's Guide, "Message Selectors"; SQL / Kleene) ---
 
 AND_TABLE = {
     (T, T): T, (T, F): F, (T, U): U,
@@ -624,7 +625,8 @@ def test_long_flat_selectors() -> None:
 
 
 def test_26_way_or_from_the_guide() -> None:
-    """The selector of seed L8153-8157 (with the OCR's '1=12' and 'g=17' repaired)."""
+    """The 26-way OR of the selector_logical_operator_limit example (EMS User's Guide,
+    "tibemsd.conf"), read as a=1 ... z=26."""
     text = " or ".join(chr(ord("a") + i) + "=" + str(i + 1) for i in range(26))
     s = _sel(text)
     assert s.matches(_msg({"z": 26}))

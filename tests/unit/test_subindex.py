@@ -37,7 +37,7 @@ def one(pattern: str, **kw: bool) -> tuple[SubIndex, Sub]:
     return idx, s
 
 
-# -- EMS catalogue: ems.md §20 W1-W4, §3.4 (seed L3014-3028) ---------------------------------
+# -- wildcards (TIBCO EMS User's Guide, "Wildcards") -----------------------------------------
 
 CATALOGUE = [
     # (pattern, matching names, non-matching names)
@@ -319,7 +319,9 @@ def test_has_interest() -> None:
     assert idx.has_interest("foo.bar.x")
     assert not idx.has_interest("foo.bar")
     assert idx.has_interest("foo.>")
-    assert idx.has_interest("foo.*.baz")  # intersects foo.bar.* at foo.bar.baz (L12109-12132)
+    # intersects foo.bar.* at foo.bar.baz (EMS User's Guide,
+    # "Implications of Wildcards on Permissions")
+    assert idx.has_interest("foo.*.baz")
     assert not idx.has_interest("foo.*")
     assert idx.has_interest("*.*.*")
     assert not idx.has_interest("foo.*.*.*")  # news.> would meet *.*.*.*, not foo.*.*.*

@@ -52,7 +52,8 @@ def test_widths_keep_their_type_and_still_compute():
         Char("ab")
 
 
-# The JMS conversion table (seed L1817-1840): (value, target, expected or exception).
+# The JMS conversion table (TIBCO EMS User's Guide, "Data Type Conversion"): (value, target,
+# expected or exception).
 CONVERSIONS = [
     (True, "boolean", True), (True, "String", "true"), (True, "int", MessageFormatError),
     (Int8(5), "byte", Int8(5)), (Int8(5), "short", Int16(5)), (Int8(5), "int", Int32(5)),

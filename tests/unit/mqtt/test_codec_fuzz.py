@@ -1,6 +1,6 @@
 """Hypothesis against the MQTT codec.
 
-Two properties (style-study rules 22-23):
+Two properties:
 
 * whatever bytes arrive -- random, random bodies behind valid fixed headers, or the byte
   vectors with a byte changed, cut or inserted -- the codec returns packets or raises a
