@@ -1,4 +1,4 @@
-"""AMQP 1.0 benchmark: the gateway against RabbitMQ, same load, same run (issue 4).
+"""AMQP 1.0 benchmark: the gateway against RabbitMQ, same load, same run.
 
     .venv/bin/python tests/bench/bench_amqp.py                      # defaults below
     .venv/bin/python tests/bench/bench_amqp.py --brokers rabbitmq --queue-count 20000 \\
@@ -45,7 +45,7 @@ of 64 bytes through a pipe, and the clock stops at the last message. RabbitMQ 3.
 deletes the queues of ``/topic`` links, so those of earlier runs are deleted (rabbitmqctl)
 before each run; otherwise they would collect copies of every later message.
 
-Target (issue 4): the gateway at least matches RabbitMQ on both paths, so every ratio
+Target: the gateway at least matches RabbitMQ on both paths, so every ratio
 gateway / RabbitMQ should be >= 1. Measured on one machine, clients and broker share its
 CPUs: read the CPU columns before the ratios.
 """
@@ -102,7 +102,7 @@ START_TIMEOUT = 20.0  # the gateway opens its store before it listens
 STALL_TIMEOUT = 30.0
 # A client using more than this share of its one core is probably what limits the figure.
 CLIENT_BOUND = 0.9
-TARGET_VS_RABBITMQ = 1.0  # issue 4: the gateway at least matches RabbitMQ on both paths
+TARGET_VS_RABBITMQ = 1.0  # the gateway at least matches RabbitMQ on both paths
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # The figures: key, label, path.
@@ -621,7 +621,7 @@ def report(results: dict[str, Result], info: dict[str, str], args: argparse.Name
     if gw is None or rmq is None:
         return
     print(
-        "\nratios gateway / RabbitMQ against issue 4's target (the gateway at least matches "
+        "\nratios gateway / RabbitMQ against the target (the gateway at least matches "
         "RabbitMQ):"
     )
     for key, label, _ in FIGURES:

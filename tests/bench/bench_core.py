@@ -7,7 +7,7 @@ unless --default-gc.
 
 1. In-process publish → deliver of NON_PERSISTENT messages: one producer, one topic, one
    subscriber (NO_ACKNOWLEDGE session, listener counts), delivery log on unless --no-log.
-   Target (issue 2): over 200k messages/s on one core.
+   Target: over 200k messages/s on one core.
 2. The same through a queue with AUTO acknowledgement (publish, deliver, ack).
 3. PERSISTENT sends to a queue on the SQLite store with fsync on, group commit: the producer
    keeps up to --window unconfirmed sends in flight (a sliding window: a confirmation lets

@@ -1,4 +1,4 @@
-"""MQTT benchmark: the gateway against mosquitto and amqtt, same load, same run (issue 3).
+"""MQTT benchmark: the gateway against mosquitto and amqtt, same load, same run.
 
     .venv/bin/python tests/bench/bench_mqtt.py                       # defaults below
     .venv/bin/python tests/bench/bench_mqtt.py --qos0-count 20000 --qos1-count 5000 \\
@@ -36,7 +36,7 @@ mosquitto runs with ``max_queued_messages 0`` (no limit): its default of 1000 qu
 messages per client would drop messages whenever the subscriber falls behind, and the run
 would never reach N. amqtt's and the gateway's queues are not limited either.
 
-Targets (issue 3): QoS 0 at least half of mosquitto's and at least 5x amqtt's; QoS 1 at
+Targets: QoS 0 at least half of mosquitto's and at least 5x amqtt's; QoS 1 at
 least mosquitto's; under 8 KB per idle connection.
 """
 
@@ -86,7 +86,7 @@ STALL_TIMEOUT = 30.0
 STALL_AFTER_PUBLISHER = 5.0  # ... or this long once the publisher has exited
 FD_MARGIN = 200  # descriptors kept free beyond the idle connections (pipes, logs, venv, ...)
 
-# Targets from issue 3.
+# The targets (module docstring).
 TARGET_QOS0_VS_MOSQUITTO = 0.5
 TARGET_QOS0_VS_AMQTT = 5.0
 TARGET_QOS1_VS_MOSQUITTO = 1.0
@@ -601,7 +601,7 @@ def report(results: dict[str, Result], idle_count: int, idle_wanted: int,
     gw = results.get("gateway")
     if gw is None:
         return
-    print("\nratios (gateway / other) against issue 3's targets:")
+    print("\nratios (gateway / other) against the targets:")
 
     def ratio(label: str, mine: float | None, other: float | None, target: float) -> None:
         if mine is None or other is None or other == 0:

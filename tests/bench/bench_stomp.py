@@ -1,6 +1,6 @@
 """STOMP benchmark: the gateway against RabbitMQ's STOMP plugin and ActiveMQ's STOMP connector,
-same load, same run (issue: "STOMP send -> STOMP subscribe through the gateway, side by side
-with RabbitMQ and ActiveMQ; target: at least RabbitMQ's throughput").
+same load, same run: STOMP send -> STOMP subscribe through the gateway, side by side with
+RabbitMQ and ActiveMQ. Target: at least RabbitMQ's throughput.
 
     .venv/bin/python tests/bench/bench_stomp.py                       # defaults below
     .venv/bin/python tests/bench/bench_stomp.py --brokers rabbitmq,activemq --n 50000 --runs 1
@@ -115,7 +115,7 @@ START_TIMEOUT = 20.0  # the gateway opens its store before it listens
 STALL_TIMEOUT = 30.0
 # How long a client process may take to start and connect.
 READY_TIMEOUT = 60.0
-TARGET_VS_RABBITMQ = 1.0  # the issue: at least RabbitMQ's throughput
+TARGET_VS_RABBITMQ = 1.0  # target: at least RabbitMQ's throughput
 # Warm-up runs go on until one is within this share of the one before (or --warmup-runs).
 # ActiveMQ's JVM needs 250k to 300k messages of a path before its JIT has compiled it (its
 # rate climbs from 5k to 50k msgs/s meanwhile); RabbitMQ and the gateway have no JIT.

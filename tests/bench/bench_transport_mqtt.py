@@ -1,4 +1,4 @@
-"""The mqtt transport against mosquitto's own bridge, same load, same run (issue 6).
+"""The mqtt transport against mosquitto's own bridge, same load, same run.
 
     .venv/bin/python tests/bench/bench_transport_mqtt.py                 # defaults below
     .venv/bin/python tests/bench/bench_transport_mqtt.py --n 20000 --runs 1 \\
@@ -134,7 +134,7 @@ SCENARIOS = ("export", "import", "loss")
 START_TIMEOUT = 20.0  # the gateway opens its store before it listens
 STALL_TIMEOUT = 30.0  # a throughput run with nothing arriving for this long has failed
 UNLIMITED = ["max_queued_messages 0"]
-TARGET_RATIO = 1.0  # issue 6: at least the throughput of mosquitto's bridge at QoS 1
+TARGET_RATIO = 1.0  # target: at least the throughput of mosquitto's bridge at QoS 1
 
 
 def payloads(n: int) -> bytes:

@@ -1,5 +1,5 @@
 """Bad AMQP input gets the right error condition on the right performative; nothing accepted
-is lost (issue 4, "Bad input")."""
+is lost."""
 
 from __future__ import annotations
 

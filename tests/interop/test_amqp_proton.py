@@ -1,4 +1,4 @@
-"""python-qpid-proton clients against the gateway's AMQP 1.0 server (issue 4): send, receive,
+"""python-qpid-proton clients against the gateway's AMQP 1.0 server: send, receive,
 request/reply, selectors, durable and shared subscriptions, transactions, browsing,
 settlement outcomes and credit."""
 

@@ -201,7 +201,7 @@ async def test_imported_messages_are_not_exported_again(tmp_path):
 
 
 async def test_a_transport_type_not_built_is_a_config_error(tmp_path):
-    # The RV-style bus comes with its own issue; until then its type is not in the build.
+    # The RV-style bus is not built yet; its type is not in the build.
     async with running_broker(tmp_path, gateway="rv_transports = enabled\n",
                               topics='a export="s"\n>\n',
                               transports="[s]\ntype = rv\n") as b:
