@@ -477,8 +477,8 @@ def test_unsubscribe(peers: Any, proto: int) -> None:
 def test_session_expiry(peers: Any) -> None:
     """Paho "session expiry": Session Expiry Interval 0 ends the session with the
     connection, so a Clean Start 0 reconnection finds none (Session Present 0,
-    [MQTT-3.2.2-3]); an interval of 3 s keeps it for a reconnection after 1 s
-    ([MQTT-3.1.2-23]) and not after 4 s ([MQTT-4.1.0-2]); an interval set on DISCONNECT
+    [MQTT-3.2.2-3]); an interval of 5 s keeps it for a reconnection after 1 s
+    ([MQTT-3.1.2-23]) and not after 6 s ([MQTT-4.1.0-2]); an interval set on DISCONNECT
     replaces the CONNECT's (MQTT 5.0 §3.14.2.2.2): raised from 1 to 5 s it keeps the
     session for 2 s, and 0 on DISCONNECT ends it at once."""
     cid = "session-expiry"
@@ -495,15 +495,15 @@ def test_session_expiry(peers: Any) -> None:
     assert not a.session_present, "a session with expiry 0 outlived its connection"
     a.close()
 
-    a = connect(3, True)
+    a = connect(5, True)
     assert a.sub(("sessexp/TopicA", 2)) == [2]
     a.close()
     time.sleep(1)
-    a = connect(3, False)
+    a = connect(5, False)
     assert a.session_present, "the session ended before its expiry interval"
     a.close()
-    time.sleep(4)
-    a = connect(3, False)
+    time.sleep(6)
+    a = connect(5, False)
     assert not a.session_present, "the session outlived its expiry interval"
     a.close()
 
@@ -656,7 +656,7 @@ def test_publication_expiry(peers: Any) -> None:
               pub_props=props(PacketTypes.PUBLISH, MessageExpiryInterval=1))
     for qos in (1, 2):
         a.pub(topic, f"qos {qos} - keep", qos,
-              pub_props=props(PacketTypes.PUBLISH, MessageExpiryInterval=6))
+              pub_props=props(PacketTypes.PUBLISH, MessageExpiryInterval=12))
     time.sleep(2.5)
     b = peers("pubexpiry-b", V5, clean=False)  # as Paho's: no Session Expiry Interval
     assert b.session_present
@@ -665,7 +665,7 @@ def test_publication_expiry(peers: Any) -> None:
     assert sorted(m.payload for m in got) == [b"qos 1 - keep", b"qos 2 - keep"]
     for m in got:
         left = prop(m, "MessageExpiryInterval")
-        assert left is not None and 0 < left <= 4, left
+        assert left is not None and 0 < left <= 10, left
 
 
 def test_publication_expiry_for_a_311_subscriber(peers: Any) -> None:
@@ -1217,12 +1217,12 @@ def test_will_delay(peers: Any) -> None:
     t = drop("willdelay-3", 6, 2)
     assert 1.9 <= t < 5.5, f"will after {t:.2f} s: the session ends after 2 s"
     a = peers("willdelay-4", V5, will=(topic, b"never", 1),
-              will_props=props(PacketTypes.WILLMESSAGE, WillDelayInterval=2),
+              will_props=props(PacketTypes.WILLMESSAGE, WillDelayInterval=4),
               connect=props(PacketTypes.CONNECT, SessionExpiryInterval=10))
     a.kill()
     a = peers("willdelay-4", V5, clean=False,
               connect=props(PacketTypes.CONNECT, SessionExpiryInterval=10))
-    time.sleep(2.5)
+    time.sleep(4.5)
     b.none()
     a.close()
 
