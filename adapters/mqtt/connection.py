@@ -362,6 +362,13 @@ class MqttConnection:
                              "empty client id needs clean session [MQTT-3.1.3-8]")
                 return
             cid = assigned = "gw-" + uuid.uuid4().hex[:16]
+        if self.level >= MQTT_5 and "authentication_method" in props:
+            # Enhanced authentication is not supported: a CONNECT naming a method is refused
+            # with 0x8C and the connection closed (MQTT 5.0 §3.1.2.11.9, §4.12 [MQTT-4.12.0-1]).
+            self._refuse(self.level, ReasonCode.BAD_AUTHENTICATION_METHOD,
+                         f"authentication method {props['authentication_method']!r} "
+                         "is not supported")
+            return
         try:
             self.user = server.authenticate(p.username, p.password)
         except SecurityError as exc:

@@ -1680,10 +1680,6 @@ def test_invalid_connect_properties_are_refused(gw: GatewayThread, cprops: bytes
         r.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gateway fault: a CONNECT with Authentication Method 'SCRAM-SHA-1' is accepted with "
-    "CONNACK 0x00 (expected 0x8C or 0x87 and a close); MqttConnection.handle_connect in "
-    "adapters/mqtt/connection.py never looks at authentication_method"))
 def test_unsupported_authentication_method_is_refused(gw: GatewayThread) -> None:
     """A CONNECT with an Authentication Method the server does not support gets CONNACK
     0x8C Bad authentication method or 0x87 Not authorized, and the connection is closed
