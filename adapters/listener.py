@@ -18,7 +18,10 @@ and takes them again below :data:`WRITE_LOW_WATER`: the shell calls the connecti
 ``pause_writing`` / ``resume_writing``, which pause its core consumers. Undelivered messages
 then wait in the core's queues and subscriptions, where ``maxmsgs`` / ``maxbytes`` /
 ``max_msg_memory`` and the overflow policies act on them -- nothing grows without bound
-outside the core. A connection's buffer holds at most the high-water mark plus what one
+outside the core; the core also learns which connections are slow
+(``Broker.connection_slow``), and at ``max_msg_memory`` drops their non-durable topic
+subscriptions' pending non-persistent messages before it holds or refuses a producer. A
+connection's buffer holds at most the high-water mark plus what one
 read batch wrote to it. :class:`WriteFlow` is that state for one connection: the admin
 views read it, and each change is a log line and, when someone subscribes to it, a map
 message on ``$sys.monitor.client.slowconsumer`` (the counterpart of RV's
@@ -77,6 +80,9 @@ class WriteFlow:
         self.slow = True
         self.since = time.monotonic()
         self.episodes += 1
+        conn = self.conn
+        if conn is not None:
+            self.broker.connection_slow(conn.core_id(), True)
         self._notice("slow", 0.0)
 
     def recovered(self) -> None:
@@ -84,12 +90,18 @@ class WriteFlow:
         if not self.slow:
             return
         self.slow = False
+        conn = self.conn
+        if conn is not None:
+            self.broker.connection_slow(conn.core_id(), False)
         self._notice("recovered", time.monotonic() - self.since)
 
     def closed(self) -> None:
         """The connection ended; if it was slow, that episode ends with it."""
         if self.slow:
             self.slow = False
+            conn = self.conn
+            if conn is not None:
+                self.broker.connection_slow(conn.core_id(), False)
             self._notice("closed", time.monotonic() - self.since)
 
     def _notice(self, event: str, seconds: float) -> None:

@@ -29,7 +29,10 @@ Parameters). ``memory`` is what the messages held by endpoints cost
 queue behind its first ``destination_backlog_swapout`` leave memory for the store as they come,
 and past :data:`SWAP_AT` of the limit more do, deepest queues first, until memory is down to
 :data:`SWAP_TO` (:meth:`Broker.swap_out`). A message that would take memory past the limit even
-so is, with ``flow_control`` enabled, accepted but its producer's confirmation waits until
+so is first made room for by dropping what slow consumers (connections whose adapter paused
+their deliveries for a full write buffer) have pending on non-durable topic subscriptions,
+when non-persistent (:meth:`Broker.shed_slow`); what still does not fit is, with
+``flow_control`` enabled, accepted but its producer's confirmation waits until
 memory is back under :data:`RESUME_AT` of the limit -- the adapters stop reading or withhold
 credit while confirmations wait, so producers are paused, as EMS blocks a send under flow
 control -- and, with ``flow_control`` disabled, refused with
@@ -146,6 +149,10 @@ class Broker:
         self.swapped = 0  # pending messages whose body is in the store only
         # Confirmations of producers held by the memory limit (flow control).
         self.memory_waiters: list[asyncio.Future[None]] = []
+        # Connections whose adapter paused their deliveries because their peer stopped
+        # reading (a full write buffer), by id: at the memory limit their non-durable topic
+        # subscriptions' non-persistent messages go first (shed_slow).
+        self.slow_connections: dict[str, Any] = {}
         self.topics: dict[str, Topic] = {}
         self.queues: dict[str, QueueEndpoint] = {}
         self.subs = SubIndex()
@@ -322,6 +329,7 @@ class Broker:
 
     def disconnected(self, conn: Any) -> None:
         self.connections.pop(conn.id, None)
+        self.slow_connections.pop(conn.id, None)
         for name in list(conn.temp_queues):
             self.delete_temporary(Destination.queue(name))
         for name in list(conn.temp_topics):
@@ -722,10 +730,45 @@ class Broker:
                 self.next_deep = self.memory + self.max_memory // 16
             if self.memory + need <= self.max_memory:
                 return False
+        if self.slow_connections:
+            # Slow consumers pay first: down to RESUME_AT, so that this runs once for every
+            # tenth of the limit memory grows by, not for every message.
+            self.shed_slow(self.memory + need - self.resume_at)
+            if self.memory + need <= self.max_memory:
+                return False
         if not self.flow_control or msg.delivery_mode == RELIABLE:
             raise LimitExceededError(
                 f"server message memory limit reached (max_msg_memory={self.max_memory})")
         return True
+
+    def connection_slow(self, conn_id: str | None, slow: bool) -> None:
+        """An adapter paused (``slow``) or resumed a connection's deliveries for its write
+        buffer: its peer stopped reading, or reads again."""
+        if conn_id is None:
+            return
+        if slow:
+            conn = self.connections.get(conn_id)
+            if conn is not None:
+                self.slow_connections[conn_id] = conn
+        else:
+            self.slow_connections.pop(conn_id, None)
+
+    def shed_slow(self, want: int) -> int:
+        """Free ``want`` bytes of memory, if they are there, by dropping the NON_PERSISTENT
+        messages pending on the non-durable topic subscriptions of slow connections, oldest
+        first, so that one client that stopped reading does not stop every producer.
+        Persistent messages and durable subscriptions are left alone. Returns bytes freed."""
+        freed = 0
+        slow = self.slow_connections
+        for conn in list(slow.values()):
+            if freed >= want:
+                break
+            for sub in conn.subscriptions:
+                if sub.npending and not sub.durable and freed < want:
+                    freed += sub.shed(want - freed, conn.id)
+            # The next batch starts with another slow connection.
+            slow[conn.id] = slow.pop(conn.id)
+        return freed
 
     def _hold_for_memory(self, fut: asyncio.Future[None] | None) -> asyncio.Future[None]:
         """The producer's confirmation, held until memory is under RESUME_AT of the limit."""

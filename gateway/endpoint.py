@@ -874,6 +874,36 @@ class Subscription(Endpoint):
         self.bound: tuple[int, int, bool] | None = None
         self.dropped = 0  # messages this subscriber missed (bound or maxmsgs/maxbytes full)
 
+    def shed(self, want: int, conn_id: str | None) -> int:
+        """Drop pending NON_PERSISTENT messages, oldest first, until ``want`` bytes of memory
+        are freed or the front of every priority holds a persistent message: the broker's
+        answer to a slow consumer when memory is short (:meth:`Broker.shed_slow`). Each drop
+        is counted and logged (reason ``slow_consumer``). Returns the bytes freed."""
+        broker = self.broker
+        pending = self.pending
+        freed = 0
+        while freed < want:
+            oldest: Message | None = None
+            oldest_p = -1
+            for p in range(PRIORITIES):
+                dq = pending[p]
+                if dq:
+                    m = dq[0]
+                    if m.delivery_mode is DeliveryMode.NON_PERSISTENT and (
+                            oldest is None or m.timestamp < oldest.timestamp):
+                        oldest, oldest_p = m, p
+            if oldest is None:
+                break
+            pending[oldest_p].popleft()
+            self.npending -= 1
+            self._remove(oldest)
+            freed += oldest.size + MESSAGE_OVERHEAD
+            self.dropped += 1
+            broker.stats["dropped"] += 1
+            if broker.log_enabled:
+                broker.dlog.record("drop", oldest, self.log_dest, conn_id, 0, "slow_consumer")
+        return freed
+
     def accepts(self, msg: Message) -> bool:
         """Selector and no-local test for one routed message."""
         if self.no_local and msg.producer_conn is not None and self.owner is not None:

@@ -135,6 +135,11 @@ class MqttConnection:
         self.closing = False
         self.write_paused = False  # the shell's write buffer is past its high-water mark
         self.flow: Any = None  # the shell's adapters.listener.WriteFlow (admin views)
+        # Set by a shell that can stop reading its socket (TCP, TLS): while a QoS 0 publish
+        # is held at max_msg_memory (flow control), which has no acknowledgement to withhold.
+        self.pause_reading: Callable[[], None] | None = None
+        self.resume_reading: Callable[[], None] | None = None
+        self.held_qos0 = 0  # QoS 0 publishes whose core future is pending
 
     # -- input ------------------------------------------------------------------------------
 
@@ -521,6 +526,13 @@ class MqttConnection:
             reason = ReasonCode.PAYLOAD_FORMAT_INVALID
             log.info("mqtt %s: %s", session.client_id, exc)
         if qos == 0:
+            if fut is not None and not fut.done() and self.pause_reading is not None:
+                # Held by the memory limit (flow control): stop reading this client until
+                # the core takes more, as the STOMP adapter does for its held sends.
+                self.held_qos0 += 1
+                if self.held_qos0 == 1:
+                    self.pause_reading()
+                fut.add_done_callback(self._qos0_released)
             return
         if qos == 2:
             self.in_qos2.add(pid)  # until PUBCOMP, or a PUBREC >= 0x80, is sent
@@ -539,6 +551,13 @@ class MqttConnection:
             self.in_qos1 += 1
         if len(q) == 1:  # else one before it waits, and sending that one goes on to this
             self._flush_acks()
+
+    def _qos0_released(self, fut: Any) -> None:
+        if not fut.cancelled():
+            fut.exception()  # retrieved: a QoS 0 publisher is told nothing either way
+        self.held_qos0 -= 1
+        if self.held_qos0 == 0 and self.resume_reading is not None and not self.closing:
+            self.resume_reading()
 
     def _flush_acks(self) -> None:
         """Send PUBACK/PUBREC in the order the PUBLISH packets came ([MQTT-4.6.0-2]).

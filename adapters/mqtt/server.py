@@ -362,8 +362,21 @@ class MqttProtocol(BatchedProtocol):
         peer = transport.get_extra_info("peername")
         address = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.conn = MqttConnection(self.server, self.write, self.close, address)
+        self.conn.pause_reading = self.pause_reading
+        self.conn.resume_reading = self.resume_reading
         self.watch(self.server.broker, transport, address)
         self.server.connections.add(self.conn)
+
+
+    def pause_reading(self) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.pause_reading()
+
+    def resume_reading(self) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.resume_reading()
 
 
 def shared_server(broker: Any) -> MqttServer:

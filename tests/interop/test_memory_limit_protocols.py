@@ -234,3 +234,56 @@ def test_amqp_producer_is_held_at_the_limit_and_nothing_is_lost(tmp_path):
         c.close()
     finally:
         g.stop()
+
+
+def test_mqtt_qos0_publisher_is_paused_at_the_limit_and_nothing_is_lost(tmp_path):
+    """A QoS 0 PUBLISH has no acknowledgement to withhold: while one is held at the limit
+    the gateway stops reading the publisher's connection, and reads it again once memory
+    is back under RESUME_AT."""
+    from gateway.client import AckMode
+
+    g = start(tmp_path, FLOW)
+    try:
+        got: list[int] = []
+        consumers: list[Any] = []
+
+        def subscribe() -> None:  # a core subscriber that takes nothing until told
+            s = g.broker.connect().session(AckMode.AUTO)
+            consumers.append(s.consumer(
+                Destination.topic("mem.q0"), window=0,
+                listener=lambda d: got.append(int.from_bytes(d.msg.body[:4], "big"))))
+
+        g.call(subscribe)
+        n = 3000  # about 30 MB: past the limit
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="mem-q0")
+        c.max_queued_messages_set(0)
+        c.connect("127.0.0.1", g.port("mqtt"))
+        c.loop_start()
+        try:
+            for i in range(n):
+                c.publish("mem/q0", body(i), qos=0)
+
+            def held() -> int:
+                return sum(getattr(conn, "held_qos0", 0)
+                           for conn in g.broker.adapter_servers["mqtt"].connections)
+
+            def count() -> int:
+                return consumers[0].core.endpoint.count
+
+            # Paused, or (were it not) every message taken in whatever the memory.
+            wait_for(lambda: g.call(lambda: held() > 0 or count() == n), 60,
+                     "the QoS 0 publisher's reading paused")
+            info = g.call(g.broker.info)
+            assert info["memory_held_producers"] > 0 and info["rejected"] == 0
+            # What one read of the socket brought in past the limit, no more.
+            assert info["memory"] <= LIMIT + 512 * 1024
+            g.call(lambda: consumers[0].core.set_window(None))
+            wait_for(lambda: len(got) == n, 60, f"{n} messages")
+            assert got == list(range(n))
+            assert g.call(held) == 0
+            assert g.call(lambda: g.broker.stats["rejected"]) == 0
+        finally:
+            c.loop_stop()
+            c.disconnect()
+    finally:
+        g.stop()

@@ -692,3 +692,92 @@ def test_queued_bytes_bound_and_the_parameters(tmp_path: Path):
 
 def gw_bound(g: GatewayThread, sub: Any) -> Any:
     return g.call(lambda: sub.bound)
+
+
+# -- memory short: slow consumers pay first ---------------------------------------------------
+
+def test_stuck_stomp_and_amqp_subscribers_pay_first_when_memory_is_short(gw):
+    """On a topic with no limits of its own, a STOMP subscriber and an AMQP receiver that
+    stop reading leave their backlogs in the core until ``max_msg_memory`` is reached; then
+    the core drops their pending non-persistent messages (``slow_consumer``) rather than
+    refuse the publishers, so the healthy stomp.py subscriber and proton receiver on the same
+    topic get every message of a non-persistent flood larger than the limit."""
+    import threading
+
+    import stomp
+    from amqpclient import AMQP_HEADER, ATTACH, BEGIN, OPEN, connect, frame
+    from proton import Described, ubyte, uint, ulong
+
+    s = stuck_socket(gw.port("stomp"))
+    s.sendall(stomp_frame("CONNECT", {"accept-version": "1.2", "host": "gw",
+                                      "client-id": "stuckmemstomp"}))
+    s.recv(4096)  # CONNECTED
+    s.sendall(stomp_frame("SUBSCRIBE", {"id": "1", "destination": "/topic/flood.mem",
+                                        "ack": "auto", "receipt": "r"}))
+    s.recv(4096)  # RECEIPT
+    a = stuck_socket(gw.port("amqp"))
+    a.sendall(AMQP_HEADER + frame(OPEN, ["stuckmemamqp"])
+              + frame(BEGIN, [None, uint(0), uint(1 << 20), uint(1 << 20)])
+              + frame(ATTACH, ["r", uint(0), True, ubyte(1), None,
+                               Described(ulong(0x28), ["topic://flood.mem"]),
+                               Described(ulong(0x29), [None])])
+              + frame(0x13, [uint(0), uint(1 << 20), uint(0), uint(1 << 20), uint(0), uint(0),
+                             uint(1 << 20)]))
+    stuck = [flow_of(gw, "stuckmemstomp"), flow_of(gw, "stuckmemamqp")]
+
+    stomp_got: set[int] = set()
+
+    class Listener(stomp.ConnectionListener):
+        def on_message(self, f: Any) -> None:
+            stomp_got.add(int(f.body[:8]))
+
+    sc = stomp.Connection12([("127.0.0.1", gw.port("stomp"))], auto_decode=False)
+    sc.set_listener("l", Listener())
+    sc.connect(wait=True)
+    sc.subscribe("/topic/flood.mem", id="1", ack="auto")
+    amqp_got: set[int] = set()
+    ac = connect(gw.port("amqp"), timeout=60)
+    receiver = ac.create_receiver("topic://flood.mem", credit=CHUNK)
+    done = threading.Event()
+
+    def receive() -> None:
+        while not done.is_set() and len(amqp_got) < N:
+            m = receiver.receive(timeout=60)
+            amqp_got.add(int(bytes(m.body)[:8]))
+            receiver.accept()
+
+    t = threading.Thread(target=receive, daemon=True)
+    t.start()
+    wait_for(lambda: gw.call(lambda: sum(1 for sub in gw.broker.all_subscriptions()
+                                         if sub.pattern == "flood.mem")) == 4,
+             what="the four subscriptions")
+    before = gw.call(lambda: (gw.broker.stats["rejected"], gw.broker.stats["dropped"]))
+    try:
+        flood(gw.port("mqtt"), "flood/mem", 0, lambda: min(len(stomp_got), len(amqp_got)),
+              lambda: None)  # QoS 0: NON_PERSISTENT
+        assert stomp_got == set(range(N)) and amqp_got == set(range(N))
+    finally:
+        done.set()
+        t.join(timeout=70)
+        sc.disconnect()
+        ac.close()
+    after = gw.call(lambda: (gw.broker.stats["rejected"], gw.broker.stats["dropped"]))
+    assert after[0] == before[0]  # the publisher was never refused
+    total = 0
+    for _flow, sub, conn_id in stuck:
+        dropped = drops(gw, conn_id, "drop", "slow_consumer")
+        assert dropped > 0
+        assert gw.call(lambda sub=sub: sub.dropped) == dropped
+        total += dropped
+    assert after[1] - before[1] == total
+    # The stuck STOMP client, reading again, gets every message that was not dropped, once.
+    dropped = gw.call(lambda: stuck[0][1].dropped)
+    got: list[int] = []
+    buf = b""
+    s.settimeout(30)
+    while len(got) < N - dropped:
+        frames, buf = read_stomp_frames(s, buf)
+        for fr in frames:
+            if fr.startswith(b"MESSAGE"):
+                got.append(int(fr[fr.index(b"\n\n") + 2:][:8]))
+    assert len(got) == len(set(got)) == N - dropped
