@@ -8,11 +8,15 @@ before it. An adapter says what a text message means (``on_text``: feed it, or r
 and whether a client that last sent text gets text back (``text_replies``, for STOMP clients
 that speak text; a reply that is not UTF-8 still goes as a binary message).
 
-Slow consumers: bytes written and not yet sent (collected, or being sent while aiohttp waits
-for the socket to drain) are counted; past :data:`adapters.listener.WRITE_HIGH_WATER` the
-connection's ``pause_writing`` stops its deliveries, and once a send completes with the
-count at or below the low-water mark ``resume_writing`` restarts them -- as the TCP shells
-do with the transport's own water marks (:mod:`adapters.listener`).
+Slow consumers: what waits to be sent is the bytes collected and not yet handed to aiohttp
+plus the socket transport's write buffer (a frame aiohttp sends without compression is in
+that buffer as soon as the send starts, so it is counted once); past
+:data:`adapters.listener.WRITE_HIGH_WATER` the connection's ``pause_writing`` stops its
+deliveries, and once that count is at or below the low-water mark ``resume_writing``
+restarts them -- as the TCP shells do with the transport's own water marks
+(:mod:`adapters.listener`). The count is looked at after each send and, while paused, every
+:data:`DRAIN_CHECK` seconds: a send may complete without waiting for the socket (aiohttp
+waits only past its own limit), and a paused connection sends nothing that would look again.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from adapters.listener import WRITE_HIGH_WATER, WRITE_LOW_WATER, WriteFlow
+
+# Seconds between looks at a paused connection's write buffer (see the module docstring).
+DRAIN_CHECK = 0.05
 
 # What an adapter does with a text message: feed bytes to the connection (return True to
 # go on) or refuse it (return False, the socket ends).
@@ -38,10 +45,11 @@ class _Writer:
         self.transport = transport
         self.text = False  # reply in text messages
         self.out: list[bytes] = []
-        self.queued = 0  # bytes in ``out`` and in the send under way
+        self.queued = 0  # bytes in ``out``, not yet handed to aiohttp
         self.conn: Any = None
         self.flow: WriteFlow | None = None
         self.paused = False
+        self.check: asyncio.TimerHandle | None = None  # the next look while paused
         self.wake = asyncio.Event()
         self.closing = False
         self.task = asyncio.ensure_future(self._run())
@@ -50,7 +58,7 @@ class _Writer:
         self.out.append(data)
         self.queued += len(data)
         self.wake.set()
-        if self.queued > WRITE_HIGH_WATER and not self.paused and self.conn is not None:
+        if not self.paused and self.conn is not None and self.buffered() > WRITE_HIGH_WATER:
             self.paused = True
             self.conn.pause_writing()
             if self.flow is not None:
@@ -62,15 +70,23 @@ class _Writer:
         return self.queued + n
 
     def _drained(self) -> None:
-        if self.paused and self.buffered() <= WRITE_LOW_WATER:
+        self.check = None
+        if not self.paused or self.closing:
+            return
+        if self.buffered() <= WRITE_LOW_WATER:
             self.paused = False
             if self.conn is not None:
                 self.conn.resume_writing()
             if self.flow is not None:
                 self.flow.recovered()
+        else:
+            self.check = asyncio.get_running_loop().call_later(DRAIN_CHECK, self._drained)
 
     def close(self) -> None:
         self.closing = True
+        if self.check is not None:
+            self.check.cancel()
+            self.check = None
         self.wake.set()
 
     async def _run(self) -> None:
@@ -81,6 +97,7 @@ class _Writer:
             if self.out:
                 data = b"".join(self.out)
                 self.out.clear()
+                self.queued -= len(data)  # from here it is the transport's to count
                 try:
                     if self.text:
                         try:
@@ -91,8 +108,8 @@ class _Writer:
                         await ws.send_bytes(data)
                 except ConnectionError:
                     return
-                self.queued -= len(data)
-                self._drained()
+                if self.check is None:
+                    self._drained()
             if self.closing:
                 await ws.close()
                 return

@@ -135,11 +135,13 @@ class RawMqtt:
         self.raw = getattr(self, "raw", b"") + chunk
         while len(self.raw) >= 2:  # unmasked frames from the server
             n = self.raw[1] & 0x7F
-            off = 2
+            off = {126: 4, 127: 10}.get(n, 2)
+            if len(self.raw) < off:  # the extended length has not all come yet
+                return
             if n == 126:
-                n, off = struct.unpack(">H", self.raw[2:4])[0], 4
+                n = struct.unpack(">H", self.raw[2:4])[0]
             elif n == 127:
-                n, off = struct.unpack(">Q", self.raw[2:10])[0], 10
+                n = struct.unpack(">Q", self.raw[2:10])[0]
             if len(self.raw) < off + n:
                 return
             self.buf += self.raw[off:off + n]
