@@ -173,7 +173,27 @@ class BatchingServer(Protocol):
     connections: set[Any]
 
 
-class BatchedProtocol(asyncio.Protocol):
+class FlowProtocol(asyncio.Protocol):
+    """What every adapter's socket protocol does with the transport's water marks: pause or
+    resume ``self.conn``'s deliveries and tell its :class:`WriteFlow`."""
+
+    conn: Any
+    flow: WriteFlow | None
+
+    def pause_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.pause_writing()
+        if self.flow is not None:
+            self.flow.became_slow()
+
+    def resume_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.resume_writing()
+        if self.flow is not None:
+            self.flow.recovered()
+
+
+class BatchedProtocol(FlowProtocol):
     """One connection's socket; subclasses make ``self.conn`` in ``connection_made`` and
     call :meth:`watch` with it. The connection object has ``pause_writing`` /
     ``resume_writing`` (stop and resume its deliveries), ``core_id()`` and ``client_id()``."""
@@ -203,18 +223,6 @@ class BatchedProtocol(asyncio.Protocol):
         for b in self.out:
             n += len(b)
         return n
-
-    def pause_writing(self) -> None:
-        if self.conn is not None:
-            self.conn.pause_writing()
-        if self.flow is not None:
-            self.flow.became_slow()
-
-    def resume_writing(self) -> None:
-        if self.conn is not None:
-            self.conn.resume_writing()
-        if self.flow is not None:
-            self.flow.recovered()
 
     def data_received(self, data: bytes) -> None:
         """Process the read, then write every connection it produced output for, once each."""

@@ -18,7 +18,14 @@ import logging
 from typing import Any
 
 from adapters.amqp.connection import AmqpConnection
-from adapters.listener import WRITE_HIGH_WATER, WRITE_LOW_WATER, Listener, WriteFlow, listen
+from adapters.listener import (
+    WRITE_HIGH_WATER,
+    WRITE_LOW_WATER,
+    FlowProtocol,
+    Listener,
+    WriteFlow,
+    listen,
+)
 from gateway.message import QUEUE, TOPIC
 
 log = logging.getLogger("adapters.amqp")
@@ -47,7 +54,7 @@ class AmqpServer:
             conn.close_socket()
 
 
-class AmqpProtocol(asyncio.Protocol):
+class AmqpProtocol(FlowProtocol):
     """One TCP (or TLS) connection."""
 
     def __init__(self, server: AmqpServer) -> None:
@@ -95,18 +102,6 @@ class AmqpProtocol(asyncio.Protocol):
         t = self.transport
         if t is not None and not t.is_closing():
             t.close()
-
-    def pause_writing(self) -> None:
-        if self.conn is not None:
-            self.conn.pause_writing()
-        if self.flow is not None:
-            self.flow.became_slow()
-
-    def resume_writing(self) -> None:
-        if self.conn is not None:
-            self.conn.resume_writing()
-        if self.flow is not None:
-            self.flow.recovered()
 
 
 def shared_server(broker: Any) -> AmqpServer:

@@ -367,7 +367,6 @@ class MqttProtocol(BatchedProtocol):
         self.watch(self.server.broker, transport, address)
         self.server.connections.add(self.conn)
 
-
     def pause_reading(self) -> None:
         t = self.transport
         if t is not None and not t.is_closing():
