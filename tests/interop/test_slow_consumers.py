@@ -315,6 +315,25 @@ class Probe:
         self.queued.append(q)
 
 
+def flood_past(gw: GatewayThread, client_id: str, topic: str, qos: int,
+               level: int = 4) -> tuple[Any, Any, Any, Probe]:
+    """Flood ``topic`` while the connection of ``client_id`` reads nothing: a healthy MQTT
+    subscriber must get every message, and the stuck connection's unsent bytes must stay
+    within the high-water mark plus one read batch. Returns the stuck connection's
+    WriteFlow, core subscription, core connection id and the probe's samples."""
+    port = gw.port("mqtt")
+    healthy = Healthy(port, topic, qos, level)
+    flow, sub, conn_id = flow_of(gw, client_id)
+    probe = Probe(gw, flow, sub)
+    try:
+        flood(port, topic, qos, lambda: len(healthy.got), probe)
+        assert healthy.got == set(range(N))  # every message, for the whole flood
+    finally:
+        healthy.close()
+    assert max(probe.buffered) <= WRITE_HIGH_WATER + BATCH_ALLOWANCE
+    return flow, sub, conn_id, probe
+
+
 # -- MQTT -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("level", [4, 5], ids=["3.1.1", "5.0"])
@@ -323,17 +342,9 @@ def test_mqtt_stuck_subscriber_is_bounded_and_others_get_everything(gw, qos, lev
     port = gw.port("mqtt")
     topic = f"flood/m{qos}{level}"
     stuck = RawMqtt(stuck_socket(port), f"stuck{qos}{level}", level, topic, qos)
-    healthy = Healthy(port, topic, qos, level)
-    flow, sub, conn_id = flow_of(gw, f"stuck{qos}{level}")
-    probe = Probe(gw, flow, sub)
     dropped_before = gw.call(lambda: gw.broker.stats["dropped"])
-    try:
-        flood(port, topic, qos, lambda: len(healthy.got), probe)
-        assert healthy.got == set(range(N))  # every message, for the whole flood
-    finally:
-        healthy.close()
     # Nothing unbounded outside the core, and the core's share within the session's bound.
-    assert max(probe.buffered) <= WRITE_HIGH_WATER + BATCH_ALLOWANCE
+    flow, sub, conn_id, probe = flood_past(gw, f"stuck{qos}{level}", topic, qos, level)
     assert max(probe.queued) <= MAX_QUEUED
     if level == 4 and qos:
         # mqtt_max_inflight_messages (20) unacknowledged deliveries, no more.
@@ -506,18 +517,9 @@ def test_offline_session_bound_survives_a_gateway_restart(gw):
 def test_mqtt_over_websocket_stuck_subscriber_is_bounded(gw):
     """The WebSocket shell counts what waits to be sent and pauses the connection's
     deliveries past the high-water mark, as the TCP shells do."""
-    port = gw.port("mqtt")
     topic = "flood/ws"
     stuck = RawMqtt(ws_socket(gw.port("http"), "mqtt"), "stuckws", 4, topic, 0, ws=True)
-    healthy = Healthy(port, topic, 0, 4)
-    flow, sub, conn_id = flow_of(gw, "stuckws")
-    probe = Probe(gw, flow, sub)
-    try:
-        flood(port, topic, 0, lambda: len(healthy.got), probe)
-        assert healthy.got == set(range(N))
-    finally:
-        healthy.close()
-    assert max(probe.buffered) <= WRITE_HIGH_WATER + BATCH_ALLOWANCE
+    flow, sub, conn_id, probe = flood_past(gw, "stuckws", topic, 0)
     assert max(probe.queued) <= MAX_QUEUED
     dropped = drops(gw, conn_id, "drop", "max_queued")
     assert dropped == gw.call(lambda: sub.dropped) > 0
@@ -584,16 +586,7 @@ def test_stomp_stuck_subscriber_is_bounded_by_the_topic(gw, via):
     send(stomp_frame("SUBSCRIBE", {"id": "1", "destination": "/topic/flood.stomp",
                                    "ack": "auto", "receipt": "r"}))
     s.recv(4096)  # RECEIPT
-    port = gw.port("mqtt")
-    healthy = Healthy(port, "flood/stomp", 1, 4)
-    flow, sub, conn_id = flow_of(gw, "stuckstomp")
-    probe = Probe(gw, flow, sub)
-    try:
-        flood(port, "flood/stomp", 1, lambda: len(healthy.got), probe)
-        assert healthy.got == set(range(N))
-    finally:
-        healthy.close()
-    assert max(probe.buffered) <= WRITE_HIGH_WATER + BATCH_ALLOWANCE
+    flow, sub, conn_id, probe = flood_past(gw, "stuckstomp", "flood/stomp", 1)
     assert max(probe.queued) <= 1000  # topics.conf: flood.stomp maxmsgs=1000
     # The topic's limit dropped for this subscriber ("exceeded"), counted and logged.
     dropped = gw.call(lambda: sub.dropped)
@@ -636,16 +629,7 @@ def test_amqp_stuck_receiver_is_bounded(gw):
                                Described(ulong(0x28), ["topic://flood.amqp"]),
                                Described(ulong(0x29), [None])])
               + flow_frame)
-    port = gw.port("mqtt")
-    healthy = Healthy(port, "flood/amqp", 1, 4)
-    flow, sub, conn_id = flow_of(gw, "stuckamqp")
-    probe = Probe(gw, flow, sub)
-    try:
-        flood(port, "flood/amqp", 1, lambda: len(healthy.got), probe)
-        assert healthy.got == set(range(N))
-    finally:
-        healthy.close()
-    assert max(probe.buffered) <= WRITE_HIGH_WATER + BATCH_ALLOWANCE
+    flow, sub, conn_id, probe = flood_past(gw, "stuckamqp", "flood/amqp", 1)
     assert max(probe.queued) <= 1000
     assert gw.call(lambda: sub.dropped) > 0
     s.close()
