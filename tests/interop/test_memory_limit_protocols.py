@@ -11,6 +11,7 @@ every message the producer was told was accepted arrives.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from typing import Any
@@ -21,6 +22,7 @@ from amqpclient import connect
 from gw import GatewayThread, wait_for
 from paho.mqtt.enums import CallbackAPIVersion
 from proton import Delivery, Message
+from proton.reactor import AtMostOnce
 
 from gateway.endpoint import MESSAGE_OVERHEAD
 from gateway.message import Destination
@@ -285,5 +287,59 @@ def test_mqtt_qos0_publisher_is_paused_at_the_limit_and_nothing_is_lost(tmp_path
         finally:
             c.loop_stop()
             c.disconnect()
+    finally:
+        g.stop()
+
+
+def test_mqtt_qos0_flood_past_the_limit_is_refused_with_a_few_log_lines(tmp_path, caplog):
+    """Without flow control an MQTT 3.1.1 QoS 0 publish past the limit is dropped (the protocol
+    has no way to answer it); a publisher flooding a full gateway gets its refusals counted
+    but a log line only every 10 s, not one per message."""
+    caplog.set_level(logging.INFO, logger="adapters")
+    g = start(tmp_path, NO_FLOW)
+    try:
+        g.call(lambda: g.broker.connect().session().consumer(Destination.topic("mem.f"),
+                                                             window=0))
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="mem-flood",
+                        protocol=mqtt.MQTTv311)
+        c.connect("127.0.0.1", g.port("mqtt"))
+        c.loop_start()
+        try:
+            total = LIMIT // BODY + 500
+            for i in range(total):
+                c.publish("mem/f", body(i), qos=0)
+            # A QoS 1 publish after the flood: its PUBACK says every earlier packet was read.
+            c.publish("mem/other", b"x", qos=1).wait_for_publish(timeout=60)
+            rejected = g.call(lambda: g.broker.stats["rejected"])
+            assert rejected >= 400
+            refused = [r for r in caplog.records if "refused" in r.getMessage()]
+            assert 1 <= len(refused) <= 2, [r.getMessage() for r in refused]
+        finally:
+            c.loop_stop()
+            c.disconnect()
+    finally:
+        g.stop()
+
+
+def test_amqp_presettled_flood_past_the_limit_is_dropped_with_a_few_log_lines(tmp_path, caplog):
+    """A pre-settled transfer refused at the limit has no outcome to carry the refusal: it is
+    dropped, counted, and logged at most every 10 s however many follow."""
+    caplog.set_level(logging.INFO, logger="adapters")
+    g = start(tmp_path, NO_FLOW)
+    try:
+        c = connect(g.port("amqp"))
+        s = c.create_sender("queue://mem", options=AtMostOnce())
+        total = LIMIT // BODY + 500
+        for i in range(total):
+            s.send(Message(body=body(i), durable=False))
+        # An unsettled transfer on the same connection is read after them all; the queue is
+        # full, so its outcome is a rejection -- and it means the flood has been read.
+        d = c.create_sender("queue://mem", name="probe").send(Message(body=body(0), durable=False),
+                                                error_states=[])
+        assert d.remote_state == Delivery.REJECTED
+        assert total - g.call(lambda: g.broker.queues["mem"].count) >= 500  # refused
+        dropped = [r for r in caplog.records if "pre-settled" in r.getMessage()]
+        assert 1 <= len(dropped) <= 2, [r.getMessage() for r in dropped]
+        c.close()
     finally:
         g.stop()
