@@ -160,6 +160,36 @@ def _publish_monitor(broker: Any, body: dict[str, Any]) -> None:
         log.debug("slow-consumer notice not published: %s", exc)
 
 
+class LogLimiter:
+    """At most one log line per ``every`` seconds for an event that can repeat per message
+    (a publish refused at ``max_msg_memory``, a pre-settled message dropped): a producer
+    flooding a full gateway must not flood its log too. :meth:`allow` says whether to write
+    now and how many were left unwritten since the last line, for that line to say so."""
+
+    __slots__ = ("every", "next_at", "skipped")
+
+    def __init__(self, every: float = 10.0) -> None:
+        self.every = every
+        self.next_at = 0.0
+        self.skipped = 0
+
+    def allow(self) -> int | None:
+        """None: do not log this one (it is counted); else log it, adding the count returned
+        (those left out since the last line) when it is not 0."""
+        now = time.monotonic()
+        if now < self.next_at:
+            self.skipped += 1
+            return None
+        self.next_at = now + self.every
+        skipped, self.skipped = self.skipped, 0
+        return skipped
+
+
+def skipped_text(skipped: int) -> str:
+    """The tail of a rate-limited log line: how many like it were not written."""
+    return f" ({skipped} more since the last such line)" if skipped else ""
+
+
 class AdapterServer(Protocol):
     def close(self) -> None: ...
 

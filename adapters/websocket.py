@@ -17,6 +17,11 @@ restarts them -- as the TCP shells do with the transport's own water marks
 (:mod:`adapters.listener`). The count is looked at after each send and, while paused, every
 :data:`DRAIN_CHECK` seconds: a send may complete without waiting for the socket (aiohttp
 waits only past its own limit), and a paused connection sends nothing that would look again.
+
+Held producers: when the core holds a producer at ``max_msg_memory`` (flow control) the
+adapter calls ``pause_reading``; the next message is not taken from aiohttp until
+``resume_reading``, so what a flooding client sends waits in aiohttp's bounded read buffer and
+then in the kernel and the client, as with the TCP shells.
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ class _Writer:
         self.paused = False
         self.check: asyncio.TimerHandle | None = None  # the next look while paused
         self.wake = asyncio.Event()
+        # Set while the connection may be read; cleared by the adapter's ``pause_reading``
+        # (a producer held by the core's flow control), set again by ``resume_reading``.
+        self.readable = asyncio.Event()
+        self.readable.set()
         self.closing = False
         self.task = asyncio.ensure_future(self._run())
 
@@ -84,6 +93,7 @@ class _Writer:
 
     def close(self) -> None:
         self.closing = True
+        self.readable.set()  # a read waiting for resume_reading ends with the connection
         if self.check is not None:
             self.check.cancel()
             self.check = None
@@ -132,6 +142,12 @@ async def serve(request: web.Request, ws: web.WebSocketResponse, server: Any,
     address = f"ws:{peer[0]}:{peer[1]}" if peer else "ws"
     conn = make_connection(writer.write, writer.close, address)
     writer.conn = conn
+    # Producers held by the core's flow control (an MQTT QoS 0 publish, STOMP sends past
+    # their limit) stop the reading of this socket as the TCP shells' pause_reading does:
+    # aiohttp then stops reading the socket once its own small buffer is full, and TCP
+    # pushes back on the client.
+    conn.pause_reading = writer.readable.clear
+    conn.resume_reading = writer.readable.set
     writer.flow = conn.flow = WriteFlow(server.broker, protocol, address, writer.buffered)
     writer.flow.conn = conn
     server.connections.add(conn)
@@ -146,6 +162,10 @@ async def serve(request: web.Request, ws: web.WebSocketResponse, server: Any,
                     break
             if writer.closing:
                 break
+            if not writer.readable.is_set():
+                await writer.readable.wait()
+                if writer.closing:
+                    break
     finally:
         writer.flow.closed()
         server.connections.discard(conn)

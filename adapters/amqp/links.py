@@ -32,6 +32,7 @@ from cproton import PN_ACCEPTED as _PN_ACCEPTED
 from cproton import ffi, lib
 from proton import Array, Condition, Delivery, Described, Message, Terminus, symbol, ulong
 
+from adapters.listener import LogLimiter, skipped_text
 from gateway.errors import GatewayError, TransactionRolledBackError
 from gateway.message import QUEUE, TOPIC, Destination
 from mappings.amqp import amqp_to_message, message_to_amqp, parse_address
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     from gateway.message import Message as CoreMessage
 
 log = logging.getLogger("adapters.amqp")
+# Pre-settled messages dropped (nothing to answer them with): at most a line every 10 s.
+_DROP_LOG = LogLimiter()
 
 _wrap: Any = Delivery.wrap  # proton's Python object for a pn_delivery_t (the rare paths)
 
@@ -173,7 +176,10 @@ class IncomingLink:
             if not isinstance(exc, (GatewayError, _NoAddress)):
                 exc = _Malformed(f"malformed message: {exc}")
             if presettled:
-                log.warning("amqp %s: dropped a pre-settled message: %s", conn.address, exc)
+                skipped = _DROP_LOG.allow()
+                if skipped is not None:
+                    log.warning("amqp %s: dropped a pre-settled message: %s%s", conn.address,
+                                exc, skipped_text(skipped))
                 lib.pn_delivery_settle(dlv)
             else:
                 _reject(dlv, condition(exc))

@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any
 
-from adapters.listener import BatchedProtocol, Listener, listen
+from adapters.listener import BatchedProtocol, Listener, LogLimiter, listen, skipped_text
 from adapters.mqtt.codec import encode_publish
 from adapters.mqtt.connection import MqttConnection, publish_reason
 from adapters.mqtt.packets import Publish, ReasonCode, SubscriptionOptions, Will
@@ -66,6 +66,7 @@ class MqttServer:
         self._enc_key: tuple[Any, ...] | None = None
         self._enc_out = b""
         self._subjects: dict[str, str] = {}  # MQTT topic → subject, for the publish path
+        self._refused_log = LogLimiter()  # refusals answered by no reason code (3.1.1, QoS 0)
         self._topics: dict[str, str] = {}  # subject → MQTT topic, for the delivery path
         # Connections written to while a read is processed: flushed once when it ends.
         self.reading = False
@@ -227,7 +228,10 @@ class MqttServer:
             fut = session.core_session.send(msg, None, now)
         except GatewayError as exc:
             if level < 5 or p.qos == 0:
-                log.info("mqtt %s: publish to %s refused: %s", session.client_id, topic, exc)
+                skipped = self._refused_log.allow()
+                if skipped is not None:
+                    log.info("mqtt %s: publish to %s refused: %s%s", session.client_id, topic,
+                             exc, skipped_text(skipped))
             return publish_reason(exc), None
         if p.retain and dest.kind is TOPIC:
             self.retained.set(name, msg if p.payload else None)

@@ -11,8 +11,10 @@ every message the producer was told was accepted arrives.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
+import time
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -21,6 +23,7 @@ from amqpclient import connect
 from gw import GatewayThread, wait_for
 from paho.mqtt.enums import CallbackAPIVersion
 from proton import Delivery, Message
+from proton.reactor import AtMostOnce
 
 from gateway.endpoint import MESSAGE_OVERHEAD
 from gateway.message import Destination
@@ -285,5 +288,132 @@ def test_mqtt_qos0_publisher_is_paused_at_the_limit_and_nothing_is_lost(tmp_path
         finally:
             c.loop_stop()
             c.disconnect()
+    finally:
+        g.stop()
+
+
+def test_mqtt_qos0_flood_past_the_limit_is_refused_with_a_few_log_lines(tmp_path, caplog):
+    """Without flow control an MQTT 3.1.1 QoS 0 publish past the limit is dropped (the protocol
+    has no way to answer it); a publisher flooding a full gateway gets its refusals counted
+    but a log line only every 10 s, not one per message."""
+    caplog.set_level(logging.INFO, logger="adapters")
+    g = start(tmp_path, NO_FLOW)
+    try:
+        g.call(lambda: g.broker.connect().session().consumer(Destination.topic("mem.f"),
+                                                             window=0))
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="mem-flood",
+                        protocol=mqtt.MQTTv311)
+        c.connect("127.0.0.1", g.port("mqtt"))
+        c.loop_start()
+        try:
+            total = LIMIT // BODY + 500
+            for i in range(total):
+                c.publish("mem/f", body(i), qos=0)
+            # A QoS 1 publish after the flood: its PUBACK says every earlier packet was read.
+            c.publish("mem/other", b"x", qos=1).wait_for_publish(timeout=60)
+            rejected = g.call(lambda: g.broker.stats["rejected"])
+            assert rejected >= 400
+            refused = [r for r in caplog.records if "refused" in r.getMessage()]
+            assert 1 <= len(refused) <= 2, [r.getMessage() for r in refused]
+        finally:
+            c.loop_stop()
+            c.disconnect()
+    finally:
+        g.stop()
+
+
+def test_amqp_presettled_flood_past_the_limit_is_dropped_with_a_few_log_lines(tmp_path, caplog):
+    """A pre-settled transfer refused at the limit has no outcome to carry the refusal: it is
+    dropped, counted, and logged at most every 10 s however many follow."""
+    caplog.set_level(logging.INFO, logger="adapters")
+    g = start(tmp_path, NO_FLOW)
+    try:
+        c = connect(g.port("amqp"))
+        s = c.create_sender("queue://mem", options=AtMostOnce())
+        total = LIMIT // BODY + 500
+        for i in range(total):
+            s.send(Message(body=body(i), durable=False))
+        # An unsettled transfer on the same connection is read after them all; the queue is
+        # full, so its outcome is a rejection -- and it means the flood has been read.
+        d = c.create_sender("queue://mem", name="probe").send(Message(body=body(0), durable=False),
+                                                error_states=[])
+        assert d.remote_state == Delivery.REJECTED
+        assert total - g.call(lambda: g.broker.queues["mem"].count) >= 500  # refused
+        dropped = [r for r in caplog.records if "pre-settled" in r.getMessage()]
+        assert 1 <= len(dropped) <= 2, [r.getMessage() for r in dropped]
+        c.close()
+    finally:
+        g.stop()
+
+
+def _mqtt_publish(topic: str, payload: bytes) -> bytes:
+    """An MQTT 3.1.1 QoS 0 PUBLISH packet (MQTT 3.1.1 §3.3)."""
+    var = len(topic).to_bytes(2, "big") + topic.encode() + payload
+    n, length = len(var), b""
+    while True:
+        n, digit = n >> 7, n & 0x7F
+        length += bytes([digit | (0x80 if n else 0)])
+        if not n:
+            return b"\x30" + length + var
+
+
+def test_mqtt_websocket_qos0_publisher_is_paused_at_the_limit_and_nothing_is_lost(tmp_path):
+    """The same over MQTT-over-WebSocket: while a QoS 0 publish is held the gateway takes no
+    more WebSocket messages from that client, so the flood waits in the client and the
+    kernel, not in the gateway. (The client is aiohttp's: paho's WebSocket transport loses a
+    packet when the socket takes only part of a frame, which is what a paused reader causes.)"""
+    import asyncio
+
+    import aiohttp
+
+    from gateway.client import AckMode
+
+    g = start(tmp_path, FLOW)
+    try:
+        got: list[int] = []
+        consumers: list[Any] = []
+
+        def subscribe() -> None:  # a core subscriber that takes nothing until told
+            s = g.broker.connect().session(AckMode.AUTO)
+            consumers.append(s.consumer(
+                Destination.topic("mem.ws"), window=0,
+                listener=lambda d: got.append(int.from_bytes(d.msg.body[:4], "big"))))
+
+        g.call(subscribe)
+        n = 3000  # about 30 MB: past the limit
+        sent: list[int] = []
+
+        async def flood() -> None:
+            async with aiohttp.ClientSession() as http, http.ws_connect(
+                    f"http://127.0.0.1:{g.port('http')}/mqtt", protocols=("mqtt",)) as ws:
+                # CONNECT: MQTT 3.1.1, clean session, keep alive 600 s, client id "ws-q0".
+                await ws.send_bytes(bytes.fromhex("101100044d5154540402025800057773") + b"-q0")
+                for i in range(n):
+                    await ws.send_bytes(_mqtt_publish("mem/ws", body(i)))
+                    sent.append(i)
+                await ws.close()
+
+        sender = threading.Thread(target=asyncio.run, args=(flood(),), daemon=True)
+        sender.start()
+
+        def held() -> int:
+            return sum(getattr(conn, "held_qos0", 0)
+                       for conn in g.broker.adapter_servers["mqtt"].connections)
+
+        def count() -> int:
+            return consumers[0].core.endpoint.count
+
+        wait_for(lambda: g.call(lambda: held() > 0 or count() == n), 60,
+                 "the QoS 0 publisher's reading paused")
+        time.sleep(1)  # time to read much more, were reading not paused
+        info = g.call(g.broker.info)
+        assert info["memory_held_producers"] > 0 and info["rejected"] == 0
+        assert info["memory"] <= LIMIT + 512 * 1024
+        assert len(sent) < n  # the client is held too
+        g.call(lambda: consumers[0].core.set_window(None))
+        wait_for(lambda: len(got) == n, 60, f"{n} messages")
+        assert got == list(range(n))
+        sender.join(30)
+        assert g.call(lambda: g.broker.stats["rejected"]) == 0
     finally:
         g.stop()
