@@ -154,8 +154,9 @@ class Local:
 
 @pytest.mark.parametrize("loop", LOOPS)
 def test_two_processes_share_a_service_and_each_gets_every_multicast(loop: str) -> None:
-    """Three processes on one service port (SO_REUSEPORT); each multicast reaches all three,
-    the sender included (IP_MULTICAST_LOOP), from the sender's inbox address."""
+    """Three processes on one service port (SO_REUSEADDR, and SO_REUSEPORT for the systems
+    that need it); each multicast reaches all three, the sender included
+    (IP_MULTICAST_LOOP), from the sender's inbox address."""
     service, network = str(free_udp_port()), loopback_network()
 
     async def scenario() -> None:
@@ -180,6 +181,33 @@ def test_two_processes_share_a_service_and_each_gets_every_multicast(loop: str) 
             b.stop()
 
     run(scenario(), loop)
+
+
+def test_a_group_reaches_only_the_processes_that_joined_it() -> None:
+    """Two groups on one service: a process receives only the groups it joined (on Linux
+    that needs IP_MULTICAST_ALL = 0; by default a socket gets every group any socket on
+    the host joined on its port)."""
+    service = str(free_udp_port())
+    g = random.randrange(1, 254)
+    first, second = f"127.0.0.1;239.192.75.{g}", f"127.0.0.1;239.192.75.{g + 1}"
+
+    async def scenario() -> None:
+        a, b = Child(service, first), Child(service, second)
+        try:
+            p = await Local().start(service, first)
+            p.shell.send(b"first-group")
+            await wait_until(lambda: b"first-group" in a.payloads(), what="the first group")
+            b.command({"send": b"second-group".hex()})
+            await wait_until(lambda: b"second-group" in b.payloads(), what="the second group")
+            await asyncio.sleep(0.2)
+            assert b.payloads() == [b"second-group"]
+            assert b"second-group" not in a.payloads() + p.payloads()
+            await p.shell.close()
+        finally:
+            a.stop()
+            b.stop()
+
+    asyncio.run(scenario())
 
 
 def test_unicast_to_an_inbox_reaches_only_its_owner() -> None:
