@@ -415,6 +415,45 @@ def test_one_timer_ticks_the_engine_at_its_deadline(loop: str) -> None:
     run(scenario(), loop)
 
 
+def test_an_event_callback_that_raises_stops_nothing() -> None:
+    """on_events raising goes to the loop's exception handler; what the callback made the
+    engine send still goes out, the timer stays armed and later datagrams are handled."""
+    service, network = str(free_udp_port()), loopback_network()
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        errors: list[BaseException | None] = []
+        loop.set_exception_handler(lambda _loop, context: errors.append(context.get("exception")))
+        a = Child(service, network)
+        try:
+            got: list[bytes] = []
+            shell: Shell
+
+            def on_events(events: list[Any]) -> None:
+                for data, _addr, _now in events:
+                    got.append(data)
+                    if data == b"boom":
+                        engine.deadline = loop.time() + 0.05
+                        engine.send_to(a.inbox, b"reply", loop.time())  # not through the shell
+                        raise RuntimeError("callback failed")
+
+            shell = await Shell.start(StandInEngine, service, network, on_events=on_events)
+            engine = shell.engine
+            assert isinstance(engine, StandInEngine)
+            a.command({"send": b"boom".hex()})
+            await wait_until(lambda: errors, what="the callback's exception")
+            assert isinstance(errors[0], RuntimeError)
+            await wait_until(lambda: b"reply" in a.payloads(), timeout=5, what="the reply")
+            await wait_until(lambda: engine.ticks, what="the timer set by the callback")
+            a.command({"send": b"later".hex()})
+            await wait_until(lambda: b"later" in got, what="a later datagram")
+            await shell.close()
+        finally:
+            a.stop()
+
+    asyncio.run(scenario())
+
+
 def test_bad_parameters_open_no_socket() -> None:
     """A bad network fails Shell.start with ParameterError, and the service port stays free."""
     port = free_udp_port()

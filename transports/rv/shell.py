@@ -248,10 +248,19 @@ class Shell:
         self._write(engine.datagrams_to_send())
         events = engine.events()
         if events:
-            self._on_events(events)
-            if self.closed:  # the callback closed the shell
-                return
-            self._write(engine.datagrams_to_send())
+            try:
+                self._on_events(events)
+            finally:
+                # Even when the callback raised (the loop's exception handler gets it):
+                # what it made the engine send goes out and the timer stays armed.
+                if not self.closed:  # the callback may have closed the shell
+                    self._write(engine.datagrams_to_send())
+                    self._arm_timer()
+            return
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        engine = self.engine
         deadline = engine.next_deadline()
         if deadline != self._deadline:
             if self._timer is not None:
