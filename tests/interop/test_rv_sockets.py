@@ -427,19 +427,23 @@ def test_an_event_callback_that_raises_stops_nothing() -> None:
         a = Child(service, network)
         try:
             got: list[bytes] = []
-            shell: Shell
+            engines: list[StandInEngine] = []
+
+            def factory(*, ip: str, port: int, service: int) -> StandInEngine:
+                engines.append(StandInEngine(ip=ip, port=port, service=service))
+                return engines[0]
 
             def on_events(events: list[Any]) -> None:
                 for data, _addr, _now in events:
                     got.append(data)
                     if data == b"boom":
+                        engine = engines[0]
                         engine.deadline = loop.time() + 0.05
                         engine.send_to(a.inbox, b"reply", loop.time())  # not through the shell
                         raise RuntimeError("callback failed")
 
-            shell = await Shell.start(StandInEngine, service, network, on_events=on_events)
-            engine = shell.engine
-            assert isinstance(engine, StandInEngine)
+            shell = await Shell.start(factory, service, network, on_events=on_events)
+            engine = engines[0]
             a.command({"send": b"boom".hex()})
             await wait_until(lambda: errors, what="the callback's exception")
             assert isinstance(errors[0], RuntimeError)
