@@ -101,6 +101,7 @@ FIXED: dict[int, struct.Struct] = {
 """The fixed-width scalar types and their big-endian layouts."""
 _FIXED_DEC: dict[int, tuple[int, Any]] = {t: (s.size, s.unpack_from) for t, s in FIXED.items()}
 _ARRAY_WIDTH: dict[int, int] = {t: array(c).itemsize for t, c in ARRAY_TYPECODES.items()}
+_CACHE_MAX = 4096  # entries in each of the name and subject caches below
 _SWAP = sys.byteorder == "little"  # arrays are held in native order, sent big-endian
 
 
@@ -130,6 +131,10 @@ def _short(what: str, s: str, lo: int = 1) -> bytes:
     return b
 
 
+_SUBJECT_BYTES: dict[str, bytes] = {}
+"""Send subjects already checked, encoded: a program sends to few subjects, many times."""
+
+
 def encode(msg: Message, *, max_depth: int = DEFAULT_MAX_DEPTH) -> bytes:
     """The envelope and fields of ``msg`` as bytes (README, "Messages and the wire format").
 
@@ -141,7 +146,15 @@ def encode(msg: Message, *, max_depth: int = DEFAULT_MAX_DEPTH) -> bytes:
     out = bytearray(b"\x01\x00")
     flags = 0
     subject = msg.send_subject
-    sb = b"" if subject is None else _short("send subject", subject, 0)
+    if subject is None:
+        sb = b""
+    else:
+        sb = _SUBJECT_BYTES.get(subject, b"")
+        if not sb:
+            sb = _short("send subject", subject, 0)
+            if len(_SUBJECT_BYTES) >= _CACHE_MAX:
+                _SUBJECT_BYTES.clear()
+            _SUBJECT_BYTES[subject] = sb
     out += _U8.pack(len(sb))
     out += sb
     if msg.reply_subject is not None:
@@ -289,6 +302,26 @@ def _envelope_string(data: bytes, off: int, what: str, lo: int = 1) -> tuple[str
     return s, end
 
 
+_NAMES: dict[bytes, str] = {}
+"""Field names and send subjects seen, by their bytes: most messages repeat the same few, and a
+dict hit is cheaper than decoding and checking them again."""
+
+
+
+def _new_name(nb: bytes, off: int, what: str = "field name") -> str:
+    """Check and decode a field name (or subject) not in :data:`_NAMES`, and remember it."""
+    try:
+        name = nb.decode()
+    except UnicodeDecodeError:
+        raise FormatError(f"{what} at offset {off} is not UTF-8") from None
+    if 0 in nb:
+        raise FormatError(f"{what} at offset {off} contains NUL")
+    if len(_NAMES) >= _CACHE_MAX:
+        _NAMES.clear()
+    _NAMES[nb] = name
+    return name
+
+
 def peek_subject(data: bytes | bytearray | memoryview) -> str | None:
     """The send subject of an encoded message, without decoding its fields (so a receiver
     can skip the fields of a message no listener wants).
@@ -323,9 +356,13 @@ def decode(data: bytes | bytearray | memoryview, *,
     if flags & ~_FLAGS_KNOWN:
         raise FormatError(f"unknown envelope flags 0x{flags:02x}")
     msg = Message()
-    subject, off = _envelope_string(data, 2, "send subject", 0)
-    if subject:
-        msg.send_subject = subject
+    off = 3 + data[2]
+    if off > n:
+        raise FormatError(f"envelope: send subject of {data[2]} bytes does not fit")
+    if off > 3:
+        sb = data[3:off]
+        subject = _NAMES.get(sb)
+        msg.send_subject = subject if subject is not None else _new_name(sb, 3, "send subject")
     if flags & FLAG_REPLY:
         msg.reply_subject, off = _envelope_string(data, off, "reply subject")
     enc: str | None = "utf-8"
@@ -380,6 +417,7 @@ def _decode_fields(data: bytes, off: int, limit: int, enc: str | None,
     unpack_hdr = HEADER.unpack_from
     fixed = _FIXED_DEC
     fids: set[int] | None = None
+    names = _NAMES
     while off < limit:
         if off + 8 > limit:
             raise FormatError(f"field header at offset {off} runs past its container")
@@ -392,12 +430,9 @@ def _decode_fields(data: bytes, off: int, limit: int, enc: str | None,
             if nend > limit:
                 raise FormatError(f"field name at offset {off} runs past its container")
             nb = data[off:nend]
-            try:
-                name: str | None = nb.decode()
-            except UnicodeDecodeError:
-                raise FormatError(f"field name at offset {off} is not UTF-8") from None
-            if 0 in nb:
-                raise FormatError(f"field name at offset {off} contains NUL")
+            name: str | None = names.get(nb)
+            if name is None:
+                name = _new_name(nb, off)
             off = nend
         else:
             if fid:
