@@ -1,11 +1,12 @@
 """The wire format of RV-style messages: an envelope, then typed fields (TLV), big-endian.
 
 How this works. Rendezvous' own wire format is proprietary and undocumented (TIBCO Rendezvous
-Concepts, Data, "Message Structure" calls it universal but never spells it out), and no
+Concepts, Data, "Self-Describing Data" and "Message Structure" call it universal and
+proprietary and never spell it out), and no
 library implements a self-describing format of this kind for Python, so this one is written
 by hand: it keeps every concept of the Rendezvous message (typed fields with optional names
 and 16-bit ids, nesting, arrays, the supplementary information of Fundamentals,
-"Supplementary Information") and reuses Rendezvous' public type numbers, but it is not
+"Supplementary Information for Messages") and reuses Rendezvous' public type numbers, but it is not
 TIBCO's byte layout. ``README.md`` ("Messages and the wire format") documents every byte.
 
 In short: ``VERSION FLAGS SLEN SUBJECT [REPLY] [ENCODING] [CM LABEL] [ORIGIN] FIELD*``, where
@@ -70,8 +71,9 @@ from transports.rv.message import (
 )
 
 MAX_MESSAGE = 64 * 1024 * 1024
-"""Largest encoded message: 64 MB (TIBCO Rendezvous Concepts, Guidelines, "Message Size";
-a larger one is discarded with the ``DATALOSS.MSG_TOO_LARGE`` advisory, Appendix A)."""
+"""Largest encoded message: 64 MB (TIBCO Rendezvous Concepts, Guidelines for Programming,
+"Control Message Sizes"; a larger one is discarded with the ``DATALOSS.MSG_TOO_LARGE``
+advisory, Appendix A, System Advisory Messages)."""
 DEFAULT_MAX_DEPTH = 64
 """Most levels of messages (the top one included) decode and encode accept (module docstring)."""
 VERSION = 1

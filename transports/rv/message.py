@@ -5,8 +5,8 @@ Concepts, Data, "Message Structure"); each field has an optional name, an option
 an explicit type code and a value. The type is kept exactly as added or received, so a field
 that arrived as ``U8`` leaves as ``U8`` (the codec never guesses a type from a value). The
 type codes are Rendezvous' own public numbers (:class:`RvType`, TIBCO Rendezvous Concepts,
-Data, "Datatypes", Table 16) so that tools and people can recognise them; the wire format is
-ours (``codec.py``), not TIBCO's.
+Data, "Rendezvous Datatypes", Table 16) so that tools and people can recognise them; the
+wire format is ours (``codec.py``), not TIBCO's.
 
 Rules kept by :meth:`Message.add` (TIBCO Rendezvous Concepts, Data, "Field Names and Field
 Identifiers"): several fields may share a name; a non-zero id is unique within one message
@@ -43,10 +43,10 @@ non-empty ``list`` of ``str`` → STRINGARRAY and of :class:`Message` → MSGARR
 else (an empty list, a list of ints) needs ``type=``.
 
 The envelope travels with a top-level message (TIBCO Rendezvous Concepts, Fundamentals,
-"Supplementary Information"): :attr:`Message.send_subject`, :attr:`Message.reply_subject`,
-the string-encoding tag :attr:`Message.encoding` (``None`` = UTF-8), the certified-delivery
-label :attr:`Message.cm` and the gateway-origin marker :attr:`Message.origin` (used to stop
-bridging loops). A nested message's envelope is not encoded.
+"Supplementary Information for Messages"): :attr:`Message.send_subject`,
+:attr:`Message.reply_subject`, the string-encoding tag :attr:`Message.encoding` (``None`` =
+UTF-8), the certified-delivery label :attr:`Message.cm` and the gateway-origin marker
+:attr:`Message.origin` (used to stop bridging loops). A nested message's envelope is not encoded.
 
 Equality is exact: fields in order with the same names, ids, types and values, where floats
 compare by their bits (two NaNs with the same bits are equal, ``-0.0`` is not ``0.0``), and
@@ -85,7 +85,7 @@ class RvType(IntEnum):
     F64 = 25
     IPPORT16 = 26
     IPADDR32 = 27
-    ENCRYPTED = 32  # obsolete since release 6 (Concepts, Architecture); carried as bytes
+    ENCRYPTED = 32  # obsolete since release 6 (Concepts, Architecture, "Encrypted Fields")
     I8ARRAY = 34
     U8ARRAY = 35
     I16ARRAY = 36

@@ -7,11 +7,11 @@ in C (``TIBRV_SUBJECT_MAX`` = 255): at most 255 bytes in all, at most 127 per el
 subject that a program *sends* has at most 196 minus its number of elements (the difference
 is headroom the bus keeps for annotating subjects on the way, for example when a router
 rewrites a reply subject). ``*`` as a whole element matches exactly one element and ``>`` as
-the last element matches one or more trailing elements; both are for listening ("Wildcards in
-Subject Names", Tables 13 and 14). A first element starting with ``_`` is reserved
-("Distinguished Subject Names", Table 15): programs may send to ``_INBOX.`` (point-to-point)
-and ``_LOCAL.`` (this process only) but not to ``_RV.`` (advisories) or any other ``_`` name;
-they may listen to all of them. Matching is case-sensitive.
+the last element matches one or more trailing elements; both are for listening ("Using
+Wildcards to Receive Related Subjects", Tables 13 and 14). A first element starting with ``_``
+is reserved ("Distinguished Subject Names with Special Meaning", Table 15): programs may send
+to ``_INBOX.`` (point-to-point) and ``_LOCAL.`` (this process only) but not to ``_RV.``
+(advisories) or any other ``_`` name; they may listen to all of them. Matching is case-sensitive.
 
 The two validators return the subject's elements, so a caller that needs them splits once.
 
@@ -20,10 +20,10 @@ dict for literal children and dedicated slots for ``*`` and ``>``, so a lookup n
 (the same structure as the gateway core's subscription index, kept self-contained here so the
 bus imports nothing of the core). A lookup returns the *multiset* of listeners: a listener
 added twice, or two listeners on one subject, gives two entries, and so two deliveries
-(TIBCO Rendezvous Concepts, Events, "Listener Events": two listeners on one subject make two
-events per message). Results are cached per subject string in a bounded dict; every change bumps
-:attr:`SubjectMatcher.genid` and clears the cache, so a hit is one dict lookup and a caller
-may keep its own cache keyed by ``genid``.
+(TIBCO Rendezvous Concepts, Events, "Listener Event Semantics": two listeners on one subject
+make two events per message). Results are cached per subject string in a bounded dict; every
+change bumps :attr:`SubjectMatcher.genid` and clears the cache, so a hit is one dict lookup
+and a caller may keep its own cache keyed by ``genid``.
 
 Runs on the caller's thread; never blocks. A matcher is not safe to change from two threads.
 """
@@ -50,7 +50,8 @@ DEFAULT_CACHE_SIZE = 4096  # subjects whose match results are kept; the core's i
 
 
 class SubjectError(ValueError):
-    """A subject breaks a rule of TIBCO Rendezvous Concepts, Subject Names; the message says which."""
+    """A subject breaks a rule of TIBCO Rendezvous Concepts, Subject Names (the message says
+    which)."""
 
 
 def _elements(subject: str) -> list[str]:
@@ -62,7 +63,8 @@ def _elements(subject: str) -> list[str]:
     try:
         size = len(subject.encode("utf-8"))
     except UnicodeEncodeError:
-        raise SubjectError("a subject must be encodable in UTF-8 (it has a lone surrogate)") from None
+        raise SubjectError("a subject must be encodable in UTF-8 (it has a lone surrogate)"
+                           ) from None
     if size > MAX_SUBJECT:
         raise SubjectError(f"subject is {size} bytes; at most {MAX_SUBJECT} "
                            "(Subject Names, Subject Name Syntax)")
@@ -77,7 +79,7 @@ def _elements(subject: str) -> list[str]:
                                "(Subject Names, Subject Name Syntax)")
         if (STAR in e or GT in e) and e != STAR and e != GT:
             raise SubjectError(f"in {subject!r}, '*' and '>' must be whole elements "
-                               "(Subject Names, Wildcards, Table 14)")
+                               "(Subject Names, Table 14)")
     return elements
 
 
@@ -85,8 +87,9 @@ def validate_listen_subject(subject: str) -> list[str]:
     """Check a subject a program listens to and return its elements.
 
     ``*`` and ``>`` must be whole elements, ``>`` only the last one (TIBCO Rendezvous Concepts,
-    Subject Names, "Wildcards in Subject Names", Table 14); an inbox name takes no wildcard
-    ("Distinguished Subject Names", Table 15). Reserved ``_`` subjects may be listened to.
+    Subject Names, "Using Wildcards to Receive Related Subjects", Table 14); an inbox name
+    takes no wildcard ("Distinguished Subject Names with Special Meaning", Table 15). Reserved
+    ``_`` subjects may be listened to.
 
     Raises:
         SubjectError: naming the rule broken.
@@ -95,10 +98,10 @@ def validate_listen_subject(subject: str) -> list[str]:
     for e in elements[:-1]:
         if e == GT:
             raise SubjectError(f"in {subject!r}, '>' may only be the last element "
-                               "(Subject Names, Wildcards, Table 14)")
+                               "(Subject Names, Table 14)")
     if elements[0] == "_INBOX" and (STAR in elements or GT in elements):
         raise SubjectError(f"{subject!r}: an inbox name cannot contain wildcards "
-                           "(Subject Names, Distinguished Subject Names)")
+                           "(Subject Names, Table 15)")
     return elements
 
 
@@ -109,9 +112,10 @@ def validate_send_subject(subject: str, *, allow_internal: bool = False,
     Beyond the common rules: at most 196 minus the number of elements bytes (TIBCO Rendezvous
     Concepts, Subject Names, "Subject Name Syntax"); a reserved first element (``_``) only
     ``_INBOX`` or ``_LOCAL`` followed by more elements, unless ``allow_internal`` (the bus's
-    own advisories and administrative subjects, "Distinguished Subject Names", Table 15).
+    own advisories and administrative subjects, "Distinguished Subject Names with Special
+    Meaning", Table 15).
     Sending to a wildcard subject is legal but not recommended; certified and
-    distributed-queue sends forbid it ("Wildcards in Subject Names"): pass
+    distributed-queue sends forbid it (Subject Names, "Wildcard Sending"): pass
     ``allow_wildcard=False`` for those. ``>`` may only be the last element even when sent.
 
     Raises:
@@ -126,16 +130,16 @@ def validate_send_subject(subject: str, *, allow_internal: bool = False,
                            "Syntax)")
     if not allow_wildcard and (STAR in elements or GT in elements):
         raise SubjectError(f"{subject!r}: wildcards are not allowed in this send "
-                           "(Subject Names, Wildcards in Subject Names)")
+                           "(Subject Names, Using Wildcards to Receive Related Subjects)")
     first = elements[0]
     if first[0] == "_" and not allow_internal:
         if first not in _SENDABLE_RESERVED:
             raise SubjectError(f"{subject!r}: programs may not send to reserved subjects "
                                "other than _INBOX. and _LOCAL. (Subject Names, "
-                               "Distinguished Subject Names, Table 15)")
+                               "Table 15)")
         if n == 1:
             raise SubjectError(f"{subject!r}: {first} must be followed by more elements "
-                               "(Subject Names, Distinguished Subject Names, Table 15)")
+                               "(Subject Names, Table 15)")
     return elements
 
 
