@@ -43,6 +43,7 @@ from typing import Any
 
 from transports.rv.message import (
     ARRAY_TYPECODES,
+    ARRAY_WIDTHS,
     BOOL,
     DATETIME,
     F32,
@@ -102,7 +103,6 @@ FIXED: dict[int, struct.Struct] = {
 }
 """The fixed-width scalar types and their big-endian layouts."""
 _FIXED_DEC: dict[int, tuple[int, Any]] = {t: (s.size, s.unpack_from) for t, s in FIXED.items()}
-_ARRAY_WIDTH: dict[int, int] = {t: array(c).itemsize for t, c in ARRAY_TYPECODES.items()}
 _CACHE_MAX = 4096  # entries in each of the name and subject caches below
 _SWAP = sys.byteorder == "little"  # arrays are held in native order, sent big-endian
 
@@ -270,7 +270,7 @@ def _encode_fields(fields: list[Field], out: bytearray, enc: str, depth: int) ->
             out += nb
             out += v.packed
         elif t in ARRAY_TYPECODES:
-            if _SWAP and _ARRAY_WIDTH[t] > 1:
+            if _SWAP and ARRAY_WIDTHS[t] > 1:
                 a = array(v.typecode, v)
                 a.byteswap()
                 b = a.tobytes()
@@ -482,7 +482,7 @@ def _decode_fields(data: bytes, off: int, limit: int, enc: str | None,
                 raise FormatError(f"ipaddr32 of {size} bytes at offset {off}; it takes 4")
             v = IPv4Address(_IP.unpack_from(data, off)[0])
         elif t in ARRAY_TYPECODES:
-            w = _ARRAY_WIDTH[t]
+            w = ARRAY_WIDTHS[t]
             if size % w:
                 raise FormatError(f"array of {size} bytes at offset {off} is not a whole "
                                   f"number of {w}-byte elements")

@@ -162,6 +162,10 @@ for _c in "bBhHiIlLqQ":
                                        (True, 8): I64ARRAY, (False, 8): U64ARRAY}
                                   [(_c.islower(), _a.itemsize)])
 
+_INT_TYPECODES = frozenset("bBhHiIlLqQ")
+ARRAY_WIDTHS: dict[int, int] = {t: array(c).itemsize for t, c in ARRAY_TYPECODES.items()}
+"""Each numeric array type's element width in bytes."""
+
 MAX_FIELD_NAME = 127
 """Most UTF-8 bytes in a field name (``TIBRVMSG_FIELDNAME_MAX``)."""
 MAX_FIELD_ID = 0xFFFF  # a field id is a 16-bit unsigned integer; 0 means "no id"
@@ -393,11 +397,16 @@ def coerce(t: int, value: object) -> Any:
         if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
             raise FieldError(f"{TYPE_NAMES[t]} takes an array or a sequence of numbers")
         elem = ARRAY_ELEMENTS[t]
-        try:
-            if elem in INT_RANGES:
-                return array(tc, [_int(elem, v) for v in value])
+        if elem not in INT_RANGES:  # floats one by one: array('f') would turn 1e39 into inf
             return array(tc, [coerce(elem, v) for v in value])
-        except OverflowError as e:
+        if (isinstance(value, array) and value.typecode in _INT_TYPECODES
+                and value.itemsize == ARRAY_WIDTHS[t] and value.typecode.islower() == tc.islower()):
+            a = array(tc)  # the same integers under another typecode ('q' and 'l')
+            a.frombytes(value.tobytes())
+            return a
+        try:
+            return array(tc, value)  # the array checks each element's range and type
+        except (OverflowError, TypeError) as e:
             raise FieldError(f"{TYPE_NAMES[t]}: {e}") from None
     if t == STRINGARRAY:
         if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
@@ -523,6 +532,8 @@ class Message:
         Returns False when there is none.
         """
         fields = self.fields
+        if isinstance(key, int) and not key:
+            return False  # 0 is "no id", not an id
         for i, f in enumerate(fields):
             if (f.fid == key) if isinstance(key, int) else (f.name == key):
                 del fields[i]

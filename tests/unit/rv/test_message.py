@@ -105,6 +105,13 @@ def test_conversions_when_adding():
     assert m.get("xml") == b"<a/>"
     m.add("arr", (1, 2, 3), RvType.U16ARRAY)
     assert m.get("arr") == array("H", [1, 2, 3])
+    for a in (array("q", [-1, 2]), array("l", [-1, 2]), array("b", [-1, 2]), [-1, 2]):
+        m.update("i64s", a, RvType.I64ARRAY)
+        assert m.get("i64s").tolist() == [-1, 2] and m.get("i64s").itemsize == 8
+    with pytest.raises(FieldError, match="u8array"):
+        m.add("u8s", array("b", [-1]), RvType.U8ARRAY)
+    with pytest.raises(FieldError, match="f32"):
+        m.add("f32s", [1e39], RvType.F32ARRAY)
     m.add("raw", b"\xff", RvType.STRING)
     assert m.get("raw") == b"\xff"
     m.add("tuple", ("a", "b"))
@@ -197,7 +204,7 @@ def test_accessors():
     assert m.send_subject == "A.B" and m.reply_subject == "_INBOX.x"
     assert m.remove("a") and m.get("a") == 2
     assert m.remove(7) and "b" not in m
-    assert not m.remove("zz") and not m.remove(9)
+    assert not m.remove("zz") and not m.remove(9) and not m.remove(0)
     assert m.remove_all("a") == 1 and len(m) == 1
     m.clear()
     assert len(m) == 0 and m.send_subject == "A.B"
