@@ -1,7 +1,6 @@
 """Messages as text: a tibrvlisten-like display, an exact JSON form, and ``FIELD=VALUE`` args.
 
-How this works. Three forms, for people and for command-line tools (``gateway rv listen``,
-``gateway rv send``); none is on the hot path.
+How this works. Three forms, for people and for command-line tools; none is on the hot path.
 
 **Display** (:func:`to_text`), in the manner of Rendezvous' ``tibrvlisten``: ``{name=value
 ...}`` with submessages nested in braces, e.g. ``{n=5 s="x" sub={a=1 b="y"}}``. A field with an
