@@ -31,7 +31,13 @@ and past :data:`SWAP_AT` of the limit more do, deepest queues first, until memor
 :data:`SWAP_TO` (:meth:`Broker.swap_out`). A message that would take memory past the limit even
 so is first made room for by dropping what slow consumers (connections whose adapter paused
 their deliveries for a full write buffer) have pending on non-durable topic subscriptions,
-when non-persistent (:meth:`Broker.shed_slow`); what still does not fit is, with
+when non-persistent (:meth:`Broker.shed_slow`), then by dropping the oldest of what the
+*laggards* have pending -- non-durable topic subscriptions holding at least
+:data:`LAGGARD_MIN` messages no consumer of theirs can take now (a stuck MQTT QoS 1 client
+with a full in-flight window, whose write buffer never fills) -- deepest first, whatever the
+delivery mode (nothing pending on a non-durable subscription is in the store)
+(:meth:`Broker.shed_laggards`). One consumer that stops reading therefore loses its own
+backlog, not everyone their producers; what still does not fit is, with
 ``flow_control`` enabled, accepted but its producer's confirmation waits until
 memory is back under :data:`RESUME_AT` of the limit -- the adapters stop reading or withhold
 credit while confirmations wait, so producers are paused, as EMS blocks a send under flow
@@ -96,6 +102,13 @@ SWEEP_INTERVAL = 1.0  # seconds between expiry sweeps
 SWAP_AT = 0.75
 SWAP_TO = 0.5
 RESUME_AT = 0.9
+# Pending messages past which a non-durable subscription is a laggard that pays, at
+# max_msg_memory, before producers are held or refused (see the module docstring), and what
+# it keeps. A consumer that keeps up has nothing pending (dispatch hands a message to a
+# ready consumer at once) or, between two acknowledgements of a busy MQTT window, a few
+# dozen; an MQTT session's queue may hold 1000 (mqtt_max_queued_messages), so a smaller
+# figure than that is needed for stuck MQTT clients to qualify.
+LAGGARD_MIN = 100
 # Pending messages one swap pass looks at before it yields the loop (a pass over a deep queue
 # costs about 0.3 µs a message).
 SWAP_BUDGET = 50_000
@@ -736,6 +749,10 @@ class Broker:
             self.shed_slow(self.memory + need - self.resume_at)
             if self.memory + need <= self.max_memory:
                 return False
+        # Then the laggards, deepest first, down to RESUME_AT as above.
+        self.shed_laggards(self.memory + need - self.resume_at)
+        if self.memory + need <= self.max_memory:
+            return False
         if not self.flow_control or msg.delivery_mode == RELIABLE:
             raise LimitExceededError(
                 f"server message memory limit reached (max_msg_memory={self.max_memory})")
@@ -768,6 +785,30 @@ class Broker:
                     freed += sub.shed(want - freed, conn.id)
             # The next batch starts with another slow connection.
             slow[conn.id] = slow.pop(conn.id)
+        return freed
+
+    def shed_laggards(self, want: int) -> int:
+        """Free ``want`` bytes of memory, if they are there, by dropping the oldest messages
+        pending on non-durable topic subscriptions that hold at least :data:`LAGGARD_MIN`
+        (their consumers take nothing now: a full window, or paused), deepest first, each
+        down to :data:`LAGGARD_MIN` at most; any delivery mode, since nothing pending on a
+        non-durable subscription is in the store. A transport's export subscription is left
+        alone. Each drop is logged and counted (reason ``slow_consumer``). Returns bytes
+        freed."""
+        # Not a transport's export subscription (``spool``): what waits there is on its way
+        # across a bridge and has the spool's own bound and policy.
+        laggards = [sub for conn in self.connections.values() for sub in conn.subscriptions
+                    if sub.npending > LAGGARD_MIN and sub.spool is None]
+        laggards.extend(sub for sub in self.shared.values()
+                        if not sub.durable and sub.npending > LAGGARD_MIN and sub.spool is None)
+        laggards.sort(key=lambda sub: sub.bytes, reverse=True)
+        freed = 0
+        for sub in laggards:
+            if freed >= want:
+                break
+            owner = sub.owner
+            freed += sub.shed(want - freed, owner.id if owner is not None else None,
+                              keep=LAGGARD_MIN, persistent=True)
         return freed
 
     def _hold_for_memory(self, fut: asyncio.Future[None] | None) -> asyncio.Future[None]:

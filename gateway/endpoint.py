@@ -874,22 +874,25 @@ class Subscription(Endpoint):
         self.bound: tuple[int, int, bool] | None = None
         self.dropped = 0  # messages this subscriber missed (bound or maxmsgs/maxbytes full)
 
-    def shed(self, want: int, conn_id: str | None) -> int:
-        """Drop pending NON_PERSISTENT messages, oldest first, until ``want`` bytes of memory
-        are freed or the front of every priority holds a persistent message: the broker's
-        answer to a slow consumer when memory is short (:meth:`Broker.shed_slow`). Each drop
-        is counted and logged (reason ``slow_consumer``). Returns the bytes freed."""
+    def shed(self, want: int, conn_id: str | None, *, keep: int = 0,
+             persistent: bool = False) -> int:
+        """Drop pending messages, oldest first, until ``want`` bytes of memory are freed,
+        ``keep`` are left, or (without ``persistent``, which lets any delivery mode go) the
+        front of every priority holds a persistent message: the broker's answer to a slow
+        consumer or a laggard when memory is short (:meth:`Broker.shed_slow`,
+        :meth:`Broker.shed_laggards`). Each drop is counted and logged (reason
+        ``slow_consumer``). Returns the bytes freed."""
         broker = self.broker
         pending = self.pending
         freed = 0
-        while freed < want:
+        while freed < want and self.npending > keep:
             oldest: Message | None = None
             oldest_p = -1
             for p in range(PRIORITIES):
                 dq = pending[p]
                 if dq:
                     m = dq[0]
-                    if m.delivery_mode is DeliveryMode.NON_PERSISTENT and (
+                    if (persistent or m.delivery_mode is DeliveryMode.NON_PERSISTENT) and (
                             oldest is None or m.timestamp < oldest.timestamp):
                         oldest, oldest_p = m, p
             if oldest is None:

@@ -4,8 +4,8 @@ Each listener scheme in ``gateway.conf`` (``listen = mqtt://127.0.0.1:1883``) na
 of :data:`ADAPTERS`; each ``type`` in ``transports.conf`` names an entry of
 :data:`TRANSPORTS`. An entry is ``"module:attribute"``; the attribute is an async factory
 ``start(broker, spec) -> handle`` whose handle has an async ``close()``. An entry whose
-module is not installed yet is reported as "not available in this build" instead of
-failing with an import traceback.
+module (or its entry point) is not there is reported as "not available in this build"
+instead of failing with a traceback.
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ def import_string(entry: str) -> Any:
         if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
             raise NotAvailableError(f"{module} is not available in this build") from None
         raise
-    return getattr(mod, attr)
+    try:
+        return getattr(mod, attr)
+    except AttributeError:  # the package is there, its entry point not (yet)
+        raise NotAvailableError(f"{module}:{attr} is not available in this build") from None
 
 
 def adapter(scheme: str) -> Any:

@@ -3,7 +3,8 @@ refused in each protocol's own way without it, and nothing accepted is lost.
 
 How this works. A gateway runs with an 8 MB ``max_msg_memory``; producers (stomp.py, paho,
 python-qpid-proton) send non-persistent messages, which cannot be swapped, to a queue or
-topic that nobody consumes yet. The tests wait on the gateway's own state (asked on its loop
+topic that nobody consumes yet (on a topic, a durable subscriber that takes nothing: a
+non-durable one's backlog would be trimmed at the limit, as a laggard's). The tests wait on the gateway's own state (asked on its loop
 with ``g.call``): the core's memory figure past the limit, the STOMP connection's reading
 paused, the AMQP transfer left without its disposition. Then a consumer drains the queue and
 every message the producer was told was accepted arrives.
@@ -137,11 +138,13 @@ def test_stomp_send_past_the_limit_without_flow_control_is_an_error_frame(tmp_pa
 
 
 def test_mqtt5_publish_past_the_limit_without_flow_control_gets_quota_exceeded(tmp_path):
-    g = start(tmp_path, NO_FLOW)
+    # Without swapping the durable's persistent backlog stays in memory.
+    g = start(tmp_path, NO_FLOW + "msg_swapping = disabled\n")
     try:
-        # A core subscriber that takes nothing: the topic's messages wait in memory.
-        g.call(lambda: g.broker.connect().session().consumer(Destination.topic("mem.t"),
-                                                             window=0))
+        # A durable subscriber that takes nothing: the topic's messages wait in memory (a
+        # non-durable one's backlog would be trimmed at the limit: it is a laggard).
+        g.call(lambda: g.broker.connect(client_id="holder").session().consumer(
+            Destination.topic("mem.t"), durable_name="holder", window=0))
         acks: queue.Queue = queue.Queue()
         c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="mem-pub",
                         protocol=mqtt.MQTTv5)
@@ -250,10 +253,10 @@ def test_mqtt_qos0_publisher_is_paused_at_the_limit_and_nothing_is_lost(tmp_path
         got: list[int] = []
         consumers: list[Any] = []
 
-        def subscribe() -> None:  # a core subscriber that takes nothing until told
-            s = g.broker.connect().session(AckMode.AUTO)
+        def subscribe() -> None:  # a durable subscriber that takes nothing until told
+            s = g.broker.connect(client_id="holder").session(AckMode.AUTO)
             consumers.append(s.consumer(
-                Destination.topic("mem.q0"), window=0,
+                Destination.topic("mem.q0"), durable_name="holder", window=0,
                 listener=lambda d: got.append(int.from_bytes(d.msg.body[:4], "big"))))
 
         g.call(subscribe)
@@ -299,8 +302,8 @@ def test_mqtt_qos0_flood_past_the_limit_is_refused_with_a_few_log_lines(tmp_path
     caplog.set_level(logging.INFO, logger="adapters")
     g = start(tmp_path, NO_FLOW)
     try:
-        g.call(lambda: g.broker.connect().session().consumer(Destination.topic("mem.f"),
-                                                             window=0))
+        g.call(lambda: g.broker.connect(client_id="holder").session().consumer(
+            Destination.topic("mem.f"), durable_name="holder", window=0))
         c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="mem-flood",
                         protocol=mqtt.MQTTv311)
         c.connect("127.0.0.1", g.port("mqtt"))
@@ -373,10 +376,10 @@ def test_mqtt_websocket_qos0_publisher_is_paused_at_the_limit_and_nothing_is_los
         got: list[int] = []
         consumers: list[Any] = []
 
-        def subscribe() -> None:  # a core subscriber that takes nothing until told
-            s = g.broker.connect().session(AckMode.AUTO)
+        def subscribe() -> None:  # a durable subscriber that takes nothing until told
+            s = g.broker.connect(client_id="holder").session(AckMode.AUTO)
             consumers.append(s.consumer(
-                Destination.topic("mem.ws"), window=0,
+                Destination.topic("mem.ws"), durable_name="holder", window=0,
                 listener=lambda d: got.append(int.from_bytes(d.msg.body[:4], "big"))))
 
         g.call(subscribe)

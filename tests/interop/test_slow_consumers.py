@@ -767,3 +767,47 @@ def test_stuck_stomp_and_amqp_subscribers_pay_first_when_memory_is_short(gw):
             if fr.startswith(b"MESSAGE"):
                 got.append(int(fr[fr.index(b"\n\n") + 2:][:8]))
     assert len(got) == len(set(got)) == N - dropped
+
+
+def test_mqtt_subscribers_that_never_acknowledge_pay_first_when_memory_is_short(gw):
+    """MQTT QoS 1 subscribers that read their socket but never acknowledge (an application
+    hung with its network thread alive) are not slow at the socket: their in-flight windows
+    fill and their session queues grow in the core, up to ``mqtt_max_queued_messages`` each
+    -- together past ``max_msg_memory``. At the limit the core trims these laggards' backlogs
+    (``slow_consumer``) instead of refusing the publisher, so the healthy subscriber on the
+    same topic gets every message of the QoS 1 flood."""
+    import threading
+
+    hung: list[RawMqtt] = []
+    for i in range(12):
+        s = socket.socket()
+        OPEN.append(s)
+        s.connect(("127.0.0.1", gw.port("mqtt")))
+        s.settimeout(10)
+        hung.append(RawMqtt(s, f"hung{i}", 4, "flood/hung", 1))
+
+    def discard(sock: socket.socket) -> None:  # read everything, acknowledge nothing
+        try:
+            while sock.recv(65536):
+                pass
+        except OSError:
+            pass
+
+    for h in hung:
+        h.s.settimeout(None)
+        threading.Thread(target=discard, args=(h.s,), daemon=True).start()
+    healthy = Healthy(gw.port("mqtt"), "flood/hung", 1, 4)
+    before = gw.call(lambda: (gw.broker.stats["rejected"], gw.broker.stats["dropped"]))
+    try:
+        flood(gw.port("mqtt"), "flood/hung", 1, lambda: len(healthy.got), lambda: None)
+        assert healthy.got == set(range(N))
+    finally:
+        healthy.close()
+    after = gw.call(lambda: (gw.broker.stats["rejected"], gw.broker.stats["dropped"]))
+    assert after[0] == before[0]  # the publisher was never refused
+    subs = gw.call(lambda: [sub for sub in gw.broker.all_subscriptions()
+                            if sub.pattern == "flood.hung" and sub.client_id.startswith("hung")])
+    assert len(subs) == 12
+    total = sum(gw.call(lambda sub=sub: sub.dropped) for sub in subs)
+    assert total > 0 and after[1] - before[1] == total
+    assert gw.call(lambda: gw.broker.memory) <= 12 * 1024 * 1024

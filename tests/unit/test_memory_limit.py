@@ -341,3 +341,27 @@ async def test_messages_kept_when_undeliverable_stay_in_memory_and_keep_their_bo
         await until(lambda: b.queues["ttl"].count == 0, what="the expiry sweep")
         kept = b.queues["$sys.undelivered"].iter_pending()
         assert [int.from_bytes(m.body[:4], "big") for m in kept] == list(range(1, 20, 2))
+
+
+async def test_laggards_backlogs_are_trimmed_at_the_limit_before_producers_are_refused(tmp_path):
+    """Non-durable subscribers whose consumers take nothing (a full window) hold backlogs
+    past the limit: the oldest of those backlogs go, deepest first, down to LAGGARD_MIN each,
+    whatever the delivery mode, and the producer and the subscriber that keeps up go on."""
+    from gateway.broker import LAGGARD_MIN
+
+    conf = "max_msg_memory = 8MB\n"
+    async with running_broker(tmp_path, gateway=conf, log=False) as b:
+        hung = [b.connect().session().consumer(T("lag"), window=0) for _ in range(3)]
+        got: list[int] = []
+        b.connect().session().consumer(T("lag"), listener=lambda d: got.append(number(d)))
+        p = b.connect().session().producer(T("lag"))
+        n = 3000  # 30 MB a subscriber
+        for i in range(n):
+            p.send(numbered(i, 10_000),
+                   delivery_mode=NP if i % 2 else DeliveryMode.PERSISTENT)
+        assert got == list(range(n))  # never refused
+        for c in hung:
+            sub = c.endpoint
+            assert LAGGARD_MIN <= sub.npending < n and sub.dropped == n - sub.npending
+        assert b.stats["dropped"] == sum(c.endpoint.dropped for c in hung)
+        assert b.memory <= 8 * MB
