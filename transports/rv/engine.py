@@ -2,9 +2,10 @@
 
 One :class:`Engine` is what a Rendezvous daemon is for one service: it turns messages (opaque
 bytes, the codec's output) into numbered UDP packets and back, retransmits what receivers
-miss, and reports what cannot be recovered, as described in TIBCO Rendezvous Concepts,
-Fundamentals (Reliable Message Delivery) and Transports. It does no I/O and reads no clock:
-the shell hands it datagrams and the time, and takes datagrams, events and a deadline back::
+miss, and reports what cannot be recovered, as described in TIBCO Rendezvous Concepts, The
+Rendezvous Daemon (Reliable Message Delivery) and Fundamentals. It does no I/O and reads no
+clock: the shell hands it datagrams and the time, and takes datagrams, events and a deadline
+back::
 
     engine = Engine(ip="10.0.0.5", port=51234, service=7500)
     engine.send(payload, now)                    # multicast stream
@@ -55,17 +56,18 @@ How it works (the packet layout is in :mod:`transports.rv.packet`):
   protocol, or of another service, is counted in :attr:`Engine.stats` and ignored: nothing
   a peer sends makes this engine raise.
 
-Guarantees (TIBCO Rendezvous Concepts, Fundamentals, Reliable Message Delivery): each
-message is delivered at most once, whole, and in send order per sending engine and stream
+Guarantees (TIBCO Rendezvous Concepts, The Rendezvous Daemon, Reliable Message Delivery):
+each message is delivered at most once, whole, and in send order per sending engine and stream
 (multicast and point-to-point are separate streams, with no order between them nor across
 senders); it is delivered unless a failure lasts longer than the reliability interval, in
 which case the loss is reported as DATALOSS with the number of packets lost.
 
 Why hand-written: no maintained Python library implements NAK-based reliable multicast.
-OpenPGM (PGM, RFC 3208) and NORM (RFC 5740) have C libraries, but PGM needs raw sockets and
-neither has a maintained Python binding on PyPI (the NORM distribution's own ctypes binding is
-not published there); they would also not fit a sans-I/O engine. The protocol here is small:
-the sender keeps a deque, the receiver a dict of out-of-order packets.
+The two standard protocols have C implementations, OpenPGM (PGM, RFC 3208, which needs raw
+sockets) and NRL's NORM (RFC 5740), but PyPI's package index has no binding for either (NORM's
+source tree carries a ctypes wrapper, pynorm, that is not published), and neither would fit a
+sans-I/O engine driven by the gateway's event loop. The protocol here is small: the sender
+keeps a deque, the receiver a dict of out-of-order packets per stream.
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ from transports.rv.packet import (
     ip_to_int,
 )
 
-#: The largest message (TIBCO Rendezvous Concepts, Guidelines, Message Size: 64 MB).
+#: The largest message (TIBCO Rendezvous Concepts, Guidelines for Programming, Control Message
+#: Sizes: 64 MB).
 MAX_MESSAGE: Final = 64 * 1024 * 1024
 #: Where a datagram goes: MULTICAST (the service's group or broadcast address) or (ip, port).
 MULTICAST: Final = None
@@ -288,8 +291,8 @@ class Engine:
     Parameters: ``ip`` (this engine's interface address, in every header), ``port`` (its
     unicast inbox port), ``service`` (the UDP service port), ``incarnation`` (random when
     None), ``reliability`` (seconds a sender keeps packets; TIBCO Rendezvous Concepts,
-    Fundamentals, Reliable Message Delivery: 60 s by default, 0 for none), ``payload_size``
-    (message bytes per packet), ``rng`` (for the NAK delays; seed it in tests),
+    The Rendezvous Daemon, Reliable Message Delivery: 60 s by default, 0 for none),
+    ``payload_size`` (message bytes per packet), ``rng`` (for the NAK delays; seed it in tests),
     ``max_retention_bytes`` (0: only the interval bounds retention), ``max_out_of_order``
     (packets buffered per remote stream behind a gap), ``peer_timeout`` (seconds of silence
     after which a remote stream's state is dropped; its position is remembered).
@@ -789,7 +792,7 @@ class Engine:
     def _nak(self, src_ip: int, src_port: int, ranges: tuple[tuple[int, int], ...],
              now: float) -> None:
         """Retransmit what is retained, deny the rest (TIBCO Rendezvous Concepts,
-        Fundamentals, Reliable Message Delivery; Appendix A, DATALOSS and
+        The Rendezvous Daemon, Reliable Message Delivery; Appendix A, DATALOSS and
         RETRANSMISSION.OUTBOUND.SENT)."""
         self.stats.naks_received += 1
         lowest = self._ret_base if self._ret else self._seq
@@ -1001,8 +1004,8 @@ class Engine:
 
     def _send_nak(self, st: _RecvStream, now: float) -> None:
         """Ask the sender for the missing packets of every gap whose time has come, within
-        the window behind the head (TIBCO Rendezvous Concepts, Fundamentals, Reliable
-        Message Delivery). Each gap backs off on its own: 50, 100, 200 ... 1,000 ms."""
+        the window behind the head (TIBCO Rendezvous Concepts, The Rendezvous Daemon,
+        Reliable Message Delivery). Each gap backs off on its own: 50, 100, 200 ... 1,000 ms."""
         limit = min(st.highest, st.next + self.max_out_of_order - 1)
         keys = sorted(st.buf)
         ranges: list[tuple[int, int]] = []

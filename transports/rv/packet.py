@@ -26,8 +26,9 @@ and the body that follows depends on the kind:
   ranges ``first:u64 last:u64``.
 * BYE: empty.
 
-The layout is this project's own (TIBCO Rendezvous does not publish its packet format; TIBCO
-Rendezvous Concepts, Fundamentals, describes the reliable delivery the packets implement).
+The layout is this project's own: TIBCO Rendezvous does not publish its packet format, and
+TIBCO Rendezvous Concepts, The Rendezvous Daemon, Reliable Message Delivery, describes only the
+behaviour the packets implement.
 :func:`decode` checks every length and field against these rules and raises
 :class:`PacketError` for anything else, and only that: the engine counts such a datagram and
 drops it. The engine's hot path (DATA) unpacks :data:`HEADER` itself; the other kinds go
