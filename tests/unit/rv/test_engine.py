@@ -214,6 +214,44 @@ def test_reliability_zero_any_loss_is_dataloss() -> None:
     assert a.engine.stats.retransmitted == 0
 
 
+def test_receiver_gives_up_when_nobody_answers_its_naks() -> None:
+    """The sender hears no NAK (a one-way failure): after its R + 2 s the receiver reports
+    the loss on its own and delivers what came after it."""
+    lan = MemLan(73)
+    a = lan.add(ip="10.0.0.1", reliability=1.0)
+    (b,) = listeners(lan, 1)
+    introduce(lan, a, [b])
+    a.loss = 1.0  # nothing reaches a from now on
+    b.loss = 1.0
+    a.engine.send(b"gone", lan.now)
+    lan.flush()
+    b.loss = None
+    a.engine.send(b"kept", lan.now)
+    lan.run(2.9)
+    assert b.payloads_from(a) == []  # still hoping for a retransmission
+    lan.run_until(lambda: b.payloads_from(a) == [b"kept"], timeout=1.0)
+    assert b.engine.stats.naks_sent >= 3
+    assert [x.fields["lost"] for x in b.advisories(DATALOSS_INBOUND_BCAST)] == [1]
+    assert not a.advisories(DATALOSS_OUTBOUND_BCAST)
+
+
+def test_silent_sender_forgotten_then_heard_again_reports_the_loss() -> None:
+    lan = MemLan(79)
+    a = lan.add(ip="10.0.0.1", reliability=1.0)
+    (b,) = listeners(lan, 1, peer_timeout=5.0)
+    introduce(lan, a, [b])
+    b.partitioned = True
+    for i in range(3):
+        a.engine.send(b"missed%d" % i, lan.now)
+    lan.run(10.0)
+    assert not b.engine._mcast_in  # forgotten after 5 s of silence
+    b.partitioned = False
+    a.engine.send(b"back", lan.now)
+    lan.run_until(lambda: b.payloads_from(a) == [b"back"])
+    assert [x.fields["lost"] for x in b.advisories(DATALOSS_INBOUND_BCAST)] == [3]
+    assert [x.fields["lost"] for x in a.advisories(DATALOSS_OUTBOUND_BCAST)] == [3]
+
+
 def test_late_joiner_gets_no_history() -> None:
     lan = MemLan(19)
     a = lan.add(ip="10.0.0.1")
