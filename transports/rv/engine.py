@@ -677,11 +677,10 @@ class Engine:
             gaps.popleft()
 
     def _gap(self, st: _RecvStream, first: int, last: int, now: float) -> None:
-        """Packets ``first..last`` are known to exist and are missing (TIBCO Rendezvous
-        Concepts, Appendix A, RETRANSMISSION.INBOUND.EXPECTED)."""
-        count = last - first + 1
-        self.stats.packets_missed += count
+        """Packets ``first..last`` are known to exist and have not arrived (yet: a packet
+        only overtaken by a later one arrives before the NAK is due)."""
         if st.ptp:
+            self.stats.packets_missed += last - first + 1
             st.gaps.append(_Gap(first, now, INF))
         else:
             # a random delay, so that of the listeners that lost the same packets the first
@@ -690,8 +689,6 @@ class Engine:
             st.gaps.append(_Gap(first, now, nak_at))
             if nak_at < st.nak_at:
                 st.nak_at = nak_at
-            self._events.append(Advisory(RETRANSMISSION_INBOUND_EXPECTED,
-                                         {"host": st.host, "lost": count}))
 
     def _skip_to(self, st: _RecvStream, end: int) -> int:
         """Give up every packet before ``end`` that is still missing; deliver what was
@@ -1005,7 +1002,9 @@ class Engine:
     def _send_nak(self, st: _RecvStream, now: float) -> None:
         """Ask the sender for the missing packets of every gap whose time has come, within
         the window behind the head (TIBCO Rendezvous Concepts, The Rendezvous Daemon,
-        Reliable Message Delivery). Each gap backs off on its own: 50, 100, 200 ... 1,000 ms."""
+        Reliable Message Delivery). Each gap backs off on its own: 50, 100, 200 ... 1,000
+        ms. The first request for a gap counts its packets as missed and reports them (TIBCO
+        Rendezvous Concepts, Appendix A, RETRANSMISSION.INBOUND.EXPECTED)."""
         limit = min(st.highest, st.next + self.max_out_of_order - 1)
         keys = sorted(st.buf)
         ranges: list[tuple[int, int]] = []
@@ -1019,6 +1018,7 @@ class Engine:
                 while ki < len(keys) and keys[ki] < lo:
                     ki += 1
                 s = lo
+                before = len(ranges)
                 while s <= hi and len(ranges) < MAX_RANGES:
                     if ki < len(keys) and keys[ki] <= hi:
                         k = keys[ki]
@@ -1029,6 +1029,11 @@ class Engine:
                     else:
                         ranges.append((s, hi))
                         break
+                if g.backoff == NAK_BACKOFF_FIRST and len(ranges) > before:
+                    count = sum(last - first + 1 for first, last in ranges[before:])
+                    self.stats.packets_missed += count
+                    self._events.append(Advisory(RETRANSMISSION_INBOUND_EXPECTED,
+                                                 {"host": st.host, "lost": count}))
                 if lo > hi:
                     g.nak_at = INF
                 else:
