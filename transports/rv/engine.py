@@ -125,6 +125,7 @@ ACK_EVERY: Final = 16
 RTO_FIRST: Final = 0.1
 RTO_MAX: Final = 1.0
 RTO_BURST: Final = 64  # packets retransmitted per RTO expiry
+MAX_RETRANS_PER_NAK: Final = 16384  # a receiver's default window; it asks again for more
 MAX_REMEMBERED: Final = 1024  # ended incarnations and silent streams remembered
 
 DATALOSS_INBOUND_BCAST: Final = "_RV.ERROR.SYSTEM.DATALOSS.INBOUND.BCAST"
@@ -777,6 +778,10 @@ class Engine:
                 self._data_loss(st, highest + 1)
             del table[key]
         self._remember_ended(key)
+        peer = (src_ip << 16) | src_port
+        self._denied_upto.pop(peer, None)
+        if self._peer_inc.get(peer) == key & 0xFFFFFFFF:
+            del self._peer_inc[peer]
         # its inbox port is gone: what it has not acknowledged to us is lost
         ps = self._ptp_out.pop((int_to_ip(src_ip), src_port), None)
         if ps is not None:
@@ -806,6 +811,7 @@ class Engine:
             if first < lowest:
                 denied.append((first, min(last, lowest - 1)))
                 first = lowest
+            last = min(last, first + MAX_RETRANS_PER_NAK - resent - 1)
             for s in range(first, last + 1):
                 t = retx_at.get(s)
                 if t is not None and now - t < RETRANS_HOLDOFF:
