@@ -46,8 +46,8 @@ How it works (the packet layout is in :mod:`transports.rv.packet`):
   late joiners get no history. Fragments before the first FIRST_FRAG are dropped. A new
   incarnation from the same address is a new sender (the old state is dropped, silently).
 * **Point-to-point: ACK-based.** The receiver acknowledges (cumulative ACK plus SACK ranges)
-  within 20 ms or every 16 packets; the sender retransmits what is not acknowledged after an
-  RTO of 100 ms, doubling to 1 s, and gives up on a packet after the reliability interval
+  within 20 ms or every 16 packets; the sender resends a hole below a SACKed packet at once,
+  and what is not acknowledged after an RTO of 100 ms, doubling to 1 s, and gives up on a packet after the reliability interval
   (``DATALOSS.OUTBOUND.PTP``, and a NAK_DENY that makes the receiver report
   ``DATALOSS.INBOUND.PTP``). A receiver restarted under the same address resynchronises
   through a point-to-point HEARTBEAT, without a loss report.
@@ -271,7 +271,7 @@ class _PtpSend:
     """A sender's point-to-point stream to one destination engine."""
 
     __slots__ = ("dest", "host", "port", "next_seq", "base", "pending", "first_sent",
-                 "sacked", "rto", "rto_at")
+                 "sacked", "fast", "rto", "rto_at")
 
     def __init__(self, dest: tuple[str, int]) -> None:
         self.dest = dest
@@ -282,6 +282,7 @@ class _PtpSend:
         self.pending: deque[bytes] = deque()  # sent, not acknowledged
         self.first_sent: deque[float] = deque()
         self.sacked: set[int] = set()
+        self.fast: set[int] = set()  # holes already retransmitted on a SACK since the RTO
         self.rto = RTO_FIRST
         self.rto_at = INF
 
@@ -894,14 +895,32 @@ class Engine:
             ps.pending.popleft()
             ps.first_sent.popleft()
             ps.sacked.discard(ps.base)
+            ps.fast.discard(ps.base)
             ps.base += 1
             progressed = True
         top = ps.base + len(ps.pending)
+        highest_sacked = 0
         for first, last in sack:
             for s in range(max(first, ps.base), min(last + 1, top)):
                 if s not in ps.sacked:
                     ps.sacked.add(s)
                     progressed = True
+                highest_sacked = s
+        if highest_sacked:
+            # fast retransmit: what the receiver lacks below what it has is most likely
+            # lost; resend each such hole once, rather than wait for the RTO
+            sent = 0
+            for s in range(ps.base, highest_sacked):
+                if s not in ps.sacked and s not in ps.fast:
+                    ps.fast.add(s)
+                    b = bytearray(ps.pending[s - ps.base])
+                    b[5] |= RETRANS
+                    self._out.append((bytes(b), ps.dest))
+                    sent += 1
+                    if sent >= RTO_BURST:
+                        break
+            self.stats.retransmitted += sent
+            self.stats.packets_sent += sent
         if progressed:
             ps.rto = RTO_FIRST
             ps.rto_at = now + ps.rto if ps.pending else INF
@@ -918,6 +937,7 @@ class Engine:
                 lost += 1
             else:
                 ps.sacked.discard(ps.base)
+            ps.fast.discard(ps.base)
             ps.pending.popleft()
             ps.first_sent.popleft()
             ps.base += 1
@@ -925,6 +945,7 @@ class Engine:
             self._emit(encode_nak(self._deny_head_ptp, self.incarnation,
                                   [(lost_first, ps.base - 1)]), ps.dest)
             self._outbound_ptp_loss(ps.host, lost)
+        ps.fast.clear()
         sent = 0
         for i, d in enumerate(ps.pending):
             if ps.base + i in ps.sacked:

@@ -424,6 +424,22 @@ def test_ptp_exactly_once_in_order_under_loss(loss: float, seed: int) -> None:
     assert not b.advisories(DATALOSS_INBOUND_PTP) and not a.advisories(DATALOSS_OUTBOUND_PTP)
 
 
+def test_ptp_hole_below_a_sack_is_resent_before_the_rto() -> None:
+    lan = MemLan(83)
+    a = lan.add(ip="10.0.0.1")
+    b = lan.add(ip="10.0.0.2")
+    dest = (b.engine.ip, b.engine.port)
+    for i in range(10):
+        if i == 3:
+            b.loss = 1.0
+        a.engine.send_to(dest, b"%d" % i, lan.now)
+        lan.flush()
+        b.loss = None
+    lan.run_until(lambda: len(b.payloads_from(a, ptp=True)) == 10, timeout=0.05)
+    assert b.payloads_from(a, ptp=True) == [b"%d" % i for i in range(10)]
+    assert a.engine.stats.retransmitted == 1
+
+
 def test_ptp_acks_every_16_packets_or_after_20ms() -> None:
     lan = MemLan(53)
     a = lan.add(ip="10.0.0.1")
