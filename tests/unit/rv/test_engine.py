@@ -252,6 +252,27 @@ def test_silent_sender_forgotten_then_heard_again_reports_the_loss() -> None:
     assert [x.fields["lost"] for x in a.advisories(DATALOSS_OUTBOUND_BCAST)] == [3]
 
 
+def test_out_of_order_buffer_is_bounded() -> None:
+    lan = MemLan(89)
+    a = lan.add(ip="10.0.0.1")
+    (b,) = listeners(lan, 1, max_out_of_order=10)
+    introduce(lan, a, [b])
+    b.loss = 1.0
+    a.engine.send(b"first", lan.now)
+    lan.flush()
+    b.loss = None
+    sent = [b"first"] + messages(50)
+    for m in sent[1:]:
+        a.engine.send(m, lan.now)
+    lan.flush()
+    lan.run(0.0015)  # all arrived, none asked for yet
+    st = next(iter(b.engine._mcast_in.values()))
+    assert len(st.buf) == 9 and b.engine.stats.overflow == 41
+    lan.run_until(lambda: len(b.payloads_from(a)) == 51)
+    assert b.payloads_from(a) == sent
+    assert not b.advisories(DATALOSS_INBOUND_BCAST)
+
+
 def test_late_joiner_gets_no_history() -> None:
     lan = MemLan(19)
     a = lan.add(ip="10.0.0.1")
