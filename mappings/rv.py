@@ -46,7 +46,7 @@ from transports.rv.message import CmLabel, FieldError, RvDateTime
 from transports.rv.message import Message as RvMessage
 
 __all__ = ["BODY_FIELDS", "HEADERS_FIELD", "PROPERTIES_FIELD", "FieldError", "RvMessage",
-           "body_in", "body_out", "cm_expiration", "cm_sequence", "core_value", "headers_in",
+           "add", "body_in", "body_out", "cm_expiration", "cm_sequence", "core_value", "headers_in",
            "headers_out", "map_in", "message_to_rv", "properties_in", "properties_out",
            "rv_to_message", "rv_value"]  # fmt: skip
 
@@ -100,7 +100,9 @@ def core_value(t: int, v: Any) -> Any:
     if conv is not None:
         return conv(v)
     if t == STRING:
-        return v if type(v) is str else v.decode("utf-8", "replace")
+        if type(v) is str:
+            return v
+        return str(v) if isinstance(v, str) else v.decode("utf-8", "replace")
     if t == MSG:
         return msg_in(v)
     if t == OPAQUE or t == XML:
@@ -183,12 +185,12 @@ def rv_value(v: Any) -> tuple[int, Any] | None:
     ``boolean[]``, which RV has no array for) → ``MSG`` of unnamed fields; ``char`` →
     ``STRING``; the core's unsigned widths and arrays → ``U8`` … ``U64``, ``U8ARRAY`` …
     ``U64ARRAY``; ``int8[]`` → ``I8ARRAY``. Raises :class:`MessageFormatError` for a value
-    of no type here (:class:`FieldError` comes later, from adding it to a message).
+    of no type here (and :func:`add` for one RV cannot carry).
     """
     t = type(v)
     code = _SCALAR_OUT.get(t)
     if code is not None:
-        return code, v
+        return code, str(v) if t is gt.Char else v
     if v is None:
         return None
     if t is dict:
@@ -201,16 +203,23 @@ def rv_value(v: Any) -> tuple[int, Any] | None:
     raise MessageFormatError(f"no RV type for a {t.__name__}")
 
 
+def add(rv: RvMessage, name: str | None, value: Any, t: int) -> None:
+    """Add a field to a message being sent; what RV cannot carry (a string holding NUL, a
+    name starting with ``_`` or longer than 127 bytes, a value out of the type's range) is
+    a :class:`MessageFormatError`: the message cannot be sent."""
+    try:
+        rv.add(name, value, t)
+    except FieldError as exc:
+        raise MessageFormatError(f"cannot be sent on the RV bus: field {name!r}: {exc}") from None
+
+
 def map_out(m: dict[str, Any], into: RvMessage | None = None) -> RvMessage:
     """A map as a message of named fields, in order (null entries left out)."""
     rv = RvMessage() if into is None else into
     for name, v in m.items():
         tv = rv_value(v)
         if tv is not None:
-            try:
-                rv.add(name, tv[1], tv[0])
-            except FieldError as exc:
-                raise FieldError(f"map entry {name!r}: {exc}") from None
+            add(rv, name, tv[1], tv[0])
     return rv
 
 
@@ -220,7 +229,7 @@ def stream_out(s: Any) -> RvMessage:
     for v in s:
         tv = rv_value(v)
         if tv is not None:
-            rv.add(None, tv[1], tv[0])
+            add(rv, None, tv[1], tv[0])
     return rv
 
 
@@ -240,23 +249,22 @@ def headers_out(msg: Message) -> RvMessage:
     ``JMSDeliveryTime`` of 0 is not set, and a time before 1970 does not fit ``U64``); a
     binary correlation id as ``OPAQUE``."""
     rv = RvMessage()
-    add = rv.add
-    add("JMSDeliveryMode", int(msg.delivery_mode), U8)
+    add(rv, "JMSDeliveryMode", int(msg.delivery_mode), U8)
     if msg.delivery_time > 0:
-        add("JMSDeliveryTime", msg.delivery_time, U64)
-    add("JMSPriority", msg.priority, U8)
+        add(rv, "JMSDeliveryTime", msg.delivery_time, U64)
+    add(rv, "JMSPriority", msg.priority, U8)
     if msg.timestamp > 0:
-        add("JMSTimestamp", msg.timestamp, U64)
+        add(rv, "JMSTimestamp", msg.timestamp, U64)
     if msg.expiration >= 0:
-        add("JMSExpiration", msg.expiration, U64)
+        add(rv, "JMSExpiration", msg.expiration, U64)
     if msg.type is not None:
-        add("JMSType", msg.type, STRING)
+        add(rv, "JMSType", msg.type, STRING)
     if msg.message_id is not None:
-        add("JMSMessageID", msg.message_id, STRING)
+        add(rv, "JMSMessageID", msg.message_id, STRING)
     corr = msg.correlation_id
     if corr is not None:
-        add("JMSCorrelationID", corr, OPAQUE if type(corr) is bytes else STRING)
-    add("JMSRedelivered", msg.redelivered, BOOL)
+        add(rv, "JMSCorrelationID", corr, OPAQUE if type(corr) is bytes else STRING)
+    add(rv, "JMSRedelivered", msg.redelivered, BOOL)
     return rv
 
 
@@ -345,13 +353,13 @@ def body_out(kind: BodyKind, body: Any, into: RvMessage) -> None:
     if kind is BodyKind.MAP:
         map_out(body, into)
     elif kind is BodyKind.TEXT:
-        into.add(TEXT_FIELD, body, STRING)
+        add(into, TEXT_FIELD, body, STRING)
     elif kind is BodyKind.BYTES:
-        into.add(BYTES_FIELD, body, OPAQUE)
+        add(into, BYTES_FIELD, body, OPAQUE)
     elif kind is BodyKind.OBJECT:
-        into.add(OBJECT_FIELD, body, OPAQUE)
+        add(into, OBJECT_FIELD, body, OPAQUE)
     elif kind is BodyKind.STREAM:
-        into.add(STREAM_FIELD, stream_out(body), MSG)
+        add(into, STREAM_FIELD, stream_out(body), MSG)
 
 
 # -- the whole mapping -------------------------------------------------------------------------
@@ -415,13 +423,10 @@ def message_to_rv(msg: Message, *, send_subject: str, reply_subject: str | None,
     Rendezvous message body"). ``send_subject`` / ``reply_subject`` are the bridge's
     renderings of ``JMSDestination`` / ``JMSReplyTo``."""
     rv = RvMessage(send_subject, reply_subject)
-    try:
-        if export_headers:
-            rv.add(HEADERS_FIELD, headers_out(msg), MSG)
-        if export_properties and msg.properties:
-            rv.add(PROPERTIES_FIELD, properties_out(msg.properties), MSG)
-        body_out(msg.body_kind, msg.body, rv)
-    except FieldError as exc:  # a string with NUL, a map key RV cannot name a field
-        raise MessageFormatError(f"cannot be sent on the RV bus: {exc}") from None
+    if export_headers:
+        add(rv, HEADERS_FIELD, headers_out(msg), MSG)
+    if export_properties and msg.properties:
+        add(rv, PROPERTIES_FIELD, properties_out(msg.properties), MSG)
+    body_out(msg.body_kind, msg.body, rv)
     return rv
 

@@ -788,10 +788,7 @@ def _rv_put(m: Any, name: str, v: Any) -> None:
     """Add a field to the message being built (a core value in its RV type)."""
     tv = _rv_typed(v)
     if tv is not None:
-        try:
-            m.w.rv.add(name, tv[1], tv[0])
-        except _rv.FieldError as exc:
-            raise MessageFormatError(f"RV field {name!r}: {exc}") from None
+        _rv.add(m.w.rv, name, tv[1], tv[0])
 
 
 def _rv_in_field(rest: str) -> _Field:
@@ -838,10 +835,7 @@ def _rv_out_field(rest: str) -> _Field:
                 return
             # the first field of the name takes the new type and value, in its place
             new = _rv.RvMessage()
-            try:
-                new.add(name, tv[1], tv[0])
-            except _rv.FieldError as exc:
-                raise MessageFormatError(f"RV field {name!r}: {exc}") from None
+            _rv.add(new, name, tv[1], tv[0])
             new.fields[0].fid = fields[i].fid
             fields[i] = new.fields[0]
 
@@ -853,10 +847,7 @@ def _rv_out_field(rest: str) -> _Field:
     if rest == "body":
         def write_body(m: Any, v: Any) -> None:
             kind, value = (v.kind, v.value) if type(v) is Body else (infer_body_kind(v), v)
-            try:
-                _rv.body_out(kind, value, m.w.rv)
-            except _rv.FieldError as exc:
-                raise MessageFormatError(f"RV body: {exc}") from None
+            _rv.body_out(kind, value, m.w.rv)
 
         def clear(m: Any) -> None:
             rv = m.w.rv
