@@ -6,9 +6,9 @@ of the same message — what was received (``in``) or what is being built to sen
 The default mappings (``mappings/defaults/<protocol>.yaml``) are rules whose steps read one
 side and write the other; user rules may address both. This module defines the wire forms
 (:class:`StompIn`, :class:`StompOut`, :class:`MqttIn`, :class:`MqttOut`, :class:`AmqpIn`,
-:class:`AmqpOut`: AMQP values keep their AMQP types; :class:`RvIn`, :class:`RvOut`: an RV
-message of typed fields, read and written as core values by EMS's datatype table), the ``wire.…`` field paths of each
-(:func:`wire_parser`) and the sections ``copy_all`` walks (:func:`wire_section`).
+:class:`AmqpOut`: AMQP values keep their AMQP types; :class:`RvIn`, :class:`RvOut`, in
+:mod:`mappings.rv_wire`: an RV message of typed fields, read and written as core values),
+the ``wire.…`` field paths of each (:func:`wire_parser`) and the sections ``copy_all`` walks (:func:`wire_section`).
 
 The form of an incoming message is the caller's (the adapter's parsed frame): it is read-only
 to the mapping. The form of an outgoing one is the mapping's to build; :meth:`StompOut.finish`
@@ -27,11 +27,11 @@ import proton
 
 from gateway import types as gt
 from gateway.errors import MessageFormatError
-from gateway.message import DestKind, Message, infer_body_kind
+from gateway.message import DestKind, Message
 from mappings import amqp as _amqp
 from mappings import amqp_values as _values
-from mappings import rv as _rv
-from mappings.fields import _MISSING, Body, Kept, Section, _Field
+from mappings.fields import _MISSING, Kept, Section, _Field
+from mappings.rv_wire import RV_SECTIONS, RvIn, RvOut, rv_in_field, rv_out_field
 
 __all__ = ["TYPES_MARK", "WIRE_PROTOCOLS", "AmqpIn", "AmqpOut", "MqttIn", "MqttOut", "RvIn",
            "RvOut", "StompIn", "StompOut", "Work", "amqp_core", "amqp_value", "wire_parser",
@@ -733,146 +733,6 @@ def _amqp_out_field(rest: str) -> _Field:
                      "wire.delivery_count and wire.types")
 
 
-# -- RV-style bus -----------------------------------------------------------------------------
-
-
-class RvIn:
-    """An RV message as the mapping reads it, with the arrival time and the transport's import
-    delivery mode (``topic_import_dm`` / ``queue_import_dm``)."""
-
-    __slots__ = ("import_dm", "now", "rv")
-
-    def __init__(self, rv: Any, import_dm: Any, now: int) -> None:
-        self.rv, self.import_dm, self.now = rv, import_dm, now
-
-
-class RvOut:
-    """The RV message being built (its subjects set by the bridge), and the transport's
-    ``export_headers`` / ``export_properties``."""
-
-    __slots__ = ("export_headers", "export_properties", "rv")
-
-    def __init__(self, rv: Any, export_headers: bool, export_properties: bool) -> None:
-        self.rv, self.export_headers, self.export_properties = (
-            rv, export_headers, export_properties)  # fmt: skip
-
-
-def _rv_read(m: Any, name: str) -> Any:
-    """The core value of the first field ``name`` of the wire form's message (absent when
-    there is none, or EMS does not import its type)."""
-    f = m.w.rv.get_field(name)
-    if f is None:
-        return _MISSING
-    v = _rv.core_value(f.type, f.value)
-    return _MISSING if v is None else v
-
-
-def _rv_fields(m: Any) -> list[tuple[str, Any]]:
-    """Every named field of the wire form's message as (name, core value), in order."""
-    out = []
-    for f in m.w.rv.fields:
-        if f.name is not None:
-            v = _rv.core_value(f.type, f.value)
-            if v is not None:
-                out.append((f.name, v))
-    return out
-
-
-def _rv_typed(v: Any) -> tuple[int, Any] | None:
-    if type(v) is _rv.RvMessage:
-        return _rv.MSG, v  # a converter's submessage, typed already
-    return _rv.rv_value(v)
-
-
-def _rv_put(m: Any, name: str, v: Any) -> None:
-    """Add a field to the message being built (a core value in its RV type)."""
-    tv = _rv_typed(v)
-    if tv is not None:
-        _rv.add(m.w.rv, name, tv[1], tv[0])
-
-
-def _rv_in_field(rest: str) -> _Field:
-    text = "wire." + rest
-    if rest.startswith("field."):
-        name = rest[6:]
-        if not name:
-            raise ValueError("empty field name")
-        return _read_only(text, lambda m: _rv_read(m, name), _IN_READ_ONLY, ("field", name))
-    simple: dict[str, Callable[[Any], Any]] = {
-        "message": lambda m: m.w.rv,
-        "send_subject": lambda m: _none_missing(m.w.rv.send_subject),
-        "reply_subject": lambda m: _none_missing(m.w.rv.reply_subject),
-        "now": lambda m: m.w.now,
-        "import_dm": lambda m: m.w.import_dm,
-        "cm_sender": lambda m: _MISSING if m.w.rv.cm is None else m.w.rv.cm.sender,
-        "cm_sequence": lambda m: _MISSING if m.w.rv.cm is None else _rv.cm_sequence(m.w.rv.cm),
-        "cm_time_limit": lambda m: _MISSING if m.w.rv.cm is None else m.w.rv.cm.time_limit,
-    }
-    if rest in simple:
-        return _read_only(text, simple[rest], _IN_READ_ONLY, (rest,))
-    raise ValueError("an RV message received has wire.field.<name>, wire.message, "
-                     "wire.send_subject, wire.reply_subject, wire.now, wire.import_dm, "
-                     "wire.cm_sender, wire.cm_sequence and wire.cm_time_limit")
-
-
-def _rv_out_field(rest: str) -> _Field:
-    text = "wire." + rest
-    if rest.startswith("field."):
-        name = rest[6:]
-        if not name:
-            raise ValueError("empty field name")
-
-        def write(m: Any, v: Any) -> None:
-            rv = m.w.rv
-            if rv.get_field(name) is None:
-                _rv_put(m, name, v)
-                return
-            tv = _rv_typed(v)
-            fields = rv.fields
-            i = next(i for i, f in enumerate(fields) if f.name == name)
-            if tv is None:
-                del fields[i]
-                return
-            # the first field of the name takes the new type and value, in its place
-            new = _rv.RvMessage()
-            _rv.add(new, name, tv[1], tv[0])
-            new.fields[0].fid = fields[i].fid
-            fields[i] = new.fields[0]
-
-        def delete(m: Any) -> None:
-            m.w.rv.remove_all(name)
-
-        return _Field(text, "wire", ("field", name), lambda m: _rv_read(m, name), write,
-                      delete, lambda m: _w(m).rv.get_field(name) is None)  # fmt: skip
-    if rest == "body":
-        def write_body(m: Any, v: Any) -> None:
-            kind, value = (v.kind, v.value) if type(v) is Body else (infer_body_kind(v), v)
-            _rv.body_out(kind, value, m.w.rv)
-
-        def clear(m: Any) -> None:
-            rv = m.w.rv
-            rv.fields[:] = [f for f in rv.fields
-                            if f.name in (_rv.HEADERS_FIELD, _rv.PROPERTIES_FIELD)]
-
-        return _Field(text, "wire", (rest,), lambda m: _rv.body_in(_w(m).rv)[1], write_body,
-                      clear, lambda m: False)  # fmt: skip
-    fixed: dict[str, tuple[Callable[[Any], Any], str]] = {
-        "message": (lambda m: m.w.rv, "the RV message being built (converters add to it)"),
-        "send_subject": (lambda m: m.w.rv.send_subject, "the bridge's subject"),
-        "reply_subject": (lambda m: _none_missing(m.w.rv.reply_subject),
-                          "the bridge's rendering of JMSReplyTo"),
-        "export_headers": (lambda m: m.w.export_headers, "the transport's export_headers"),
-        "export_properties": (lambda m: m.w.export_properties,
-                              "the transport's export_properties"),
-    }  # fmt: skip
-    if rest in fixed:
-        read_fixed, why = fixed[rest]
-        return _read_only(text, read_fixed, f"is read-only ({why})", (rest,))
-    raise ValueError("an RV message sent has wire.field.<name>, wire.body, wire.message, "
-                     "wire.send_subject, wire.reply_subject, wire.export_headers and "
-                     "wire.export_properties")
-
-
 def _mqtt_out_put(m: Any, name: str, v: Any) -> None:
     m.w.user.append((name, v))  # MQTT 5 allows a name more than once [MQTT-3.3.2-17]
 
@@ -903,9 +763,8 @@ _SECTIONS: dict[tuple[str, str, str], Section] = {
     **{("amqp", "out", s): Section(f"wire.{s}", _amqp_items(a), _AMQP_PUT[s], "", True,
                                    amqp_core)
        for s, a in _AMQP_MAPS.items()},
-    ("rv", "in", "field"): Section("wire.field", _rv_fields, _in_put,
-                                   f"wire.field {_IN_READ_ONLY}"),
-    ("rv", "out", "field"): Section("wire.field", _rv_fields, _rv_put),
+    ("rv", "in", "field"): RV_SECTIONS["in"],
+    ("rv", "out", "field"): RV_SECTIONS["out"],
 }  # fmt: skip
 
 _PARSERS: dict[tuple[str, str], Callable[[str], _Field]] = {
@@ -915,8 +774,8 @@ _PARSERS: dict[tuple[str, str], Callable[[str], _Field]] = {
     ("mqtt", "out"): _mqtt_out_field,
     ("amqp", "in"): _amqp_in_field,
     ("amqp", "out"): _amqp_out_field,
-    ("rv", "in"): _rv_in_field,
-    ("rv", "out"): _rv_out_field,
+    ("rv", "in"): rv_in_field,
+    ("rv", "out"): rv_out_field,
 }
 
 
