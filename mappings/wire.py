@@ -8,7 +8,8 @@ side and write the other; user rules may address both. This module defines the w
 (:class:`StompIn`, :class:`StompOut`, :class:`MqttIn`, :class:`MqttOut`, :class:`AmqpIn`,
 :class:`AmqpOut`: AMQP values keep their AMQP types; :class:`RvIn`, :class:`RvOut`, in
 :mod:`mappings.rv_wire`: an RV message of typed fields, read and written as core values),
-the ``wire.…`` field paths of each (:func:`wire_parser`) and the sections ``copy_all`` walks (:func:`wire_section`).
+the ``wire.…`` field paths of each (:func:`wire_parser`) and the sections ``copy_all``
+walks (:func:`wire_section`).
 
 The form of an incoming message is the caller's (the adapter's parsed frame): it is read-only
 to the mapping. The form of an outgoing one is the mapping's to build; :meth:`StompOut.finish`
