@@ -53,7 +53,8 @@ __all__ = ["BODY_FIELDS", "HEADERS_FIELD", "PROPERTIES_FIELD", "FieldError", "Rv
 # Field names of EMS's translation ("Message Translation", Tables 65 and 66).
 HEADERS_FIELD = "JMSHeaders"
 PROPERTIES_FIELD = "JMSProperties"
-TEXT_FIELD, BYTES_FIELD, STREAM_FIELD, OBJECT_FIELD = "JMSText", "JMSBytes", "JMSStream", "JMSObject"
+TEXT_FIELD, BYTES_FIELD = "JMSText", "JMSBytes"
+STREAM_FIELD, OBJECT_FIELD = "JMSStream", "JMSObject"
 # Import: the first of these present decides the body kind (Table 65, in its order).
 BODY_FIELDS = ((BYTES_FIELD, BodyKind.BYTES), (OBJECT_FIELD, BodyKind.OBJECT),
                (STREAM_FIELD, BodyKind.STREAM), (TEXT_FIELD, BodyKind.TEXT))  # fmt: skip
