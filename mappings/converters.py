@@ -8,8 +8,9 @@ checks both counts. The values are the fields' values (``None`` when absent); th
 one value per target, :data:`~mappings.fields.SKIP` for "write nothing". The rules themselves
 are the protocol mapping modules' own functions (:mod:`mappings.stomp`,
 :mod:`mappings.mqtt`, :mod:`mappings.amqp`, :mod:`mappings.rv`), so the fast path
-(``stomp_to_message`` / ``message_to_stomp`` …) and the rules share one definition of each. The AMQP converters also
-read and write the types record of the wire form (``m.w.tree``, ``m.w.marks``).
+(``stomp_to_message`` / ``message_to_stomp`` …) and the rules share one definition of each.
+The AMQP converters also read and write the types record of the wire form (``m.w.tree``,
+``m.w.marks``).
 Converters that collect ``gw-types`` entries append them to the outgoing wire form's
 ``types``. Every converter is listed, with what it does, in ``mappings/README.md``
 ("Converters").
