@@ -37,6 +37,7 @@ data model; it is the one import of ``transports`` the import contract allows ``
 from __future__ import annotations
 
 from array import array
+from datetime import datetime
 from typing import Any
 
 from gateway import types as gt
@@ -46,7 +47,7 @@ from transports.rv.message import CmLabel, FieldError, RvDateTime
 from transports.rv.message import Message as RvMessage
 
 __all__ = ["BODY_FIELDS", "HEADERS_FIELD", "PROPERTIES_FIELD", "FieldError", "RvMessage",
-           "add", "body_in", "body_out", "cm_expiration", "cm_sequence", "core_value", "headers_in",
+           "add", "body_in", "body_out", "cm_expiration", "cm_sequence", "core_value", "datetime_out", "headers_in",
            "headers_out", "map_in", "message_to_rv", "properties_in", "properties_out",
            "rv_to_message", "rv_value"]  # fmt: skip
 
@@ -232,6 +233,20 @@ def stream_out(s: Any) -> RvMessage:
         if tv is not None:
             add(rv, None, tv[1], tv[0])
     return rv
+
+
+def datetime_out(v: Any) -> RvDateTime:
+    """A ``DATETIME`` from a core value: a long of ms since 1970, or an ISO 8601 text (a
+    naive one is UTC). Raises :class:`MessageFormatError` for anything else."""
+    if isinstance(v, int) and type(v) is not bool:
+        s, ms = divmod(int(v), 1000)
+        return RvDateTime(s, ms * 1000)
+    if isinstance(v, str):
+        try:
+            return RvDateTime.from_datetime(datetime.fromisoformat(v))
+        except ValueError:
+            pass
+    raise MessageFormatError(f"a DATETIME is ms since 1970 or an ISO 8601 text, not {v!r}")
 
 
 # -- the rows --------------------------------------------------------------------------------

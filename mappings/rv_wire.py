@@ -75,6 +75,15 @@ def _rv_read(m: Any, name: str) -> Any:
     return _MISSING if v is None else v
 
 
+def _rv_date(m: Any, name: str) -> Any:
+    """The first field ``name`` as an ISO 8601 UTC text, when it is a ``DATETIME`` (the
+    date form of what ``wire.field.<name>`` gives as ms)."""
+    f = m.w.rv.get_field(name)
+    if f is None or f.type != _rv.DATETIME:
+        return _MISSING
+    return f.value.isoformat()
+
+
 def _rv_fields(m: Any) -> list[tuple[str, Any]]:
     """Every named field of the wire form's message as (name, core value), in order."""
     out = []
@@ -107,6 +116,11 @@ def rv_in_field(rest: str) -> _Field:
         if not name:
             raise ValueError("empty field name")
         return _read_only(text, lambda m: _rv_read(m, name), _IN_READ_ONLY, ("field", name))
+    if rest.startswith("datetime."):
+        name = rest[9:]
+        if not name:
+            raise ValueError("empty field name")
+        return _read_only(text, lambda m: _rv_date(m, name), _IN_READ_ONLY, ("datetime", name))
     simple: dict[str, Callable[[Any], Any]] = {
         "message": lambda m: m.w.rv,
         "send_subject": lambda m: _none_missing(m.w.rv.send_subject),
@@ -119,7 +133,8 @@ def rv_in_field(rest: str) -> _Field:
     }
     if rest in simple:
         return _read_only(text, simple[rest], _IN_READ_ONLY, (rest,))
-    raise ValueError("an RV message received has wire.field.<name>, wire.message, "
+    raise ValueError("an RV message received has wire.field.<name>, wire.datetime.<name>, "
+                     "wire.message, "
                      "wire.send_subject, wire.reply_subject, wire.now, wire.import_dm, "
                      "wire.cm_sender, wire.cm_sequence and wire.cm_time_limit")
 
@@ -154,6 +169,19 @@ def rv_out_field(rest: str) -> _Field:
 
         return _Field(text, "wire", ("field", name), lambda m: _rv_read(m, name), write,
                       delete, lambda m: _w(m).rv.get_field(name) is None)  # fmt: skip
+    if rest.startswith("datetime."):
+        dname = rest[9:]
+        if not dname:
+            raise ValueError("empty field name")
+
+        def write_date(m: Any, v: Any) -> None:
+            rv = m.w.rv
+            rv.remove_all(dname)
+            _rv.add(rv, dname, _rv.datetime_out(v), _rv.DATETIME)
+
+        return _Field(text, "wire", ("datetime", dname), lambda m: _rv_date(m, dname),
+                      write_date, lambda m: _w(m).rv.remove_all(dname),
+                      lambda m: _w(m).rv.get_field(dname) is None)  # fmt: skip
     if rest == "body":
         def write_body(m: Any, v: Any) -> None:
             kind, value = (v.kind, v.value) if type(v) is Body else (infer_body_kind(v), v)
@@ -178,7 +206,8 @@ def rv_out_field(rest: str) -> _Field:
     if rest in fixed:
         read_fixed, why = fixed[rest]
         return _read_only(text, read_fixed, f"is read-only ({why})", (rest,))
-    raise ValueError("an RV message sent has wire.field.<name>, wire.body, wire.message, "
+    raise ValueError("an RV message sent has wire.field.<name>, wire.datetime.<name>, "
+                     "wire.body, wire.message, "
                      "wire.send_subject, wire.reply_subject, wire.export_headers and "
                      "wire.export_properties")
 

@@ -22,10 +22,10 @@ from strategies import message_differences, messages
 
 from gateway.message import BodyKind, DeliveryMode, Destination, Message
 from gateway.types import Int16
-from mappings.engine import MappingSet
+from mappings.engine import MappingFailed, MappingSet
 from mappings.rules import default_rules
 from mappings.rv import message_to_rv, rv_to_message
-from transports.rv import CmLabel, RvType
+from transports.rv import CmLabel, RvDateTime, RvType
 from transports.rv import Message as RvMessage
 
 T = Destination.topic("plant.a")
@@ -221,3 +221,49 @@ mappings:
     assert rv.names() == ["JMSText"] and rv["JMSText"] == '{"a":1}'
     assert BodyKind.TEXT is rv_to_message(rv, destination=T, reply_to=None,
                                           now_ms=NOW).body_kind
+
+
+def test_a_datetime_as_a_date_both_ways() -> None:
+    """EMS imports a DATETIME as a long (ms); a rule may take it as a date instead, and send
+    a date or a long as a DATETIME (which EMS never exports)."""
+    ms = MappingSet.from_text("""\
+mappings:
+  - name: the reading time as a date
+    extends: rv.in.body
+    match: {destination: "plant.>"}
+    steps:
+      - copy: {from: wire.datetime.at, to: body.at}
+  - name: times as DATETIME
+    extends: rv.out.body
+    match: {destination: "plant.>"}
+    steps:
+      - copy: {from: body.at, to: wire.datetime.at}
+      - copy: {from: property.since, to: wire.datetime.since}
+""")
+    src = RvMessage().add("at", RvDateTime(1_700_000_000, 250_000)).add("v", 1)
+    m = ms.wire_for(T, protocol="rv", direction="in")(src, destination=T, reply_to=None,
+                                                      now_ms=NOW)
+    assert m.body == {"at": "2023-11-14T22:13:20.250000Z", "v": 1}
+    assert rv_to_message(src, destination=T, reply_to=None,
+                         now_ms=NOW).body == {"at": 1_700_000_000_250, "v": 1}
+    rv = ms.wire_for(T, protocol="rv", direction="out")(
+        Message.map({"v": 1, "at": "2023-11-14T22:13:20.25+00:00"},
+                    properties={"since": -1500}),
+        send_subject="s", reply_subject=None, export_headers=False, export_properties=False)
+    assert rv.names() == ["v", "at", "since"]
+    assert [(f.type, f.value) for f in rv.fields[1:]] == [
+        (RvType.DATETIME, RvDateTime(1_700_000_000, 250_000)),
+        (RvType.DATETIME, RvDateTime(-2, 500_000))]
+
+
+def test_a_date_that_is_not_one_fails_the_rule() -> None:
+    ms = MappingSet.from_text("""\
+mappings:
+  - name: d
+    match: {protocol: rv, direction: out, destination: ">"}
+    steps:
+      - set: {field: wire.datetime.at, value: "yesterday"}
+""")
+    with pytest.raises(MappingFailed, match="ISO 8601"):
+        ms.wire_for(T, protocol="rv", direction="out")(
+            Message("x"), send_subject="s", reply_subject=None)
