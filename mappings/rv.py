@@ -47,9 +47,9 @@ from transports.rv.message import CmLabel, Field, FieldError, RvDateTime
 from transports.rv.message import Message as RvMessage
 
 __all__ = ["BODY_FIELDS", "HEADERS_FIELD", "PROPERTIES_FIELD", "FieldError", "RvMessage",
-           "add", "body_in", "body_out", "cm_expiration", "cm_sequence", "core_value", "datetime_out", "headers_in",
-           "headers_out", "map_in", "message_to_rv", "properties_in", "properties_out",
-           "rv_to_message", "rv_value"]  # fmt: skip
+           "add", "body_in", "body_out", "cm_expiration", "cm_sequence", "core_value",
+           "datetime_out", "headers_in", "headers_out", "map_in", "message_to_rv",
+           "properties_in", "properties_out", "rv_to_message", "rv_value"]  # fmt: skip
 
 # Field names of EMS's translation ("Message Translation", Tables 65 and 66).
 HEADERS_FIELD = "JMSHeaders"
@@ -251,17 +251,11 @@ def datetime_out(v: Any) -> RvDateTime:
 
 # -- the rows --------------------------------------------------------------------------------
 
-_HEADER_TYPES = (("JMSDeliveryMode", U8), ("JMSDeliveryTime", U64), ("JMSPriority", U8),
-                 ("JMSTimestamp", U64), ("JMSExpiration", U64), ("JMSType", STRING),
-                 ("JMSMessageID", STRING), ("JMSCorrelationID", STRING),
-                 ("JMSRedelivered", BOOL))  # fmt: skip
-"""The ``JMSHeaders`` submessage's fields and their RV types ("Message Translation", Table
-"JMS header fields to Rendezvous datatypes")."""
-
-
 def headers_out(msg: Message) -> RvMessage:
     """The ``JMSHeaders`` submessage of ``msg``: every header but the destination and
-    reply-to, by EMS's header table; null ones left out (a ``JMSTimestamp`` or
+    reply-to, in the types of EMS's header table ("Message Translation": ``JMSDeliveryMode``
+    and ``JMSPriority`` ``U8``, the times ``U64``, ``JMSType``, ``JMSMessageID`` and
+    ``JMSCorrelationID`` ``STRING``, ``JMSRedelivered`` ``BOOL``); null ones left out (a ``JMSTimestamp`` or
     ``JMSDeliveryTime`` of 0 is not set, and a time before 1970 does not fit ``U64``); a
     binary correlation id as ``OPAQUE``."""
     rv = RvMessage()
