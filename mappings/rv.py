@@ -255,9 +255,9 @@ def headers_out(msg: Message) -> RvMessage:
     """The ``JMSHeaders`` submessage of ``msg``: every header but the destination and
     reply-to, in the types of EMS's header table ("Message Translation": ``JMSDeliveryMode``
     and ``JMSPriority`` ``U8``, the times ``U64``, ``JMSType``, ``JMSMessageID`` and
-    ``JMSCorrelationID`` ``STRING``, ``JMSRedelivered`` ``BOOL``); null ones left out (a ``JMSTimestamp`` or
-    ``JMSDeliveryTime`` of 0 is not set, and a time before 1970 does not fit ``U64``); a
-    binary correlation id as ``OPAQUE``."""
+    ``JMSCorrelationID`` ``STRING``, ``JMSRedelivered`` ``BOOL``); null ones left out (a
+    ``JMSTimestamp`` or ``JMSDeliveryTime`` of 0 is not set, and a time before 1970 does not
+    fit ``U64``); a binary correlation id as ``OPAQUE``."""
     rv = RvMessage()
     # The numbers are in their types' ranges already (a core message checks its headers), so
     # these fields are made directly: Message.add's checks would double the cost.
