@@ -142,6 +142,8 @@ class Broker:
         self.swap_at = int(limit * SWAP_AT) if limit and self.swapping else 1 << 62
         # Pending messages a queue keeps in memory before the ones behind them are swapped.
         self.backlog_swapout = int(gw.destination_backlog_swapout) if self.swapping else 1 << 62
+        # A durable subscription's tail is read back when fewer are pending in memory.
+        self.tail_low = max(self.backlog_swapout // 2, 1)
         self.resume_at = int(limit * RESUME_AT)
         self.swap_pending = False  # a swap pass is scheduled
         self.swap_more = False  # the last pass stopped at its budget
@@ -573,6 +575,7 @@ class Broker:
                     raise LimitExceededError(
                         f"topic {topic.name!r}: a subscriber's queue is full (rejectIncoming)")
         stored = False
+        tailed = False  # a durable subscription left it in the store only
         store = self.store
         flow_limit = props.flow_control_bytes if self.flow_control else 0
         blocked: Subscription | None = None
@@ -581,8 +584,8 @@ class Broker:
             if (sub.no_local or sub.selector is not None) and not sub.accepts(msg):
                 continue
             bound = sub.bound
-            if bound is not None and (sub.npending or sub.held or bound[1]) and _over_bound(
-                    sub, msg, bound):
+            if bound is not None and (sub.npending or sub.held or sub.tail or bound[1]) and (
+                    _over_bound(sub, msg, bound)):
                 # An adapter's per-subscriber bound (a slow MQTT session): never holds up the
                 # topic's other subscribers unless the topic says rejectIncoming.
                 if (persistent and not bound[2]
@@ -613,11 +616,21 @@ class Broker:
             if persistent and sub.durable:
                 if not msg.store_id:
                     store.put_message(msg)
-                msg.refs += 1
                 store.add_entry(sub.key, msg.store_id, 0)
                 stored = True
-            self.memory += msg.size + MESSAGE_OVERHEAD
-            sub.put(msg, now)
+                if sub.tail or sub.npending >= self.backlog_swapout or self.memory > self.swap_at:
+                    # Its backlog is deep, or memory short: the store keeps it (the tail,
+                    # see gateway.endpoint); the backlog and the limits both are off
+                    # without swapping.
+                    sub.put_tail(msg)
+                    tailed = True
+                else:
+                    msg.refs += 1
+                    self.memory += msg.size + MESSAGE_OVERHEAD
+                    sub.put(msg, now)
+            else:
+                self.memory += msg.size + MESSAGE_OVERHEAD
+                sub.put(msg, now)
             if flow_limit and sub.bytes >= flow_limit and sub.consumers:
                 # Flow control on a topic holds the producer while a subscriber lags
                 # (EMS User's Guide, "Flow Control", "Enforcing Flow Control").
@@ -631,8 +644,12 @@ class Broker:
                 sub.flow_msgs = spool[0] or 1 << 62
                 blocked = sub
         # A listener may have consumed every stored copy already (dispatch is synchronous):
-        # then there is nothing left to wait for (see _commit_future).
-        fut = self._commit_future(msg.store_id) if stored and msg.refs > 0 else None
+        # then there is nothing left to wait for (see _commit_future) -- unless a tail holds
+        # a copy, which only the commit makes durable.
+        if tailed:
+            fut: asyncio.Future[None] | None = self._commit_future(msg.store_id, early=False)
+        else:
+            fut = self._commit_future(msg.store_id) if stored and msg.refs > 0 else None
         if blocked is not None:
             flow: asyncio.Future[None] = self.loop.create_future()
             blocked.flow_waiters.append(flow)
@@ -681,12 +698,14 @@ class Broker:
             return _both(self.loop, fut, flow)
         return fut
 
-    def _commit_future(self, store_id: int) -> asyncio.Future[None]:
+    def _commit_future(self, store_id: int, early: bool = True) -> asyncio.Future[None]:
         """The producer's confirmation of stored message ``store_id``: resolved by the group
-        commit, or earlier by :meth:`unstore` when its last stored copy is acknowledged."""
+        commit, or (``early``) earlier by :meth:`unstore` when its last stored copy is
+        acknowledged."""
         fut: asyncio.Future[None] = self.loop.create_future()
         confirming = self.confirming
-        confirming[store_id] = fut
+        if early:
+            confirming[store_id] = fut
 
         def done() -> None:
             if confirming.get(store_id) is fut:
@@ -839,13 +858,21 @@ class Broker:
         return freed
 
     def unstore(self, ep: Endpoint, msg: Message) -> None:
-        """Remove ``msg`` from ``ep`` in the store; the message row goes with its last entry."""
+        """Remove ``msg`` from ``ep`` in the store; the message row goes with its last entry.
+
+        ``msg.refs`` counts the endpoints holding this object. A durable subscription's
+        row may have more entries than that, with swapping: other subscriptions' tails, or
+        their own object read back from a tail. So the store deletes such a row only when
+        no entry references it any more (``delete_unreferenced``), in the writer."""
         store = self.store
         store.remove_entry(ep.key, msg.store_id)
         msg.refs -= 1
         if msg.refs <= 0:
             sid = msg.store_id
-            store.delete_message(sid)
+            if self.swapping and type(ep) is Subscription:
+                store.delete_unreferenced(sid)
+            else:
+                store.delete_message(sid)
             msg.store_id = 0
             fut = self.confirming.pop(sid, None)
             if fut is not None and not fut.done():
@@ -1092,9 +1119,9 @@ def _over(ep: Endpoint, msg: Message, maxmsgs: int, maxbytes: int) -> bool:
 
 
 def _over_bound(sub: Subscription, msg: Message, bound: tuple[int, int, bool]) -> bool:
-    """Past an adapter's bound: messages queued beyond the in-flight ones (pending and held),
-    or bytes held (queued and in flight)."""
-    return bool((bound[0] and sub.npending + len(sub.held) >= bound[0])
+    """Past an adapter's bound: messages queued beyond the in-flight ones (pending, in the
+    store's tail and held), or bytes held (queued and in flight)."""
+    return bool((bound[0] and sub.npending + sub.tail + len(sub.held) >= bound[0])
                 or (bound[1] and sub.bytes + msg.size > bound[1]))
 
 
