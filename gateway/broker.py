@@ -28,8 +28,11 @@ Parameters). ``memory`` is what the messages held by endpoints cost
 (:func:`gateway.endpoint.charge`). With ``msg_swapping`` the persistent messages pending on a
 queue behind its first ``destination_backlog_swapout`` leave memory for the store as they come,
 and past :data:`SWAP_AT` of the limit more do, deepest queues first, until memory is down to
-:data:`SWAP_TO` (:meth:`Broker.swap_out`). A message that would take memory past the limit even
-so is first made room for by dropping what slow consumers (connections whose adapter paused
+:data:`SWAP_TO` (:meth:`Broker.swap_out`). A durable subscription holding that many pending
+messages in memory (or any, with memory past :data:`SWAP_AT`) does not take a newly routed
+persistent message into memory at all: the message's store entry is written, the
+subscription counts it in its tail and reads it back later (see :mod:`gateway.endpoint`).
+A message that would take memory past the limit even so is first made room for by dropping what slow consumers (connections whose adapter paused
 their deliveries for a full write buffer) have pending on non-durable topic subscriptions,
 when non-persistent (:meth:`Broker.shed_slow`); what still does not fit is, with
 ``flow_control`` enabled, accepted but its producer's confirmation waits until
@@ -142,8 +145,12 @@ class Broker:
         self.swap_at = int(limit * SWAP_AT) if limit and self.swapping else 1 << 62
         # Pending messages a queue keeps in memory before the ones behind them are swapped.
         self.backlog_swapout = int(gw.destination_backlog_swapout) if self.swapping else 1 << 62
-        # A durable subscription's tail is read back when fewer are pending in memory.
-        self.tail_low = max(self.backlog_swapout // 2, 1)
+        # Pending messages a durable subscription keeps in memory before the persistent ones
+        # after them stay in the store (its tail, see gateway.endpoint): at least one, so
+        # that a subscription whose consumer keeps up never goes through the store; the tail
+        # is read back when fewer than tail_low are pending.
+        self.tail_at = max(self.backlog_swapout, 1)
+        self.tail_low = max(self.tail_at // 2, 1)
         self.resume_at = int(limit * RESUME_AT)
         self.swap_pending = False  # a swap pass is scheduled
         self.swap_more = False  # the last pass stopped at its budget
@@ -618,7 +625,7 @@ class Broker:
                     store.put_message(msg)
                 store.add_entry(sub.key, msg.store_id, 0)
                 stored = True
-                if sub.tail or sub.npending >= self.backlog_swapout or self.memory > self.swap_at:
+                if sub.tail or sub.npending >= self.tail_at or self.memory > self.swap_at:
                     # Its backlog is deep, or memory short: the store keeps it (the tail,
                     # see gateway.endpoint); the backlog and the limits both are off
                     # without swapping.

@@ -89,8 +89,10 @@ _seq = itertools.count()
 MESSAGE_OVERHEAD: Final = 480
 # Swapped messages read back from the store per read (one round trip through the writer).
 LOAD_BATCH = 512
-# Most entries of a durable subscription's tail read back at once.
+# Most and fewest entries of a durable subscription's tail read back at once (one round trip
+# through the store's writer thread each).
 TAIL_BATCH = 2048
+TAIL_MIN = 64
 
 
 class Swapped:
@@ -814,7 +816,7 @@ class Endpoint:
         if self.tail_reading or self.closed or not self.tail:
             return
         broker = self.broker
-        want = min(self.tail, max(broker.backlog_swapout - self.npending, 1), TAIL_BATCH)
+        want = min(self.tail, max(broker.tail_at - self.npending, TAIL_MIN), TAIL_BATCH)
         self.tail_reading = True
         store = broker.store
         store.commit(None)  # an entry added in the unit still open is read too

@@ -56,7 +56,7 @@ class Gateway:
         self.store = open_store(gw.store_type, os.path.join(store_dir, "gateway.db"), gw.store_sync)
         # With swapping, a durable subscription's backlog past this stays in the store
         # (its tail) instead of being read whole into memory.
-        backlog = int(gw.destination_backlog_swapout) if gw.msg_swapping else 0
+        backlog = max(int(gw.destination_backlog_swapout), 1) if gw.msg_swapping else 0
         recovered = self.store.open(loop.call_soon_threadsafe, backlog)
         gid = _gateway_id(self.store, recovered, gw.server)
         self.dlog = DeliveryLog(
