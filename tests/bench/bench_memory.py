@@ -30,7 +30,11 @@ resident, a figure of 449 MB. The figures vary with the machine and its load; co
 made side by side.
 
 ``--mqtt-session`` (one run while another benchmark loaded the shared 2-core machine; see
-the figures printed for the current ones): RESULTS_MQTT
+the figures printed for the current ones), 300,000 QoS 1 messages of 1 KB: 45 MB resident
+before, 68 MB after, a memory figure of 1.6 MB, the session's durable holding 298,976 of them
+in the store only (``stored``); the session took all 300,000 back in 67 s. With
+``--swapping disabled --max-msg-memory 0`` -- where every durable subscription's backlog was
+before it had a tail -- 603 MB after, a figure of 462 MB.
 """
 
 from __future__ import annotations
@@ -194,10 +198,15 @@ def mqtt_session(args: argparse.Namespace) -> int:
         pub.loop_start()
         body = b"m" * args.size
         start = time.monotonic()
-        infos = [pub.publish(topic, body, qos=1) for _ in range(args.count)]
+        infos: list[mqtt.MQTTMessageInfo] = []
+        for _ in range(args.count):
+            infos.append(pub.publish(topic, body, qos=1))
+            if len(infos) >= 20_000:  # paho's packet ids wrap at 65,535
+                for info in infos[:10_000]:
+                    info.wait_for_publish(600)
+                del infos[:10_000]
         for info in infos:  # every PUBACK is in
             info.wait_for_publish(600)
-        del infos
         took = time.monotonic() - start
         pub.disconnect()
         pub.loop_stop()
