@@ -833,14 +833,20 @@ class Endpoint:
         pending = self.pending
         lost = 0
         for sid, dcount, msg in rows:
+            # ``bytes`` counted each message of the tail with its size at routing; one read
+            # back has its size estimated again (an adapter's estimate may differ), so each
+            # takes its share of what the tail counted, and ``bytes`` its new size.
+            share = self.tail_bytes // self.tail if self.tail > 1 else self.tail_bytes
             self.tail_after = sid
             self.tail -= 1
+            self.tail_bytes -= share
             if msg is None:  # does not decode (logged by the store): cannot be delivered
                 lost += 1
+                self.bytes -= share
                 broker.store.remove_entry(self.key, sid)
                 broker.store.delete_unreferenced(sid)
                 continue
-            self.tail_bytes -= msg.size
+            self.bytes += msg.size - share
             msg.refs = 1
             broker.memory += msg.size + MESSAGE_OVERHEAD
             if dcount:
@@ -856,15 +862,11 @@ class Endpoint:
                 break
         if len(rows) < want and self.tail:
             lost += self.tail  # the store has no more of them (a failed write)
-            self.tail = 0
+            self.bytes -= self.tail_bytes
+            self.tail = self.tail_bytes = 0
         if lost:
             self.count -= lost
             self.dropped_from_store(lost)
-        if not self.tail:
-            # ``bytes`` counted each with its size at routing; a message read back has its
-            # size estimated again (the same but for properties set after it was stored).
-            self.bytes -= self.tail_bytes
-            self.tail_bytes = 0
         if self.npending and not self.dispatching:
             self.dispatch()
         elif self.tail and self.npending < broker.tail_low and self.consumers:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from corehelp import T, collect, running_broker
+from corehelp import Q, T, collect, running_broker
 
 from gateway.endpoint import MESSAGE_OVERHEAD
 from gateway.message import DeliveryMode, Message
@@ -237,3 +237,19 @@ async def test_deleting_a_durable_with_a_tail_leaves_no_rows(tmp_path):
         assert rows(tmp_path, b) == (500, 500)  # the other durable's entries need them
         b.connect(client_id="c2").session().unsubscribe("d")
         assert rows(tmp_path, b) == (0, 0)
+
+
+async def test_past_the_swap_mark_a_durable_keeps_new_persistent_messages_in_the_store(tmp_path):
+    async with running_broker(tmp_path, gateway="max_msg_memory = 1MB\n", log=False,
+                              queues="held\n>\n") as b:
+        sub = await offline_durable(b)
+        p = b.connect().session().producer(delivery_mode=NP)
+        while b.memory <= b.swap_at:  # non-persistent queue messages: cannot be swapped
+            p.send(numbered(0), Q("held"))
+        before = b.memory
+        await publish(b, 20)
+        assert sub.npending == 0 and sub.tail == 20 and sub.count == 20
+        assert b.memory == before
+        got = attach(b)
+        await until(lambda: len(got) >= 20 and sub.count == 0, what="the tail")
+        assert [number(d) for d in got] == list(range(20))
