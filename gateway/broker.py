@@ -739,7 +739,9 @@ class Broker:
 
     def _memory_full(self, msg: Message) -> bool:
         """``msg`` would take memory past ``max_msg_memory``: swap now if that can help;
-        returns True to accept it and hold its producer (flow control, RELIABLE aside).
+        returns True to accept it and hold its producer (flow control, RELIABLE aside), and
+        False to accept it as it is: there is room now, or it is a persistent topic message
+        that only durable subscriptions take, each into its tail (no memory).
 
         Raises:
             LimitExceededError: flow control is off (EMS User's Guide, "tibemsd.conf",
@@ -756,6 +758,14 @@ class Broker:
                 self.next_deep = self.memory + self.max_memory // 16
             if self.memory + need <= self.max_memory:
                 return False
+            if msg.delivery_mode == PERSISTENT and self.memory > self.swap_at:
+                dest = msg.destination
+                if dest is not None and dest.kind is TOPIC:
+                    subs = self.subs.match(dest.name)
+                    if subs and all(s.durable for s in subs):
+                        # Every copy stays in the store (each durable subscription's tail,
+                        # memory being past SWAP_AT): it costs no memory.
+                        return False
         if self.slow_connections:
             # Slow consumers pay first: down to RESUME_AT, so that this runs once for every
             # tenth of the limit memory grows by, not for every message.

@@ -253,3 +253,21 @@ async def test_past_the_swap_mark_a_durable_keeps_new_persistent_messages_in_the
         got = attach(b)
         await until(lambda: len(got) >= 20 and sub.count == 0, what="the tail")
         assert [number(d) for d in got] == list(range(20))
+
+
+async def test_at_the_memory_limit_a_message_only_durable_tails_take_is_still_accepted(tmp_path):
+    from gateway.errors import LimitExceededError
+
+    async with running_broker(tmp_path, gateway="max_msg_memory = 1MB\n", log=False,
+                              queues="held\n>\n") as b:
+        sub = await offline_durable(b)
+        p = b.connect().session().producer(delivery_mode=NP)
+        try:
+            while True:  # non-persistent queue messages up to the limit
+                p.send(numbered(0), Q("held"))
+        except LimitExceededError:
+            pass
+        before = b.memory
+        await publish(b, 20)  # to the offline durable alone: its tail, no memory
+        assert sub.tail == 20 and b.memory == before
+        assert b.stats["rejected"] == 1
