@@ -762,7 +762,7 @@ class Broker:
                 dest = msg.destination
                 if dest is not None and dest.kind is TOPIC:
                     subs = self.subs.match(dest.name)
-                    if subs and all(s.durable for s in subs):
+                    if subs and all(s.durable for s in subs):  # type: ignore[attr-defined]
                         # Every copy stays in the store (each durable subscription's tail,
                         # memory being past SWAP_AT): it costs no memory.
                         return False
