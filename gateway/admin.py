@@ -15,7 +15,8 @@ the broker's state, built on request; nothing here runs on the message path.
 ``GET /api/v1/queues``                      ``show queues``: one row per queue (``swapped``:
                                             pending messages whose body is in the store)
 ``GET /api/v1/topics``                      ``show topics``
-``GET /api/v1/durables``                    ``show durables``
+``GET /api/v1/durables``                    ``show durables`` (``stored``: pending messages
+                                            in the store only, the subscription's tail)
 ``GET /api/v1/connections``                 ``show connections``
 ``GET /api/v1/store``                       the store's group-commit statistics
 ``GET /api/v1/clients``                     every adapter connection's output: bytes

@@ -318,7 +318,7 @@ class MqttServer:
                     ep = self.broker.durables.get(f"sub:{session.client_id}:mqtt:{rec.filter}")
                 subs.append({
                     "filter": rec.filter, "qos": rec.options.qos,
-                    "queued": ep.npending + len(ep.held) if ep is not None else 0,
+                    "queued": ep.npending + ep.tail + len(ep.held) if ep is not None else 0,
                     "bytes": ep.bytes if ep is not None else 0,
                     "dropped": ep.dropped if ep is not None else 0,
                     "discarded": ep.stats_discarded if ep is not None else 0,
