@@ -823,6 +823,40 @@ class Broker:
             slow[conn.id] = slow.pop(conn.id)
         return freed
 
+    def charge_transactional(self, msg: Message) -> int:
+        """Charge a send waiting in an open transaction to memory; returns the charge, to
+        give back with :meth:`release_transactional` at commit or rollback. Past the limit
+        room is made as for a publish (swapping, slow consumers, laggards); a send that still
+        does not fit is refused, flow control or not: a transacted send is answered at once,
+        so there is no producer confirmation to hold.
+
+        Raises:
+            LimitExceededError: no room under ``max_msg_memory``.
+        """
+        need = msg.size + MESSAGE_OVERHEAD
+        if self.max_memory and self.memory + msg.size > self.memory_cap:
+            try:
+                fits = not self._memory_full(msg)
+            except LimitExceededError:
+                fits = False
+            if not fits:
+                exc = LimitExceededError(
+                    "server message memory limit reached by sends in open transactions "
+                    f"(max_msg_memory={self.max_memory})")
+                self.stats["rejected"] += 1
+                if self.log_enabled:
+                    self.dlog.record("reject", msg, str(msg.destination), msg.producer_conn,
+                                     0, exc.reason)
+                raise exc
+        self.memory += need
+        return need
+
+    def release_transactional(self, charged: int) -> None:
+        """A transaction ended: what its sends were charged comes back."""
+        self.memory -= charged
+        if self.memory_waiters and self.memory <= self.resume_at:
+            self.release_memory()
+
     def shed_laggards(self, want: int) -> int:
         """Free ``want`` bytes of memory, if they are there, by dropping the oldest messages
         pending on non-durable topic subscriptions that hold at least :data:`LAGGARD_MIN`
