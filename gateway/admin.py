@@ -9,6 +9,8 @@ the broker's state, built on request; nothing here runs on the message path.
 ``GET /api/v1/server``                      ``show server``: counts, memory (``memory``
                                             charged, ``max_msg_memory``, ``msg_swapping``,
                                             ``swapped`` messages, ``memory_held_producers``),
+                                            what adapters hold outside it (``mqtt_retained``,
+                                            ``mqtt_retained_bytes``),
                                             statistics (``swapped_out``, ``swapped_in``,
                                             ``memory_held`` among them), the garbage
                                             collector's settings and counts

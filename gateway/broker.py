@@ -210,6 +210,9 @@ class Broker:
         # Each protocol adapter's state shared by its listeners (TCP, TLS, WebSocket), by
         # protocol name ("mqtt", "amqp", "stomp"): the core never looks inside.
         self.adapter_servers: dict[str, Any] = {}
+        # Figures adapters add to info() (/api/v1/server): what they hold outside the core,
+        # such as the MQTT adapter's retained messages.
+        self.info_sources: list[Callable[[], dict[str, Any]]] = []
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -1194,7 +1197,7 @@ class Broker:
             "memory_held_producers": len(self.memory_waiters),
             "published": self.published,
             **self.stats,
-        }
+        } | {k: v for source in self.info_sources for k, v in source().items()}
 
 
 def is_simple(props: Any) -> bool:
