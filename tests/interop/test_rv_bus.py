@@ -132,9 +132,13 @@ class Child:
         self.lines.put({"eof": True})
 
     def stop(self) -> None:
+        assert self.proc.stdin is not None
+        if not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()  # the child closes its transport and exits
+            except BrokenPipeError:
+                pass
         if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:

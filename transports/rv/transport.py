@@ -83,14 +83,10 @@ used), inboxes on the intra-process transport, and the engine's parameters beyon
 from __future__ import annotations
 
 import asyncio
-import functools
-import itertools
-import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable
 
 from transports.rv import queue as _queue
 from transports.rv.advisory import (
@@ -104,262 +100,31 @@ from transports.rv.advisory import (
     advisory_message,
     is_logged,
 )
-from transports.rv.codec import FormatError, MessageTooLarge, decode, encode, peek_subject
-from transports.rv.engine import Engine, EngineClosed
-from transports.rv.events import Advisory, Delivered
+from transports.rv.codec import MessageTooLarge, decode, encode
+from transports.rv.host import (
+    EngineHost,
+    InitFailure,
+    RequestTimeout,
+    TransportError,
+    host_for,
+    log,
+    runtime,
+)
 from transports.rv.message import Message
-from transports.rv.net import DEFAULT_MULTICAST_TTL, Network, parse_network, parse_service
+from transports.rv.net import DEFAULT_MULTICAST_TTL
 from transports.rv.queue import Event, Queue, default_queue
-from transports.rv.shell import Shell
 from transports.rv.subject import SubjectError, SubjectMatcher, validate_send_subject
 
-log = logging.getLogger("transports.rv")
-T = TypeVar("T")
+__all__ = [
+    "AsyncTransport", "InitFailure", "Listener", "ProcessTransport", "RequestTimeout",
+    "Transport", "TransportError", "process_transport",
+]
+
+# Subjects already checked for sending (a program sends to few subjects, many times).
+_valid_subjects: dict[str, None] = {}
+_VALID_CACHE = 4096
 
 Callback = Callable[[Message, "Listener"], object]
-
-
-class TransportError(RuntimeError):
-    """A transport cannot do what was asked (closed, no reply subject...)."""
-
-
-class InitFailure(TransportError):
-    """A transport could not be created: the service is bound to another network in this
-    process (Transports, "Service Parameter": TIBRV_INIT_FAILURE)."""
-
-
-class RequestTimeout(TimeoutError):
-    """``send_request`` got no reply within its timeout."""
-
-
-# -- the private loop of synchronous transports -------------------------------------------
-
-
-class _Runtime:
-    """One asyncio loop in a daemon thread: the engines of synchronous transports."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.loop.call_soon(ready.set)
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=run, name="rv-io", daemon=True)
-        self.thread.start()
-        ready.wait()
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        if threading.current_thread() is self.thread:
-            coro.close()
-            raise TransportError("a synchronous transport call from the bus's own thread "
-                                 "(use AsyncTransport inside callbacks run on a loop)")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-
-_runtime_lock = threading.Lock()
-_runtime_obj: _Runtime | None = None
-
-
-def _runtime() -> _Runtime:
-    global _runtime_obj
-    with _runtime_lock:
-        if _runtime_obj is None:
-            _runtime_obj = _Runtime()
-        return _runtime_obj
-
-
-# -- engines ------------------------------------------------------------------------------
-
-_hosts_lock = threading.Lock()
-_hosts: dict[tuple[int, int], _EngineHost] = {}  # (service port, id(loop)) -> host
-_starting: dict[tuple[int, int], asyncio.Future[_EngineHost]] = {}
-
-
-def _same_network(a: Network, b: Network) -> bool:
-    return (a.interface, a.groups, a.send_address) == (b.interface, b.groups, b.send_address)
-
-
-async def _host_for(service: str | int | None, network: str | None, daemon: str | int | None,
-                    ttl: int, reliability: float) -> _EngineHost:
-    """The engine host of this loop for ``service``, started if need be (runs on the loop)."""
-    loop = asyncio.get_running_loop()
-    port = parse_service(service).port
-    net = parse_network(network)
-    key = (port, id(loop))
-    while True:
-        with _hosts_lock:
-            for (p, _), other in _hosts.items():
-                if p == port and not _same_network(other.network, net):
-                    raise InitFailure(
-                        f"service {port} is bound to network {other.network.text!r} in this "
-                        f"process; {net.text!r} needs another service (Transports, Service "
-                        "Parameter)")
-            host = _hosts.get(key)
-            pending = _starting.get(key)
-            if host is None and pending is None:
-                pending = loop.create_future()
-                _starting[key] = pending
-                break
-        if host is not None:
-            return host
-        assert pending is not None
-        await asyncio.shield(pending)
-    try:
-        host = _EngineHost(loop, port, net)
-        host.shell = await Shell.start(
-            functools.partial(Engine, reliability=reliability), service, network, daemon,
-            on_events=host.on_events, ttl=ttl)
-        host.started()
-    except BaseException as exc:
-        with _hosts_lock:
-            del _starting[key]
-        pending.set_exception(exc)
-        pending.exception()  # consumed here; waiters get it too
-        raise
-    with _hosts_lock:
-        del _starting[key]
-        _hosts[key] = host
-    pending.set_result(host)
-    return host
-
-
-class _EngineHost:
-    """One engine and the transports that share it, on one loop."""
-
-    shell: Shell
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, port: int, network: Network) -> None:
-        self.loop = loop
-        self.port = port
-        self.network = network
-        self.key = (port, id(loop))
-        self.lock = threading.Lock()  # the matchers and the tables below
-        self.transports: list[_BaseTransport] = []
-        self.inboxes: dict[str, _BaseTransport] = {}
-        self._counter = itertools.count(1)
-        self._outbox: deque[tuple[bytes, tuple[str, int] | None]] = deque()
-        self._out_lock = threading.Lock()
-        self._wake_pending = False
-        self.loop_thread = 0
-
-    def started(self) -> None:
-        engine = self.shell.engine
-        assert isinstance(engine, Engine)
-        self.engine = engine
-        self.address = (engine.ip, engine.port)
-        ip = int.from_bytes(bytes(int(b) for b in engine.ip.split(".")), "big")
-        self.id_prefix = f"{ip:08X}.{engine.port:04X}{engine.incarnation:08X}."
-        self.inbox_prefix = "_INBOX." + self.id_prefix
-        self.loop_thread = threading.get_ident()
-
-    def next_id(self) -> str:
-        return self.id_prefix + str(next(self._counter))
-
-    # -- sending ---------------------------------------------------------------------------
-
-    def submit(self, payload: bytes, dest: tuple[str, int] | None) -> None:
-        """Hand ``payload`` to the engine (multicast, or to ``dest``), from any thread."""
-        if threading.get_ident() == self.loop_thread:
-            self._send_now(payload, dest)
-            return
-        with self._out_lock:
-            self._outbox.append((payload, dest))
-            wake = not self._wake_pending
-            self._wake_pending = True
-        if wake:
-            self.loop.call_soon_threadsafe(self._drain_outbox)
-
-    def _drain_outbox(self) -> None:
-        with self._out_lock:
-            items = list(self._outbox)
-            self._outbox.clear()
-            self._wake_pending = False
-        for payload, dest in items:
-            self._send_now(payload, dest)
-
-    def _send_now(self, payload: bytes, dest: tuple[str, int] | None) -> None:
-        shell = self.shell
-        if shell.closed:
-            return
-        try:
-            if dest is None:
-                shell.send(payload)
-            else:
-                shell.send_to(dest, payload)
-        except EngineClosed:
-            pass
-
-    def fan_out(self, subject: str, msg: Message | None, payload: bytes,
-                only: _BaseTransport | None = None) -> int:
-        """Deliver to the matching listeners of every transport (or of ``only``)."""
-        with self.lock:
-            if only is not None:
-                targets = [(only, only.matcher.match(subject))]
-            else:
-                targets = [(t, t.matcher.match(subject)) for t in self.transports]
-        n = 0
-        for t, listeners in targets:
-            if listeners:
-                if msg is None:
-                    try:
-                        msg = decode(payload)
-                    except (FormatError, ValueError):
-                        return 0
-                t.enqueue(listeners, msg, len(payload))
-                n += len(listeners)
-        return n
-
-    def publish_internal(self, msg: Message) -> None:
-        """The bus's own multicast (LISTEN, UNREACHABLE): local transports and the network."""
-        payload = encode(msg)
-        assert msg.send_subject is not None
-        self.fan_out(msg.send_subject, msg, payload)
-        self.submit(payload, None)
-
-    # -- receiving (on the loop) -----------------------------------------------------------
-
-    def on_events(self, events: list[Any]) -> None:
-        for ev in events:
-            if type(ev) is Delivered:
-                payload = ev.payload
-                try:
-                    subject = peek_subject(payload)
-                except FormatError:
-                    continue
-                if subject is None:
-                    continue
-                if subject[0] == "_":
-                    if subject.startswith("_INBOX."):
-                        owner = self.inboxes.get(subject)
-                        if owner is not None:
-                            self.fan_out(subject, None, payload, owner)
-                        continue
-                    if subject.startswith("_LOCAL."):
-                        continue
-                self.fan_out(subject, None, payload)
-            elif type(ev) is Advisory:
-                msg = advisory_message(ev.subject, ev.fields)
-                n = 0
-                for t in list(self.transports):
-                    n += t.present(msg)
-                if not n and is_logged(ev.subject):
-                    log.warning("rv advisory %s %s", ev.subject, ev.fields)
-
-    async def remove(self, transport: _BaseTransport) -> None:
-        with self.lock:
-            if transport in self.transports:
-                self.transports.remove(transport)
-            for name in [k for k, v in self.inboxes.items() if v is transport]:
-                del self.inboxes[name]
-            last = not self.transports
-        if last:
-            with _hosts_lock:
-                _hosts.pop(self.key, None)
-            self._drain_outbox()
-            await self.shell.close()
 
 
 # -- transports ---------------------------------------------------------------------------
@@ -429,7 +194,7 @@ class _Consumer:
 class _BaseTransport:
     """What every transport has: its listeners, its delivery, its sending rules."""
 
-    host: _EngineHost | None = None
+    host: EngineHost | None = None
 
     def __init__(self, description: str, max_consumer_buffer: int,
                  max_consumer_age: float) -> None:
@@ -519,12 +284,17 @@ class _BaseTransport:
         subject = msg.send_subject
         if subject is None:
             raise SubjectError("the message has no send subject")
+        if subject in _valid_subjects:
+            return subject
         try:
             validate_send_subject(subject, allow_wildcard=False)
         except SubjectError as exc:
             self._advise(CLIENT_ILLEGAL_PUBLISH, {"sub": subject, "tport": self.id,
                                                   "descr": str(exc)})
             raise
+        if len(_valid_subjects) >= _VALID_CACHE:
+            _valid_subjects.clear()
+        _valid_subjects[subject] = None
         return subject
 
     def _encode(self, msg: Message) -> bytes:
@@ -631,12 +401,10 @@ class Transport(_BaseTransport):
                  ttl: int = DEFAULT_MULTICAST_TTL, reliability: float = 60.0,
                  max_consumer_buffer: int = 0, max_consumer_age: float = 60.0) -> None:
         super().__init__(description, max_consumer_buffer, max_consumer_age)
-        rt = _runtime()
+        rt = runtime()
         self._rt = rt
-        host = rt.call(_host_for(service, network, daemon, ttl, reliability))
+        host = rt.call(host_for(service, network, daemon, ttl, reliability, self))
         self.host = host
-        with host.lock:
-            host.transports.append(self)
         self.id = host.next_id()
 
     def send(self, msg: Message) -> None:
@@ -701,13 +469,10 @@ class AsyncTransport(_BaseTransport):
     ``send_reply`` never block; ``send_request`` is awaited.
     """
 
-    def __init__(self, host: _EngineHost, description: str, max_consumer_buffer: int,
+    def __init__(self, description: str, max_consumer_buffer: int,
                  max_consumer_age: float) -> None:
         super().__init__(description, max_consumer_buffer, max_consumer_age)
-        self.host = host
         self.queue = Queue("asyncTransport")
-        self.queue.bind_loop(host.loop)
-        self.id = host.next_id()
 
     @classmethod
     async def open(cls, service: str | int | None = None, network: str | None = "",
@@ -715,10 +480,11 @@ class AsyncTransport(_BaseTransport):
                    ttl: int = DEFAULT_MULTICAST_TTL, reliability: float = 60.0,
                    max_consumer_buffer: int = 0,
                    max_consumer_age: float = 60.0) -> AsyncTransport:
-        host = await _host_for(service, network, daemon, ttl, reliability)
-        t = cls(host, description, max_consumer_buffer, max_consumer_age)
-        with host.lock:
-            host.transports.append(t)
+        t = cls(description, max_consumer_buffer, max_consumer_age)
+        host = await host_for(service, network, daemon, ttl, reliability, t)
+        t.host = host
+        t.id = host.next_id()
+        t.queue.bind_loop(host.loop)
         return t
 
     @property
@@ -777,12 +543,13 @@ class ProcessTransport(_BaseTransport):
 
 
 _process_transport: ProcessTransport | None = None
+_process_lock = threading.Lock()
 
 
 def process_transport() -> ProcessTransport:
     """The intra-process transport (Transports, "Intra-Process Transport")."""
     global _process_transport
-    with _runtime_lock:
+    with _process_lock:
         if _process_transport is None:
             _process_transport = ProcessTransport()
         return _process_transport
