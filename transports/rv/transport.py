@@ -133,7 +133,7 @@ Callback = Callable[[Message, "Listener"], object]
 class _Consumer:
     """A transport's inbound accounting: the slow-consumer rule (module docstring)."""
 
-    __slots__ = ("transport", "max_bytes", "max_age", "pending", "bytes", "lock")
+    __slots__ = ("transport", "max_bytes", "max_age", "pending", "bytes", "waiting", "lock")
 
     def __init__(self, transport: _BaseTransport, max_bytes: int, max_age: float) -> None:
         self.transport = transport
@@ -141,6 +141,7 @@ class _Consumer:
         self.max_age = max_age
         self.pending: deque[Event] = deque()
         self.bytes = 0
+        self.waiting = 0  # events not yet dispatched nor dropped
         self.lock = threading.Lock()
 
     def settled(self, event: Event) -> bool:
@@ -149,6 +150,7 @@ class _Consumer:
                 return False
             event.state = 1
             self.bytes -= event.size
+            self.waiting -= 1
             return True
 
     def admit(self, size: int, now: float) -> None:
@@ -175,7 +177,8 @@ class _Consumer:
                     dropped.append(head)
                 while pending and pending[0].state:
                     pending.popleft()
-            waiting = sum(1 for e in pending if not e.state)
+            self.waiting -= len(dropped)
+            waiting = self.waiting
         if dropped:
             for ev in dropped:
                 ev.listener.queue.remove(ev)
@@ -189,6 +192,7 @@ class _Consumer:
         with self.lock:
             self.pending.append(event)
             self.bytes += event.size
+            self.waiting += 1
 
 
 class _BaseTransport:
