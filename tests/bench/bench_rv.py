@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import socket
 import struct
@@ -217,6 +218,7 @@ def bus_receive(service: int, network: str, ttl: int, drop: float, seed: int) ->
         "p99_ns": lat[min(len(lat) - 1, len(lat) * 99 // 100)] if lat else 0,
         "dropped": dropper.dropped if dropper else 0,
         "errors": sorted(set(errors)),
+        "engine": t.host.engine.stats.host_status() if t.host is not None else {},
     }), flush=True)
     t.close()
 
@@ -262,6 +264,7 @@ def run_bus(mode: str, size: int, n: int, rate: float, ttl: int, drop: float = 0
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     t = None
+    sender_stats: dict[str, Any] = {}
     try:
         assert lines.get(timeout=60).get("ready")
         t = Transport(str(port), network, ttl=ttl)
@@ -305,11 +308,20 @@ def run_bus(mode: str, size: int, n: int, rate: float, ttl: int, drop: float = 0
         report = lines.get(timeout=600)
     finally:
         if t is not None:
+            if t.host is not None:
+                st = t.host.engine.stats
+                sender_stats = {k: getattr(st, k) for k in st.__slots__}
+                sender_stats["shell"] = {k: getattr(t.host.shell.stats, k)
+                                         for k in t.host.shell.stats.__slots__}
             t.close()
         receiver.wait(timeout=120)
         reader.join(timeout=5)
         receiver.stdout.close()
     received = report["received"]
+    if os.environ.get("BENCH_RV_DEBUG"):
+        print(f"# {report}", flush=True)
+        if sender_stats:
+            print(f"# sender {sender_stats}", flush=True)
     if report["errors"]:
         print(f"# receiver advisories: {', '.join(report['errors'])}", flush=True)
     return Result(

@@ -57,11 +57,21 @@ class RequestTimeout(TimeoutError):
 # -- the private loop of synchronous transports -------------------------------------------
 
 
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when it is installed (it reads datagrams several times faster)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is optional
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
 class Runtime:
     """One asyncio loop in a daemon thread: the engines of synchronous transports."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = _new_loop()
         ready = threading.Event()
 
         def run() -> None:

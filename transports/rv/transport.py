@@ -19,8 +19,8 @@ How it works.
   transport on the same service with another network raises :class:`InitFailure`. The
   engine, and so each socket and timer, lives on one asyncio loop:
 
-  - :class:`Transport` (synchronous programs) uses a private loop in one daemon thread per
-    process, started on first use. ``send`` encodes in the caller's thread and hands the
+  - :class:`Transport` (synchronous programs) uses a private loop (uvloop's when installed)
+    in one daemon thread per process, started on first use (:mod:`transports.rv.host`). ``send`` encodes in the caller's thread and hands the
     bytes to that loop (a deque and at most one wake-up per burst, so a tight send loop
     costs one ``call_soon_threadsafe`` per batch, not per message).
   - :class:`AsyncTransport` (``await AsyncTransport.open(...)``) runs on the caller's
