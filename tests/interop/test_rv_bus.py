@@ -385,3 +385,32 @@ def test_cli_request_prints_the_reply_and_fails_on_timeout(bus: Bus) -> None:
     done = subprocess.run(bus.cli("request", "--timeout", "0.3", "NOBODY.X", "q=1"), cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "no reply" in done.stderr
+
+
+def test_engine_advisories_reach_every_transport_and_unheard_errors_are_logged(
+        bus: Bus, caplog: pytest.LogCaptureFixture) -> None:
+    from transports.rv.events import DATALOSS_INBOUND_BCAST, RETRANSMISSION_OUTBOUND_SENT, Advisory
+
+    bus.transport()
+    t1, t2 = bus.transport(), bus.transport()
+    got1, got2 = bus.collect(t1, "_RV.ERROR.SYSTEM.DATALOSS.>"), bus.collect(t2, "_RV.*.SYSTEM.>")
+    host = t1.host
+    assert host is not None
+    adv = Advisory(DATALOSS_INBOUND_BCAST, {"host": "127.0.0.9", "lost": 4, "scid": 7})
+    host.loop.call_soon_threadsafe(host.on_events, [adv])  # as the engine hands it over
+    wait_for(lambda: got1 and got2)
+    for m in (got1[0], got2[0]):
+        assert m.send_subject == DATALOSS_INBOUND_BCAST and m["lost"] == 4
+        assert [f.type for f in m][3:] == [RvType.STRING, RvType.U32, RvType.U16]
+    for t in (t1, t2):  # the engine stays, with a transport that listens to nothing
+        bus.transports.remove(t)
+        t.close()
+    caplog.set_level("WARNING", logger="transports.rv")
+    done = threading.Event()
+    host.loop.call_soon_threadsafe(lambda: (host.on_events([
+        Advisory(RETRANSMISSION_OUTBOUND_SENT, {"host": "127.0.0.9", "lost": 1}), adv]),
+        done.set()))
+    assert done.wait(30)
+    logged = [r.getMessage() for r in caplog.records if r.name == "transports.rv"]
+    assert any("DATALOSS.INBOUND.BCAST" in x for x in logged)  # an ERROR nobody heard
+    assert not any("RETRANSMISSION" in x for x in logged)  # an INFO: dropped
