@@ -414,3 +414,28 @@ def test_engine_advisories_reach_every_transport_and_unheard_errors_are_logged(
     logged = [r.getMessage() for r in caplog.records if r.name == "transports.rv"]
     assert any("DATALOSS.INBOUND.BCAST" in x for x in logged)  # an ERROR nobody heard
     assert not any("RETRANSMISSION" in x for x in logged)  # an INFO: dropped
+
+
+def test_fast_producer_is_told_when_its_sends_wait_and_nothing_is_discarded(
+        bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    from transports.rv import host as host_module
+
+    monkeypatch.setattr(host_module, "FAST_PRODUCER_WAIT", 0.3)  # Rendezvous: 5 s
+    remote = bus.child("listen", "FP.>")
+    t = bus.transport()
+    got = bus.collect(t, "_RV.WARN.SYSTEM.CLIENT.FASTPRODUCER")
+    host = t.host
+    assert host is not None
+    blocked = threading.Event()
+
+    def stall() -> None:  # the I/O thread busy for longer than the limit
+        blocked.set()
+        time.sleep(0.6)
+
+    host.loop.call_soon_threadsafe(stall)
+    assert blocked.wait(30)
+    for i in range(3):
+        t.send(Message("FP.X").add("n", i))
+    wait_for(lambda: got and len(remote.msgs) == 3, what="the advisory and every message")
+    assert got[0]["waiting"] == 3 and got[0].get_field("waiting").type == RvType.U32
+    assert [m["n"] for m in remote.msgs] == [0, 1, 2]

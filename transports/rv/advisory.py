@@ -12,6 +12,7 @@ source and the rest of the subject), then its own fields with the types Appendix
 | RETRANSMISSION.* | ``host`` STRING, ``lost`` U32 |
 | QUEUE.LIMIT_EXCEEDED | ``ADV_DESC`` STRING (the queue's name) |
 | CLIENT.SLOWCONSUMER | ``waiting`` U32, ``dropped`` U32, ``bytes_dropped`` U64, ``reason`` STRING |
+| CLIENT.FASTPRODUCER | ``waiting`` U32 (messages waiting to be sent) |
 | CLIENT.ILLEGAL_PUBLISH | ``sub``, ``tport``, ``descr`` STRING |
 | LISTEN.START / LISTEN.STOP.<subject> | ``id`` STRING (the transport's id), ``sub`` STRING |
 | UNREACHABLE.TRANSPORT.<id> | ``id`` STRING |
@@ -33,6 +34,7 @@ from transports.rv.message import Message, RvType
 DATALOSS_MSG_TOO_LARGE: Final = "_RV.ERROR.SYSTEM.DATALOSS.MSG_TOO_LARGE"
 QUEUE_LIMIT_EXCEEDED: Final = "_RV.WARN.SYSTEM.QUEUE.LIMIT_EXCEEDED"
 CLIENT_SLOWCONSUMER: Final = "_RV.ERROR.SYSTEM.CLIENT.SLOWCONSUMER"
+CLIENT_FASTPRODUCER: Final = "_RV.WARN.SYSTEM.CLIENT.FASTPRODUCER"
 CLIENT_ILLEGAL_PUBLISH: Final = "_RV.ERROR.SYSTEM.CLIENT.ILLEGAL_PUBLISH"
 LISTEN_START: Final = "_RV.INFO.SYSTEM.LISTEN.START."
 LISTEN_STOP: Final = "_RV.INFO.SYSTEM.LISTEN.STOP."

@@ -22,11 +22,12 @@ import functools
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from transports.rv.advisory import advisory_message, is_logged
+from transports.rv.advisory import CLIENT_FASTPRODUCER, advisory_message, is_logged
 from transports.rv.codec import FormatError, decode, encode, peek_subject
 from transports.rv.engine import Engine, EngineClosed
 from transports.rv.events import Advisory, Delivered
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("transports.rv")
 T = TypeVar("T")
+#: Seconds a send may wait for the I/O thread before CLIENT.FASTPRODUCER (Appendix A).
+FAST_PRODUCER_WAIT = 5.0
 
 
 class TransportError(RuntimeError):
@@ -175,7 +178,8 @@ class EngineHost:
         self.transports: list[_BaseTransport] = []
         self.inboxes: dict[str, _BaseTransport] = {}
         self._counter = itertools.count(1)
-        self._outbox: deque[tuple[bytes, tuple[str, int] | None]] = deque()
+        self._outbox: deque[tuple[bytes, tuple[str, int] | None, Any]] = deque()
+        self._outbox_since = 0.0  # when the oldest waiting send was handed over
         self._out_lock = threading.Lock()
         self._wake_pending = False
         self.loop_thread = 0
@@ -199,15 +203,19 @@ class EngineHost:
 
     # -- sending ---------------------------------------------------------------------------
 
-    def submit(self, payload: bytes, dest: tuple[str, int] | None) -> None:
-        """Hand ``payload`` to the engine (multicast, or to ``dest``), from any thread."""
+    def submit(self, payload: bytes, dest: tuple[str, int] | None,
+               sender: Any = None) -> None:
+        """Hand ``payload`` to the engine (multicast, or to ``dest``), from any thread;
+        ``sender`` is the transport, told of a wait over :data:`FAST_PRODUCER_WAIT`."""
         if threading.get_ident() == self.loop_thread:
             self._send_now(payload, dest)
             return
         with self._out_lock:
-            self._outbox.append((payload, dest))
+            self._outbox.append((payload, dest, sender))
             wake = not self._wake_pending
-            self._wake_pending = True
+            if wake:
+                self._wake_pending = True
+                self._outbox_since = time.monotonic()
         if wake:
             self.loop.call_soon_threadsafe(self._drain_outbox)
 
@@ -216,8 +224,22 @@ class EngineHost:
             items = list(self._outbox)
             self._outbox.clear()
             self._wake_pending = False
-        for payload, dest in items:
+            since = self._outbox_since
+        if items and time.monotonic() - since > FAST_PRODUCER_WAIT:
+            self._fast_producer(items)
+        for payload, dest, _ in items:
             self._send_now(payload, dest)
+
+    def _fast_producer(self, items: list[tuple[bytes, tuple[str, int] | None, Any]]) -> None:
+        """Sends waited over 5 s for the I/O thread: CLIENT.FASTPRODUCER (``waiting``: the
+        messages that waited) to each sending transport, nothing discarded (TIBCO Rendezvous
+        Concepts, Appendix A, CLIENT.FASTPRODUCER)."""
+        waiting: dict[int, list[Any]] = {}
+        for _, _, sender in items:
+            if sender is not None:
+                waiting.setdefault(id(sender), [sender, 0])[1] += 1
+        for sender, n in waiting.values():
+            sender._advise(CLIENT_FASTPRODUCER, {"waiting": n})
 
     def _send_now(self, payload: bytes, dest: tuple[str, int] | None) -> None:
         shell = self.shell

@@ -59,6 +59,9 @@ How it works.
   ``max_consumer_buffer`` bytes (0: no bound), or the oldest has waited more than
   ``max_consumer_age`` seconds (60), the oldest are dropped until it fits and
   ``_RV.ERROR.SYSTEM.CLIENT.SLOWCONSUMER`` is put at the head of its listeners' queues.
+  The fast-producer rule: a synchronous transport's sends wait, never discarded, until the
+  I/O thread takes them; when the oldest waited more than 5 s,
+  ``_RV.WARN.SYSTEM.CLIENT.FASTPRODUCER`` (``waiting``) goes to the sending transport.
 
 * **Advisories** are messages (:mod:`transports.rv.advisory`): the engine's DATALOSS and
   RETRANSMISSION events go to every transport of the engine; DATALOSS.MSG_TOO_LARGE and
@@ -74,8 +77,9 @@ the send rules, a reserved subject other than ``_INBOX.``/``_LOCAL.`` (``_RV.`` 
 own), and a wildcard subject (Rendezvous allows it but advises against it; here a receiver's
 matcher would take ``*`` literally).
 
-Not implemented: CLIENT.FASTPRODUCER (sends are never blocked or queued in this process
-beyond the shell's kernel backlog), HOST.STATUS, queue groups and priorities (recorded, not
+Not implemented: CLIENT.FASTPRODUCER for the shell's own backlog of datagrams the kernel
+had no room for (and for :class:`AsyncTransport`, whose sends reach the engine at once),
+HOST.STATUS, queue groups and priorities (recorded, not
 used), inboxes on the intra-process transport, and the engine's parameters beyond
 ``reliability``.
 """
@@ -334,13 +338,13 @@ class _BaseTransport:
                     if owner is not None:
                         host.fan_out(subject, None, payload, owner)
                 else:
-                    host.submit(payload, dest)
+                    host.submit(payload, dest, self)
                 return
             if subject.startswith("_LOCAL."):
                 host.fan_out(subject, None, payload)
                 return
         host.fan_out(subject, None, payload)
-        host.submit(payload, None)
+        host.submit(payload, None, self)
 
     def create_inbox(self) -> str:
         """A new inbox name of this transport (Fundamentals, "Inbox Names")."""
