@@ -439,3 +439,24 @@ def test_fast_producer_is_told_when_its_sends_wait_and_nothing_is_discarded(
     wait_for(lambda: got and len(remote.msgs) == 3, what="the advisory and every message")
     assert got[0]["waiting"] == 3 and got[0].get_field("waiting").type == RvType.U32
     assert [m["n"] for m in remote.msgs] == [0, 1, 2]
+
+
+def test_host_status_is_multicast_periodically(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ipaddress import IPv4Address
+
+    from transports.rv import host as host_module
+
+    monkeypatch.setattr(host_module, "HOST_STATUS_INTERVAL", 0.2)  # Rendezvous: 90 s
+    remote = bus.child("listen", "_RV.INFO.SYSTEM.HOST.STATUS.>")
+    t = bus.transport()
+    local = bus.collect(t, "_RV.INFO.SYSTEM.HOST.STATUS.7F000001")
+    wait_for(lambda: remote.msgs and len(local) >= 2, what="HOST.STATUS, twice here")
+    status = remote.msgs[0]
+    assert status.send_subject == "_RV.INFO.SYSTEM.HOST.STATUS.7F000001"
+    assert status["hostaddr"] == IPv4Address("127.0.0.1")
+    assert status["service"] == bus.service and status["network"] == bus.network
+    assert status["cc"] == 1
+    types = {f.name: f.type for f in status}
+    assert types["hostaddr"] == RvType.IPADDR32 and types["time"] == RvType.DATETIME
+    assert types["ms"] == types["pr"] == types["odl"] == RvType.U64
+    assert types["ipport"] == RvType.IPPORT16 and types["up"] == RvType.U32

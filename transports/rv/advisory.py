@@ -16,6 +16,7 @@ source and the rest of the subject), then its own fields with the types Appendix
 | CLIENT.ILLEGAL_PUBLISH | ``sub``, ``tport``, ``descr`` STRING |
 | LISTEN.START / LISTEN.STOP.<subject> | ``id`` STRING (the transport's id), ``sub`` STRING |
 | UNREACHABLE.TRANSPORT.<id> | ``id`` STRING |
+| HOST.STATUS.<ip hex> | ``hostaddr`` IPADDR32, ``time`` DATETIME, ``up`` U32 (seconds), ``cc`` U32 (transports), ``ms`` ``bs`` ``mr`` ``br`` ``ps`` ``pr`` ``rx`` ``pm`` ``idl`` ``odl`` U64, ``ipport`` IPPORT16 (the daemon parameter's port), ``service``, ``network`` STRING |
 
 LISTEN.START and LISTEN.STOP are not in Appendix A; they follow the Rendezvous daemon's
 advisories of the same names (a transport began or stopped listening to a subject).
@@ -27,6 +28,7 @@ standard error, information is seen only by explicit listeners).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 from transports.rv.message import Message, RvType
@@ -39,6 +41,7 @@ CLIENT_ILLEGAL_PUBLISH: Final = "_RV.ERROR.SYSTEM.CLIENT.ILLEGAL_PUBLISH"
 LISTEN_START: Final = "_RV.INFO.SYSTEM.LISTEN.START."
 LISTEN_STOP: Final = "_RV.INFO.SYSTEM.LISTEN.STOP."
 UNREACHABLE_TRANSPORT: Final = "_RV.INFO.SYSTEM.UNREACHABLE.TRANSPORT."
+HOST_STATUS: Final = "_RV.INFO.SYSTEM.HOST.STATUS."
 
 FIELD_TYPES: Final[dict[str, int]] = {
     "host": RvType.STRING,
@@ -53,10 +56,20 @@ FIELD_TYPES: Final[dict[str, int]] = {
     "tport": RvType.STRING,
     "descr": RvType.STRING,
     "id": RvType.STRING,
+    # HOST.STATUS (Appendix A, HOST.STATUS)
+    "hostaddr": RvType.IPADDR32,
+    "time": RvType.DATETIME,
+    "up": RvType.U32,
+    "cc": RvType.U32,
+    **{name: RvType.U64 for name in ("ms", "bs", "mr", "br", "ps", "pr", "rx", "pm", "idl",
+                                     "odl")},
+    "ipport": RvType.IPPORT16,
+    "service": RvType.STRING,
+    "network": RvType.STRING,
 }
 
 
-def advisory_message(subject: str, fields: dict[str, str | int]) -> Message:
+def advisory_message(subject: str, fields: Mapping[str, object]) -> Message:
     """The advisory ``subject`` with ``fields`` as a message (types: the module's table)."""
     parts = subject.split(".", 3)  # _RV, class, source, name...
     msg = Message(subject)

@@ -19,15 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import itertools
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Coroutine
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from transports.rv.advisory import CLIENT_FASTPRODUCER, advisory_message, is_logged
+from transports.rv.advisory import (
+    CLIENT_FASTPRODUCER,
+    HOST_STATUS,
+    advisory_message,
+    is_logged,
+)
 from transports.rv.codec import FormatError, decode, encode, peek_subject
 from transports.rv.engine import Engine, EngineClosed
 from transports.rv.events import Advisory, Delivered
@@ -40,6 +47,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("transports.rv")
 T = TypeVar("T")
+#: Seconds between two HOST.STATUS advisories of an engine (Appendix A: periodic; 90 s is
+#: what Rendezvous daemons use).
+HOST_STATUS_INTERVAL = 90.0
 #: Seconds a send may wait for the I/O thread before CLIENT.FASTPRODUCER (Appendix A).
 FAST_PRODUCER_WAIT = 5.0
 
@@ -193,6 +203,31 @@ class EngineHost:
         self.id_prefix = f"{ip:08X}.{engine.port:04X}{engine.incarnation:08X}."
         self.inbox_prefix = "_INBOX." + self.id_prefix
         self.loop_thread = threading.get_ident()
+        self.host_status_subject = f"{HOST_STATUS}{ip:08X}"
+        self.started_at = time.monotonic()
+        self._status_timer: asyncio.TimerHandle | None = self.loop.call_later(
+            HOST_STATUS_INTERVAL, self._host_status)
+
+    def _host_status(self) -> None:
+        """Multicast HOST.STATUS.<ip hex> (TIBCO Rendezvous Concepts, Appendix A,
+        HOST.STATUS; every 90 s), a subset of its fields: the rest describe a daemon
+        process and licence this in-process engine does not have."""
+        self._status_timer = None
+        if self.shell.closed:
+            return
+        sockets = self.shell.sockets
+        fields: dict[str, object] = {
+            "hostaddr": ipaddress.IPv4Address(self.engine.ip),
+            "time": datetime.now(UTC),
+            "up": int(time.monotonic() - self.started_at),
+            "cc": len(self.transports),
+        }
+        fields.update(self.engine.stats.host_status())
+        fields["ipport"] = sockets.daemon.port
+        fields["service"] = sockets.service.text or str(sockets.service.port)
+        fields["network"] = sockets.network.text
+        self.publish_internal(advisory_message(self.host_status_subject, fields))
+        self._status_timer = self.loop.call_later(HOST_STATUS_INTERVAL, self._host_status)
 
     def attach(self, transport: _BaseTransport) -> None:
         with self.lock:
@@ -319,5 +354,7 @@ class EngineHost:
         if last:
             with _hosts_lock:
                 _hosts.pop(self.key, None)
+            if self._status_timer is not None:
+                self._status_timer.cancel()
             self._drain_outbox()
             await self.shell.close()

@@ -68,8 +68,9 @@ How it works.
   CLIENT.ILLEGAL_PUBLISH to the sending transport (the send also raises);
   QUEUE.LIMIT_EXCEEDED to the intra-process transport; LISTEN.START / LISTEN.STOP (a
   transport's first listener on a subject, and its last one gone) and
-  UNREACHABLE.TRANSPORT.<id> (a transport closed) are multicast to the network, as a
-  Rendezvous daemon does, and fanned out locally. Subjects starting with ``_`` give no
+  UNREACHABLE.TRANSPORT.<id> (a transport closed) and, every 90 s per engine,
+  HOST.STATUS.<ip hex> are multicast to the network, as a Rendezvous daemon does, and
+  fanned out locally. Subjects starting with ``_`` give no
   LISTEN advisories.
 
 Sending refuses, with :class:`~transports.rv.subject.SubjectError`, a subject that breaks
@@ -79,8 +80,8 @@ matcher would take ``*`` literally).
 
 Not implemented: CLIENT.FASTPRODUCER for the shell's own backlog of datagrams the kernel
 had no room for (and for :class:`AsyncTransport`, whose sends reach the engine at once),
-HOST.STATUS, queue groups and priorities (recorded, not
-used), inboxes on the intra-process transport, and the engine's parameters beyond
+queue groups and priorities (recorded, not used), inboxes on the intra-process transport,
+and the engine's parameters beyond
 ``reliability``.
 """
 
