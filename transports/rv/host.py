@@ -9,7 +9,8 @@ share the engine and the inboxes they created, routes what the engine delivers (
 decoding a message only when a listener matches; an inbox only to its owner; ``_LOCAL.``
 never from the wire), turns the engine's advisories into messages for every transport, and
 takes sends from any thread: from the loop's own thread straight to the engine, from others
-through a deque drained by one ``call_soon_threadsafe`` per burst.
+through a deque drained by one ``call_soon_threadsafe`` per burst (a burst that waited over
+5 s presents CLIENT.FASTPRODUCER to its senders). Every 90 s it multicasts HOST.STATUS.
 
 :class:`Runtime` is the private loop, in one daemon thread per process, that runs the engines
 of synchronous transports. :mod:`transports.rv.transport` documents the whole interface.

@@ -81,8 +81,7 @@ matcher would take ``*`` literally).
 Not implemented: CLIENT.FASTPRODUCER for the shell's own backlog of datagrams the kernel
 had no room for (and for :class:`AsyncTransport`, whose sends reach the engine at once),
 queue groups and priorities (recorded, not used), inboxes on the intra-process transport,
-and the engine's parameters beyond
-``reliability``.
+and the engine's parameters beyond ``reliability``.
 """
 
 from __future__ import annotations
