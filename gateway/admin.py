@@ -9,13 +9,16 @@ the broker's state, built on request; nothing here runs on the message path.
 ``GET /api/v1/server``                      ``show server``: counts, memory (``memory``
                                             charged, ``max_msg_memory``, ``msg_swapping``,
                                             ``swapped`` messages, ``memory_held_producers``),
+                                            what adapters hold outside it (``mqtt_retained``,
+                                            ``mqtt_retained_bytes``),
                                             statistics (``swapped_out``, ``swapped_in``,
                                             ``memory_held`` among them), the garbage
                                             collector's settings and counts
 ``GET /api/v1/queues``                      ``show queues``: one row per queue (``swapped``:
                                             pending messages whose body is in the store)
 ``GET /api/v1/topics``                      ``show topics``
-``GET /api/v1/durables``                    ``show durables``
+``GET /api/v1/durables``                    ``show durables`` (``stored``: pending messages
+                                            in the store only, the subscription's tail)
 ``GET /api/v1/connections``                 ``show connections``
 ``GET /api/v1/store``                       the store's group-commit statistics
 ``GET /api/v1/clients``                     every adapter connection's output: bytes

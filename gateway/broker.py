@@ -28,8 +28,11 @@ Parameters). ``memory`` is what the messages held by endpoints cost
 (:func:`gateway.endpoint.charge`). With ``msg_swapping`` the persistent messages pending on a
 queue behind its first ``destination_backlog_swapout`` leave memory for the store as they come,
 and past :data:`SWAP_AT` of the limit more do, deepest queues first, until memory is down to
-:data:`SWAP_TO` (:meth:`Broker.swap_out`). A message that would take memory past the limit even
-so is first made room for by dropping what slow consumers (connections whose adapter paused
+:data:`SWAP_TO` (:meth:`Broker.swap_out`). A durable subscription holding that many pending
+messages in memory (or any, with memory past :data:`SWAP_AT`) does not take a newly routed
+persistent message into memory at all: the message's store entry is written, the
+subscription counts it in its tail and reads it back later (see :mod:`gateway.endpoint`).
+A message that would take memory past the limit even so is first made room for by dropping what slow consumers (connections whose adapter paused
 their deliveries for a full write buffer) have pending on non-durable topic subscriptions,
 when non-persistent (:meth:`Broker.shed_slow`), then by dropping the oldest of what the
 *laggards* have pending -- non-durable topic subscriptions holding at least
@@ -155,6 +158,12 @@ class Broker:
         self.swap_at = int(limit * SWAP_AT) if limit and self.swapping else 1 << 62
         # Pending messages a queue keeps in memory before the ones behind them are swapped.
         self.backlog_swapout = int(gw.destination_backlog_swapout) if self.swapping else 1 << 62
+        # Pending messages a durable subscription keeps in memory before the persistent ones
+        # after them stay in the store (its tail, see gateway.endpoint): at least one, so
+        # that a subscription whose consumer keeps up never goes through the store; the tail
+        # is read back when fewer than tail_low are pending.
+        self.tail_at = max(self.backlog_swapout, 1)
+        self.tail_low = max(self.tail_at // 2, 1)
         self.resume_at = int(limit * RESUME_AT)
         self.swap_pending = False  # a swap pass is scheduled
         self.swap_more = False  # the last pass stopped at its budget
@@ -201,6 +210,9 @@ class Broker:
         # Each protocol adapter's state shared by its listeners (TCP, TLS, WebSocket), by
         # protocol name ("mqtt", "amqp", "stomp"): the core never looks inside.
         self.adapter_servers: dict[str, Any] = {}
+        # Figures adapters add to info() (/api/v1/server): what they hold outside the core,
+        # such as the MQTT adapter's retained messages.
+        self.info_sources: list[Callable[[], dict[str, Any]]] = []
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -586,6 +598,7 @@ class Broker:
                     raise LimitExceededError(
                         f"topic {topic.name!r}: a subscriber's queue is full (rejectIncoming)")
         stored = False
+        tailed = False  # a durable subscription left it in the store only
         store = self.store
         flow_limit = props.flow_control_bytes if self.flow_control else 0
         blocked: Subscription | None = None
@@ -594,8 +607,8 @@ class Broker:
             if (sub.no_local or sub.selector is not None) and not sub.accepts(msg):
                 continue
             bound = sub.bound
-            if bound is not None and (sub.npending or sub.held or bound[1]) and _over_bound(
-                    sub, msg, bound):
+            if bound is not None and (sub.npending or sub.held or sub.tail or bound[1]) and (
+                    _over_bound(sub, msg, bound)):
                 # An adapter's per-subscriber bound (a slow MQTT session): never holds up the
                 # topic's other subscribers unless the topic says rejectIncoming.
                 if (persistent and not bound[2]
@@ -626,11 +639,21 @@ class Broker:
             if persistent and sub.durable:
                 if not msg.store_id:
                     store.put_message(msg)
-                msg.refs += 1
                 store.add_entry(sub.key, msg.store_id, 0)
                 stored = True
-            self.memory += msg.size + MESSAGE_OVERHEAD
-            sub.put(msg, now)
+                if sub.tail or sub.npending >= self.tail_at or self.memory > self.swap_at:
+                    # Its backlog is deep, or memory short: the store keeps it (the tail,
+                    # see gateway.endpoint); the backlog and the limits both are off
+                    # without swapping.
+                    sub.put_tail(msg)
+                    tailed = True
+                else:
+                    msg.refs += 1
+                    self.memory += msg.size + MESSAGE_OVERHEAD
+                    sub.put(msg, now)
+            else:
+                self.memory += msg.size + MESSAGE_OVERHEAD
+                sub.put(msg, now)
             if flow_limit and sub.bytes >= flow_limit and sub.consumers:
                 # Flow control on a topic holds the producer while a subscriber lags
                 # (EMS User's Guide, "Flow Control", "Enforcing Flow Control").
@@ -644,8 +667,12 @@ class Broker:
                 sub.flow_msgs = spool[0] or 1 << 62
                 blocked = sub
         # A listener may have consumed every stored copy already (dispatch is synchronous):
-        # then there is nothing left to wait for (see _commit_future).
-        fut = self._commit_future(msg.store_id) if stored and msg.refs > 0 else None
+        # then there is nothing left to wait for (see _commit_future) -- unless a tail holds
+        # a copy, which only the commit makes durable.
+        if tailed:
+            fut: asyncio.Future[None] | None = self._commit_future(msg.store_id, early=False)
+        else:
+            fut = self._commit_future(msg.store_id) if stored and msg.refs > 0 else None
         if blocked is not None:
             flow: asyncio.Future[None] = self.loop.create_future()
             blocked.flow_waiters.append(flow)
@@ -694,12 +721,14 @@ class Broker:
             return _both(self.loop, fut, flow)
         return fut
 
-    def _commit_future(self, store_id: int) -> asyncio.Future[None]:
+    def _commit_future(self, store_id: int, early: bool = True) -> asyncio.Future[None]:
         """The producer's confirmation of stored message ``store_id``: resolved by the group
-        commit, or earlier by :meth:`unstore` when its last stored copy is acknowledged."""
+        commit, or (``early``) earlier by :meth:`unstore` when its last stored copy is
+        acknowledged."""
         fut: asyncio.Future[None] = self.loop.create_future()
         confirming = self.confirming
-        confirming[store_id] = fut
+        if early:
+            confirming[store_id] = fut
 
         def done() -> None:
             if confirming.get(store_id) is fut:
@@ -726,7 +755,9 @@ class Broker:
 
     def _memory_full(self, msg: Message) -> bool:
         """``msg`` would take memory past ``max_msg_memory``: swap now if that can help;
-        returns True to accept it and hold its producer (flow control, RELIABLE aside).
+        returns True to accept it and hold its producer (flow control, RELIABLE aside), and
+        False to accept it as it is: there is room now, or it is a persistent topic message
+        that only durable subscriptions take, each into its tail (no memory).
 
         Raises:
             LimitExceededError: flow control is off (EMS User's Guide, "tibemsd.conf",
@@ -743,6 +774,14 @@ class Broker:
                 self.next_deep = self.memory + self.max_memory // 16
             if self.memory + need <= self.max_memory:
                 return False
+            if msg.delivery_mode == PERSISTENT and self.memory > self.swap_at:
+                dest = msg.destination
+                if dest is not None and dest.kind is TOPIC:
+                    subs = self.subs.match(dest.name)
+                    if subs and all(s.durable for s in subs):  # type: ignore[attr-defined]
+                        # Every copy stays in the store (each durable subscription's tail,
+                        # memory being past SWAP_AT): it costs no memory.
+                        return False
         if self.slow_connections:
             # Slow consumers pay first: down to RESUME_AT, so that this runs once for every
             # tenth of the limit memory grows by, not for every message.
@@ -786,6 +825,40 @@ class Broker:
             # The next batch starts with another slow connection.
             slow[conn.id] = slow.pop(conn.id)
         return freed
+
+    def charge_transactional(self, msg: Message) -> int:
+        """Charge a send waiting in an open transaction to memory; returns the charge, to
+        give back with :meth:`release_transactional` at commit or rollback. Past the limit
+        room is made as for a publish (swapping, slow consumers, laggards); a send that still
+        does not fit is refused, flow control or not: a transacted send is answered at once,
+        so there is no producer confirmation to hold.
+
+        Raises:
+            LimitExceededError: no room under ``max_msg_memory``.
+        """
+        need = msg.size + MESSAGE_OVERHEAD
+        if self.max_memory and self.memory + msg.size > self.memory_cap:
+            try:
+                fits = not self._memory_full(msg)
+            except LimitExceededError:
+                fits = False
+            if not fits:
+                exc = LimitExceededError(
+                    "server message memory limit reached by sends in open transactions "
+                    f"(max_msg_memory={self.max_memory})")
+                self.stats["rejected"] += 1
+                if self.log_enabled:
+                    self.dlog.record("reject", msg, str(msg.destination), msg.producer_conn,
+                                     0, exc.reason)
+                raise exc
+        self.memory += need
+        return need
+
+    def release_transactional(self, charged: int) -> None:
+        """A transaction ended: what its sends were charged comes back."""
+        self.memory -= charged
+        if self.memory_waiters and self.memory <= self.resume_at:
+            self.release_memory()
 
     def shed_laggards(self, want: int) -> int:
         """Free ``want`` bytes of memory, if they are there, by dropping the oldest messages
@@ -880,13 +953,21 @@ class Broker:
         return freed
 
     def unstore(self, ep: Endpoint, msg: Message) -> None:
-        """Remove ``msg`` from ``ep`` in the store; the message row goes with its last entry."""
+        """Remove ``msg`` from ``ep`` in the store; the message row goes with its last entry.
+
+        ``msg.refs`` counts the endpoints holding this object. A durable subscription's
+        row may have more entries than that, with swapping: other subscriptions' tails, or
+        their own object read back from a tail. So the store deletes such a row only when
+        no entry references it any more (``delete_unreferenced``), in the writer."""
         store = self.store
         store.remove_entry(ep.key, msg.store_id)
         msg.refs -= 1
         if msg.refs <= 0:
             sid = msg.store_id
-            store.delete_message(sid)
+            if self.swapping and type(ep) is Subscription:
+                store.delete_unreferenced(sid)
+            else:
+                store.delete_message(sid)
             msg.store_id = 0
             fut = self.confirming.pop(sid, None)
             if fut is not None and not fut.done():
@@ -1116,7 +1197,7 @@ class Broker:
             "memory_held_producers": len(self.memory_waiters),
             "published": self.published,
             **self.stats,
-        }
+        } | {k: v for source in self.info_sources for k, v in source().items()}
 
 
 def is_simple(props: Any) -> bool:
@@ -1133,9 +1214,9 @@ def _over(ep: Endpoint, msg: Message, maxmsgs: int, maxbytes: int) -> bool:
 
 
 def _over_bound(sub: Subscription, msg: Message, bound: tuple[int, int, bool]) -> bool:
-    """Past an adapter's bound: messages queued beyond the in-flight ones (pending and held),
-    or bytes held (queued and in flight)."""
-    return bool((bound[0] and sub.npending + len(sub.held) >= bound[0])
+    """Past an adapter's bound: messages queued beyond the in-flight ones (pending, in the
+    store's tail and held), or bytes held (queued and in flight)."""
+    return bool((bound[0] and sub.npending + sub.tail + len(sub.held) >= bound[0])
                 or (bound[1] and sub.bytes + msg.size > bound[1]))
 
 

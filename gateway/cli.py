@@ -2,7 +2,9 @@
 
 ``gateway serve [--config-dir DIR]`` runs the gateway (on its embedded default when no
 directory is given); ``gateway check-config DIR`` reports every bad line and exits 1 if
-there is one; ``gateway passwd`` prints a hashed password for ``users.conf``.
+there is one; ``gateway passwd`` prints a hashed password for ``users.conf``;
+``gateway rv listen|send|request ...`` are the RV-style bus's tools (``transports.rv.cli``,
+loaded by name at run time: the core imports no transport).
 """
 
 from __future__ import annotations
@@ -33,11 +35,26 @@ def main(argv: list[str] | None = None) -> int:
     p_check = sub.add_parser("check-config", help="validate a configuration directory")
     p_check.add_argument("config_dir")
     sub.add_parser("passwd", help="hash a password for users.conf (reads it from stdin)")
-    args = parser.parse_args(argv)
+    p_rv = sub.add_parser("rv", add_help=False,
+                          help="RV-style bus tools: listen, send, request ('rv -h')")
+    p_rv.add_argument("rv_args", nargs=argparse.REMAINDER)
+    # ``rv``'s arguments belong to transports.rv.cli (its own -h too): pass on what is left
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "rv":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command == "rv":
+        from gateway.registry import NotAvailableError, import_string
+
+        try:
+            rv_main = import_string("transports.rv.cli:main")
+        except NotAvailableError as exc:
+            print(f"gateway: {exc}", file=sys.stderr)
+            return 2
+        return int(rv_main(args.rv_args + rest))
     if args.command == "serve":
         from gateway.server import serve
 

@@ -92,6 +92,7 @@ class Connection:
         self.started = True
         self.sessions: list[Session] = []
         self.subscriptions: list[Subscription] = []
+        self.transactions: set[Transaction] = set()  # open ones: rolled back at close
         self.temp_queues: set[str] = set()
         self.temp_topics: set[str] = set()
         self.closed = False
@@ -116,7 +117,9 @@ class Connection:
         self.started = False
 
     def transaction(self) -> Transaction:
-        return Transaction(self)
+        tx = Transaction(self)
+        self.transactions.add(tx)
+        return tx
 
     def temporary_queue(self) -> Destination:
         return self.broker.create_temporary(self, QUEUE)
@@ -132,6 +135,8 @@ class Connection:
         self.closed = True
         for s in list(self.sessions):
             s.close()
+        for tx in list(self.transactions):
+            tx.rollback()  # what an adapter left open: its sends' memory comes back
         for sub in list(self.subscriptions):
             self.broker.consumer_gone(sub)
         self.broker.disconnected(self)
@@ -382,20 +387,37 @@ class Session:
 
 
 class Transaction:
-    """Sends and acknowledgements that take effect together at :meth:`commit`."""
+    """Sends and acknowledgements that take effect together at :meth:`commit`.
+
+    The sends wait here until then and are charged to the broker's memory meanwhile
+    (``max_msg_memory`` covers them as EMS's does: a client that sends without committing
+    cannot grow the gateway past it); past the limit a transacted send is refused, never held,
+    since its producer is answered at once (:meth:`Broker.charge_transactional`).
+    """
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self.sends: list[Message] = []
         self.acks: list[Delivery] = []
         self.done = False
+        self.charged = 0  # what the sends cost in broker.memory
 
     def send(self, msg: Message) -> None:
+        """Raises:
+            LimitExceededError: the send would take memory past ``max_msg_memory``.
+        """
         if self.done:
             raise IllegalStateError("transaction is finished")
         broker = self.connection.broker
         broker.stamp(msg, self.connection, broker.now())
+        self.charged += broker.charge_transactional(msg)
         self.sends.append(msg)
+
+    def _release(self) -> None:
+        self.connection.transactions.discard(self)
+        if self.charged:
+            self.connection.broker.release_transactional(self.charged)
+            self.charged = 0
 
     def ack(self, d: Delivery) -> None:
         if self.done:
@@ -412,6 +434,7 @@ class Transaction:
         if self.done:
             raise IllegalStateError("transaction is finished")
         self.done = True
+        self._release()  # publishing charges each message to the endpoints it reaches
         broker = self.connection.broker
         conn = self.connection
         try:
@@ -445,6 +468,7 @@ class Transaction:
         if self.done:
             return
         self.done = True
+        self._release()
         self.sends.clear()
         self._undo_acks()
 

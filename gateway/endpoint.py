@@ -33,6 +33,22 @@ swapped message asks the store for it and the next swapped ones in delivery orde
 (:meth:`Endpoint._load`) and goes on when they are back. Swapping starts from the back of the
 queue (lowest priority, newest), so what is delivered next stays in memory.
 
+A durable subscription cannot swap that way (a persistent topic message is one object shared
+by every subscription it reached), so it keeps a *tail* in the store instead: once it holds
+``destination_backlog_swapout`` pending messages in memory (or memory is past the broker's swap
+mark), a newly routed persistent message only gets its store entry and is counted
+(:meth:`Endpoint.put_tail`: ``count`` and ``bytes`` include it, ``broker.memory`` does not),
+and so is every persistent message after it while the tail lasts, so that the store's order is
+kept. When the messages in memory run below half of that and the subscription has consumers,
+:meth:`Endpoint._read_tail` asks the store for the next batch of its entries past the last one
+it has, with their messages and delivery counts, through the store's writer thread; they join
+``pending`` and dispatch goes on (:meth:`Endpoint._tail_read`). Each message read back is an
+object of its own, held by this subscription alone. Non-persistent messages stay in memory
+meanwhile and may so pass persistent ones routed before them: MQTT 5.0 §4.6 asks for order
+only per topic and QoS (QoS 0 is non-persistent, QoS 1 and 2 persistent), and JMS 1.1
+§4.4.10 leaves the order between delivery modes undefined. Priorities order what is in
+memory; the tail comes back in the order it was routed.
+
 Everything here runs on the loop thread and never awaits.
 """
 
@@ -40,6 +56,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -57,6 +74,8 @@ if TYPE_CHECKING:
     from gateway.client import Session
     from gateway.selector import Selector
 
+log = logging.getLogger("gateway.endpoint")
+
 PRIORITIES = 10  # JMS priorities 0..9 (EMS User's Guide, "JMS Message Header Fields", JMSPriority)
 PERSISTENT = DeliveryMode.PERSISTENT
 _seq = itertools.count()
@@ -70,6 +89,10 @@ _seq = itertools.count()
 MESSAGE_OVERHEAD: Final = 480
 # Swapped messages read back from the store per read (one round trip through the writer).
 LOAD_BATCH = 512
+# Most and fewest entries of a durable subscription's tail read back at once (one round trip
+# through the store's writer thread each).
+TAIL_BATCH = 2048
+TAIL_MIN = 64
 
 
 class Swapped:
@@ -246,6 +269,12 @@ class Endpoint:
         self.swapped = 0  # pending messages whose body is in the store only
         self.loading = False  # a read of swapped messages is on its way
         self.fresh = 0  # persistent messages put since the last swap pass looked (queues)
+        # Pending messages in the store only (a durable subscription's tail, see the module
+        # docstring): counted in ``count`` (and their size in ``bytes``), not in memory.
+        self.tail = 0
+        self.tail_bytes = 0  # what ``bytes`` counts for them
+        self.tail_after = 0  # the tail: this endpoint's entries with a message id above this
+        self.tail_reading = False  # a read of the tail is on its way
 
     # -- adding messages ------------------------------------------------------------------
 
@@ -284,6 +313,17 @@ class Endpoint:
         if self.consumers and not self.dispatching:
             self.dispatch()
 
+    def put_tail(self, msg: Message) -> None:
+        """Count a routed persistent message whose entry the broker stored, leaving it in
+        the store only: the tail of a durable subscription (see the module docstring)."""
+        if not self.tail:
+            self.tail_after = msg.store_id - 1
+        self.tail += 1
+        self.tail_bytes += msg.size
+        self.count += 1
+        self.bytes += msg.size
+        self.stats_in += 1
+
     def restore(self, msg: Message, delivery_count: int, now: int) -> None:
         """Put back a recovered message (store recovery), keeping its delivery count."""
         if delivery_count:
@@ -294,16 +334,19 @@ class Endpoint:
 
     def dispatch(self) -> None:
         """Hand pending messages to ready consumers. Never re-entered."""
-        if self.dispatching or not self.npending or not self.consumers:
+        if self.dispatching or not self.consumers:
             return
-        self.dispatching = True
-        try:
-            if self.selective:
-                self._dispatch_selective()
-            else:
-                self._dispatch_simple()
-        finally:
-            self.dispatching = False
+        if self.npending:
+            self.dispatching = True
+            try:
+                if self.selective:
+                    self._dispatch_selective()
+                else:
+                    self._dispatch_simple()
+            finally:
+                self.dispatching = False
+        if self.tail and self.npending < self.broker.tail_low:
+            self._read_tail()
 
     def _dispatch_simple(self) -> None:
         pending = self.pending
@@ -543,6 +586,8 @@ class Endpoint:
             dq = self.pending[p]
             if dq and (oldest is None or dq[0].timestamp < oldest.timestamp):
                 oldest, oldest_p = dq[0], p
+        if self.tail and self.npending <= self.broker.tail_low:
+            self._read_tail()  # what is discarded after these comes from the tail
         if oldest is None:
             return False
         self.pending[oldest_p].popleft()
@@ -567,6 +612,12 @@ class Endpoint:
             self._remove(msg)
             n += 1
         self.npending = 0
+        if self.tail:
+            # Their entries and messages go with the endpoint (Store.delete_endpoint).
+            n += self.tail
+            self.count -= self.tail
+            self.bytes -= self.tail_bytes
+            self.tail = self.tail_bytes = 0
         return n
 
     def sweep_expired(self, now: int) -> None:
@@ -758,6 +809,76 @@ class Endpoint:
         self._remove(msg)
         self.broker.undeliverable(msg, self, "store_read_failed", count)
 
+    # -- a durable subscription's tail in the store --------------------------------------
+
+    def _read_tail(self) -> None:
+        """Ask the store for the next entries of the tail; they join ``pending`` when back."""
+        if self.tail_reading or self.closed or not self.tail:
+            return
+        broker = self.broker
+        want = min(self.tail, max(broker.tail_at - self.npending, TAIL_MIN), TAIL_BATCH)
+        self.tail_reading = True
+        store = broker.store
+        store.commit(None)  # an entry added in the unit still open is read too
+        store.read_entries(self.key, self.tail_after, want,
+                           lambda rows: self._tail_read(rows, want))
+
+    def _tail_read(self, rows: list[tuple[int, int, Message | None]], want: int) -> None:
+        """Runs on the loop: entries of the tail are back from the store, in order."""
+        self.tail_reading = False
+        if self.closed or not self.tail:
+            return
+        broker = self.broker
+        now = broker.now()
+        pending = self.pending
+        lost = 0
+        for sid, dcount, msg in rows:
+            # ``bytes`` counted each message of the tail with its size at routing; one read
+            # back has its size estimated again (an adapter's estimate may differ), so each
+            # takes its share of what the tail counted, and ``bytes`` its new size.
+            share = self.tail_bytes // self.tail if self.tail > 1 else self.tail_bytes
+            self.tail_after = sid
+            self.tail -= 1
+            self.tail_bytes -= share
+            if msg is None:  # does not decode (logged by the store): cannot be delivered
+                lost += 1
+                self.bytes -= share
+                broker.store.remove_entry(self.key, sid)
+                broker.store.delete_unreferenced(sid)
+                continue
+            self.bytes += msg.size - share
+            msg.refs = 1
+            broker.memory += msg.size + MESSAGE_OVERHEAD
+            if dcount:
+                self.counts[msg] = dcount
+            if msg.expires_at:
+                self.expiring += 1
+            if msg.delivery_time > now:
+                self._hold(msg, msg.delivery_time)
+            else:
+                pending[msg.priority].append(msg)
+                self.npending += 1
+            if not self.tail:
+                break
+        if len(rows) < want and self.tail:
+            lost += self.tail  # the store has no more of them (a failed write)
+            self.bytes -= self.tail_bytes
+            self.tail = self.tail_bytes = 0
+        if lost:
+            self.count -= lost
+            self.dropped_from_store(lost)
+        if self.npending and not self.dispatching:
+            self.dispatch()
+        elif self.tail and self.npending < broker.tail_low and self.consumers:
+            self._read_tail()
+
+    def dropped_from_store(self, n: int) -> None:
+        """``n`` messages of the tail the store did not give back: counted and logged."""
+        broker = self.broker
+        broker.stats["dropped"] += n
+        broker.store.commit(None)
+        log.error("%s: %d stored messages could not be read back and are dropped", self.key, n)
+
     # -- consumers ------------------------------------------------------------------------
 
     def add_consumer(self, c: Consumer) -> None:
@@ -795,6 +916,7 @@ class Endpoint:
             "count": self.count,
             "bytes": self.bytes,
             "swapped": self.swapped,
+            "stored": self.tail,
             "consumers": len(self.consumers),
             "total_in": self.stats_in,
             "total_out": self.stats_out,

@@ -7,7 +7,11 @@ written, and the messages those entries reference (TIBCO EMS User's Guide,
 for durable subscribers survive a restart). Each message is put back on its endpoints with its
 stored delivery count, so redelivery limits keep counting across a restart (stronger than EMS,
 which resets JMSXDeliveryCount, EMS User's Guide, "Destination Properties", maxRedelivery).
-Entries whose endpoint no longer exists are removed.
+Entries whose endpoint no longer exists are removed. With message swapping the store gives
+each durable subscription only its first ``destination_backlog_swapout`` entries with their
+messages; the rest it only counts, and they become the subscription's tail (see
+:mod:`gateway.endpoint`), read back as consumers take what is in memory -- so a deep durable
+backlog is not read whole into memory at start.
 """
 
 from __future__ import annotations
@@ -66,6 +70,15 @@ def recover(broker: Broker, recovered: Any) -> dict[str, int]:
             ep.restore(msg, count, now)
             ep.fresh += 1  # the swap pass after start looks at it
             restored += 1
+    for key, (n, nbytes, cursor) in getattr(recovered, "tails", {}).items():
+        ep = endpoints.get(key)
+        if ep is None:
+            continue  # its entries went with its unknown definition's
+        ep.tail = n
+        ep.tail_bytes = nbytes
+        ep.tail_after = cursor
+        ep.count += n
+        ep.bytes += nbytes
     if orphans:
         store.commit(None)
     log.info("recovered %d endpoints and %d pending messages", len(endpoints), restored)

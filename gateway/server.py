@@ -54,7 +54,10 @@ class Gateway:
             raise StoreError(f"cannot make the store directory {store_dir}: "
                              f"{exc.strerror or exc}") from exc
         self.store = open_store(gw.store_type, os.path.join(store_dir, "gateway.db"), gw.store_sync)
-        recovered = self.store.open(loop.call_soon_threadsafe)
+        # With swapping, a durable subscription's backlog past this stays in the store
+        # (its tail) instead of being read whole into memory.
+        backlog = max(int(gw.destination_backlog_swapout), 1) if gw.msg_swapping else 0
+        recovered = self.store.open(loop.call_soon_threadsafe, backlog)
         gid = _gateway_id(self.store, recovered, gw.server)
         self.dlog = DeliveryLog(
             str(gw.delivery_log_dir), gid, enabled=bool(gw.delivery_log),

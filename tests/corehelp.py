@@ -56,7 +56,8 @@ async def running_broker(directory: Path, *, store_type: str | None = None,
     os.makedirs(gw.store, exist_ok=True)
     store = open_store(kind, os.path.join(str(gw.store), "gateway.db"), gw.store_sync)
     loop = asyncio.get_running_loop()
-    recovered = store.open(loop.call_soon_threadsafe)
+    backlog = max(int(gw.destination_backlog_swapout), 1) if gw.msg_swapping else 0
+    recovered = store.open(loop.call_soon_threadsafe, backlog)
     dlog = DeliveryLog(str(gw.delivery_log_dir), "test-gw", enabled=log)
     dlog.start()
     broker = Broker(config, store, dlog, gateway_id="test-gw")

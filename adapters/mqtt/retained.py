@@ -86,6 +86,7 @@ class RetainedStore:
         self.store = store
         # subject → its retained message, encoded (the start-up records are kept as read).
         self.records: dict[str, bytes] = recovered if recovered is not None else {}
+        self.nbytes = sum(len(blob) for blob in self.records.values())  # encoded bytes held
         self._sorted: list[str] = sorted(self.records)  # may hold cleared names (_stale)
         self._recent: list[str] = []  # added since the last merge, unsorted
         self._stale = 0
@@ -98,7 +99,9 @@ class RetainedStore:
         """Retain ``msg`` for subject ``name``; ``None`` clears it."""
         records = self.records
         if msg is None:
-            if records.pop(name, None) is not None:
+            old = records.pop(name, None)
+            if old is not None:
+                self.nbytes -= len(old)
                 self.store.delete_kv(NAMESPACE, name)
                 self.store.commit(None)
                 self._stale += 1
@@ -106,7 +109,9 @@ class RetainedStore:
                     self._merge()
             return
         blob = encode_message(msg)
-        new = name not in records
+        old = records.get(name)
+        new = old is None
+        self.nbytes += len(blob) - (0 if old is None else len(old))
         records[name] = blob
         if new:  # after the record: a merge keeps only names that have one
             self._add_name(name)

@@ -58,6 +58,9 @@ class MqttServer:
         self.too_large = 0  # messages dropped: over a client's Maximum Packet Size
         kv = getattr(broker, "kv", {})
         self.retained = RetainedStore(broker.store, kv.get(RETAINED_NS))
+        sources = getattr(broker, "info_sources", None)
+        if sources is not None:
+            sources.append(self.info)
         self.sessions: dict[str, MqttSession] = {}
         self.connections: set[MqttConnection] = set()
         self._map_key: tuple[int, int, int] | None = None
@@ -178,6 +181,13 @@ class MqttServer:
         return user
 
     # -- publishing (client → core) ---------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        """What /api/v1/server adds for MQTT: the retained messages, held outside
+        ``max_msg_memory`` (they are each topic's last value, not messages waiting to be
+        delivered), as their count and encoded bytes."""
+        return {"mqtt_retained": len(self.retained),
+                "mqtt_retained_bytes": self.retained.nbytes}
 
     def publish(self, level: int, session: MqttSession, topic: str,
                 p: Publish) -> tuple[int, Any]:
@@ -318,7 +328,7 @@ class MqttServer:
                     ep = self.broker.durables.get(f"sub:{session.client_id}:mqtt:{rec.filter}")
                 subs.append({
                     "filter": rec.filter, "qos": rec.options.qos,
-                    "queued": ep.npending + len(ep.held) if ep is not None else 0,
+                    "queued": ep.npending + ep.tail + len(ep.held) if ep is not None else 0,
                     "bytes": ep.bytes if ep is not None else 0,
                     "dropped": ep.dropped if ep is not None else 0,
                     "discarded": ep.stats_discarded if ep is not None else 0,

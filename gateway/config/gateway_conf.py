@@ -58,7 +58,11 @@ parameter                           default            meaning
                                                        queue keeps in memory; those behind them
                                                        are swapped out as they come; 0 = all
                                                        (EMS User's Guide, "tibemsd.conf",
-                                                       Connection and Memory Parameters)
+                                                       Connection and Memory Parameters). A
+                                                       durable subscription (an MQTT persistent
+                                                       session's too) keeps as many (at least 1)
+                                                       and leaves the persistent messages after
+                                                       them in the store only
 ``max_client_msg_size``             0                  reject larger incoming messages; 0 = any size;
                                                        at most 2GB (EMS User's Guide,
                                                        "tibemsd.conf", max_client_msg_size)

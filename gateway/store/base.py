@@ -17,6 +17,13 @@ never block and never raise for I/O reasons; I/O errors come back through ``on_e
 - ``add_entry`` is for a pair (endpoint, id) not already pending; a second add updates the
   delivery count in place. A message row deleted while entries still reference it is a caller
   bug that ``open`` repairs by dropping the dangling entries.
+- A durable subscription's *tail* (its pending messages past the first
+  ``destination_backlog_swapout``, which the broker keeps in the store only) is the set of its
+  entries whose message id is above a cursor: for a subscription, entry order and id order
+  agree, because an entry is only ever added while its message is routed, right after its id
+  was assigned, and ids increase. The broker reads a tail back in batches
+  (:meth:`Store.read_entries`), and a message row a tail may still reference is deleted with
+  :meth:`Store.delete_unreferenced`, which keeps it while any entry references it.
 - Store ids are assigned by ``put_message``, increase monotonically and are never reused after
   a unit holding them has been committed.
 - A unit whose write fails is rolled back as a whole: its callback is never called; its
@@ -38,6 +45,9 @@ Callback = Callable[[], None]
 ErrorCallback = Callable[[Exception], None]
 # Called on the loop thread with the messages read, by store id (see Store.read_messages).
 ReadCallback = Callable[[dict[int, Message]], None]
+# Called on the loop thread with (store id, delivery count, message or None if it does not
+# decode) in entry order (see Store.read_entries).
+EntriesCallback = Callable[[list[tuple[int, int, "Message | None"]]], None]
 
 
 class StoreError(GatewayError):
@@ -56,6 +66,10 @@ class Recovered:
     # store_id -> message (only messages some entry references; store_id is set on each)
     messages: dict[int, Message] = field(default_factory=dict)
     kv: dict[str, dict[str, bytes]] = field(default_factory=dict)  # namespace -> key -> value
+    # durable subscription key -> (entries, bytes, cursor) left in the store at open (see
+    # Store.open's ``backlog``): its entries with a message id above the cursor; ``entries``
+    # above holds the others, with their messages.
+    tails: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
 
 class Store(Protocol):
@@ -66,11 +80,13 @@ class Store(Protocol):
     # from memory (message swapping); false for a store that keeps nothing.
     swappable: bool
 
-    def open(self, call_soon_threadsafe: Callable[..., object]) -> Recovered:
+    def open(self, call_soon_threadsafe: Callable[..., object], backlog: int = 0) -> Recovered:
         """Open or create the store and return everything to recover.
 
         ``call_soon_threadsafe`` is the event loop's (or a test stub); the store hands
-        completions back to the loop thread only through it.
+        completions back to the loop thread only through it. With ``backlog`` (a swappable
+        store only), each durable subscription gets only its first ``backlog`` entries with
+        their messages; the rest stays in the store as its tail (``Recovered.tails``).
         """
         ...
 
@@ -92,6 +108,11 @@ class Store(Protocol):
         ...
 
     def delete_message(self, store_id: int) -> None: ...
+
+    def delete_unreferenced(self, store_id: int) -> None:
+        """Delete the message once no entry references it, entries removed in the same unit
+        (or before) aside: for a message a durable subscription's tail may still hold."""
+        ...
 
     def add_entry(self, endpoint_key: str, store_id: int, delivery_count: int = 0) -> None:
         """The message is pending on that endpoint (after all entries added before it)."""
@@ -122,6 +143,16 @@ class Store(Protocol):
         thread, the messages found by id, read after every unit committed before this call
         (so a message put in such a unit is found until a later unit deletes it). An id not
         found (deleted meanwhile, or a read error, which is logged) is left out."""
+        ...
+
+    def read_entries(self, endpoint_key: str, after: int, limit: int,
+                     callback: EntriesCallback) -> None:
+        """Read back up to ``limit`` entries of an endpoint whose message id is above
+        ``after``, in id order, with their delivery counts and messages (a durable
+        subscription's tail), after every unit committed before this call, as
+        :meth:`read_messages`; ``callback`` gets them on the loop thread. A message that does
+        not decode is logged and comes as ``None``; fewer than ``limit`` rows (a read error
+        is logged and gives none) means there are no more."""
         ...
 
     def read_now(self, store_ids: list[int]) -> dict[int, Message]:
@@ -157,3 +188,4 @@ OP_PUT_ENDPOINT = 6  # (code, key, definition as JSON text)
 OP_DELETE_ENDPOINT = 7  # (code, key)
 OP_PUT_KV = 8  # (code, namespace, key, value)
 OP_DELETE_KV = 9  # (code, namespace, key)
+OP_DELETE_UNREFERENCED = 10  # (code, store_id)

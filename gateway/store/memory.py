@@ -23,12 +23,14 @@ from gateway.store.base import (
     OP_DELETE_ENDPOINT,
     OP_DELETE_KV,
     OP_DELETE_MESSAGE,
+    OP_DELETE_UNREFERENCED,
     OP_PUT_ENDPOINT,
     OP_PUT_KV,
     OP_PUT_MESSAGE,
     OP_REMOVE_ENTRY,
     OP_UPDATE_ENTRY,
     Callback,
+    EntriesCallback,
     ErrorCallback,
     ReadCallback,
     Recovered,
@@ -57,7 +59,9 @@ class MemoryStore:
         self._endpoints: dict[str, str] = {}
         self._kv: dict[str, dict[str, bytes]] = {}
 
-    def open(self, call_soon_threadsafe: Callable[..., object]) -> Recovered:
+    def open(self, call_soon_threadsafe: Callable[..., object], backlog: int = 0) -> Recovered:
+        """``backlog`` is ignored: without swapping there are no tails, so everything comes
+        back."""
         if self._call_soon is not None:
             raise StoreError("memory store is already open")
         self._call_soon = call_soon_threadsafe
@@ -102,6 +106,10 @@ class MemoryStore:
         if self.retain:
             self._unit.append((OP_DELETE_MESSAGE, store_id))
 
+    def delete_unreferenced(self, store_id: int) -> None:
+        if self.retain:
+            self._unit.append((OP_DELETE_UNREFERENCED, store_id))
+
     def add_entry(self, endpoint_key: str, store_id: int, delivery_count: int = 0) -> None:
         if self.retain:
             self._unit.append((OP_ADD_ENTRY, endpoint_key, store_id, delivery_count))
@@ -145,6 +153,20 @@ class MemoryStore:
             raise StoreError("memory store is not open")
         self._call_soon(callback, self.read_now(store_ids))
 
+    def read_entries(self, endpoint_key: str, after: int, limit: int,
+                     callback: EntriesCallback) -> None:
+        """What ``retain`` kept of that endpoint's entries, on the next loop turn."""
+        if self._call_soon is None:
+            raise StoreError("memory store is not open")
+        rows: list[tuple[int, int, Message | None]] = []
+        for sid, count in sorted(self._entries.get(endpoint_key, {}).items()):
+            data = self._messages.get(sid)
+            if sid > after and data is not None and len(rows) < limit:
+                msg = decode_message(data)
+                msg.store_id = sid
+                rows.append((sid, count, msg))
+        self._call_soon(callback, rows)
+
     def read_now(self, store_ids: list[int]) -> dict[int, Message]:
         out: dict[int, Message] = {}
         for sid in store_ids:
@@ -170,6 +192,9 @@ class MemoryStore:
                 msgs[op[1]] = op[2]
             elif code == OP_DELETE_MESSAGE:
                 msgs.pop(op[1], None)
+            elif code == OP_DELETE_UNREFERENCED:
+                if not any(op[1] in ids for ids in entries.values()):
+                    msgs.pop(op[1], None)
             elif code == OP_ADD_ENTRY:
                 entries.setdefault(op[1], {})[op[2]] = op[3]
             elif code == OP_REMOVE_ENTRY:

@@ -22,7 +22,18 @@ asks for them back before delivery) go through the same queue as the units, so t
 thread stays the connection's only user, as at recovery: :meth:`SqliteStore.read_messages`
 queues a read, the writer writes the units queued before it, then selects and decodes the
 rows (off the loop) and posts the messages to the loop with the read's callback. A read
-therefore sees every unit committed before it was asked for.
+therefore sees every unit committed before it was asked for. :meth:`SqliteStore.read_entries`
+reads the next batch of a durable subscription's tail the same way: its entries past a message
+id cursor, in id order (the ``UNIQUE (endpoint, msg)`` index serves it), with their messages.
+
+Durable subscriptions share message rows, and a tail's entries have no holder in memory, so the
+broker deletes such a row with ``delete_unreferenced``: the writer deletes it after the batch's
+entries are written, and only where no durable subscription's entry references it any more
+(``NOT EXISTS`` on the partial index ``entries_sub_msg``, kept for subscription entries only, so
+queue entries cost what they did). A row put in the same batch whose every entry was netted
+away is netted with it, as a plain delete is; after a ``delete_endpoint`` barrier in the batch
+it is written and deleted instead. Deleting a durable subscription deletes the rows only its
+entries referenced (its tail's among them).
 
 Errors. If a batch fails (disk full, I/O error, ...) it is rolled back and retried unit by unit,
 so one bad unit does not fail the others. A unit that still fails is logged, counted in
@@ -33,7 +44,12 @@ its ``on_error`` callback; its success callback is never called. :meth:`flush` r
 Opening takes an exclusive lock on ``<path>.lock`` (as EMS locks its store files,
 EMS User's Guide, "How EMS Manages Access to Shared Store Files"), creates or checks the
 schema, drops entries whose message is gone and messages no entry references, and decodes
-everything left. A record that does not decode stops the start (as EMS does, EMS User's Guide,
+everything left -- except, when ``open`` is given a ``backlog``, the entries of each durable
+subscription past its first ``backlog``: those are only counted (entries and
+``length(data)``), as the subscription's tail, and their messages are read when the broker
+asks for them (a record there that does not decode is found, and logged, only then).
+Version 1 stores made before the ``entries_sub_msg`` index get it at open; the schema stays
+version 1, as a gateway without it reads and writes such a store unchanged. A record that does not decode stops the start (as EMS does, EMS User's Guide,
 "Error Recovery Policy") unless the store was made with ``force_start=True``, which drops such
 records and logs them.
 """
@@ -58,12 +74,14 @@ from gateway.store.base import (
     OP_DELETE_ENDPOINT,
     OP_DELETE_KV,
     OP_DELETE_MESSAGE,
+    OP_DELETE_UNREFERENCED,
     OP_PUT_ENDPOINT,
     OP_PUT_KV,
     OP_PUT_MESSAGE,
     OP_REMOVE_ENTRY,
     OP_UPDATE_ENTRY,
     Callback,
+    EntriesCallback,
     ErrorCallback,
     ReadCallback,
     Recovered,
@@ -87,6 +105,10 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS endpoints (key TEXT PRIMARY KEY, def TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS kv (ns TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,"
     " PRIMARY KEY (ns, key)) WITHOUT ROWID",
+    # Which durable subscriptions' entries reference a message (see delete_unreferenced);
+    # durable subscription keys are ``sub:<scope>:<name>``.
+    "CREATE INDEX IF NOT EXISTS entries_sub_msg ON entries (msg)"
+    " WHERE endpoint >= 'sub:' AND endpoint < 'sub;'",
 )
 
 # Multi-row statements as (head, one row, tail): see _execute_rows.
@@ -99,6 +121,25 @@ _INSERT_ENTRIES = (
 )
 _DELETE_ENTRIES = ("DELETE FROM entries WHERE endpoint = ? AND msg IN (", "?", ")")
 _DELETE_MESSAGE = "DELETE FROM messages WHERE id = ?"
+# The terms must be those of the index's WHERE for SQLite to use the partial index.
+_SUB_ENTRY = "endpoint >= 'sub:' AND endpoint < 'sub;'"
+_DELETE_UNREFERENCED = (
+    "DELETE FROM messages WHERE id IN (",
+    "?",
+    ") AND NOT EXISTS (SELECT 1 FROM entries WHERE entries.msg = messages.id AND "
+    + _SUB_ENTRY + ")",
+)
+# A durable subscription's messages no other durable subscription references (before its
+# entries go).
+_DELETE_SUB_MESSAGES = (
+    "DELETE FROM messages WHERE id IN (SELECT msg FROM entries WHERE endpoint = ?) AND NOT "
+    "EXISTS (SELECT 1 FROM entries AS e2 WHERE e2.msg = messages.id AND e2.endpoint != ? AND "
+    "e2." + _SUB_ENTRY.replace("AND endpoint", "AND e2.endpoint") + ")"
+)
+_SELECT_TAIL = (
+    "SELECT e.msg, e.count, m.data FROM entries AS e JOIN messages AS m ON m.id = e.msg "
+    "WHERE e.endpoint = ? AND e.msg > ? ORDER BY e.msg LIMIT ?"
+)
 _SELECT_MESSAGES = ("SELECT id, data FROM messages WHERE id IN (", "?", ")")
 _UPDATE_ENTRY = "UPDATE entries SET count = ? WHERE endpoint = ? AND msg = ?"
 _DELETE_ENDPOINT_ENTRIES = "DELETE FROM entries WHERE endpoint = ?"
@@ -131,9 +172,11 @@ class _Waiter:
 
 
 class _Read:
-    """A read queued among the units: ids to read, and the callback or waiter to answer."""
+    """A read queued among the units: ids to read, and the callback or waiter to answer;
+    or, with ``endpoint``, a tail read (see SqliteStore.read_entries)."""
 
-    __slots__ = ("ids", "callback", "waiter", "found")
+    __slots__ = ("ids", "callback", "waiter", "found", "endpoint", "after", "limit",
+                 "entries_callback")
 
     def __init__(self, ids: list[int], callback: ReadCallback | None,
                  waiter: _Waiter | None) -> None:
@@ -141,6 +184,10 @@ class _Read:
         self.callback = callback
         self.waiter = waiter
         self.found: dict[int, Message] = {}
+        self.endpoint = ""
+        self.after = 0
+        self.limit = 0
+        self.entries_callback: EntriesCallback | None = None
 
 
 def _run_callbacks(callbacks: list[Callback]) -> None:
@@ -197,11 +244,14 @@ class SqliteStore:
         self._call_soon: Callable[..., object] | None = None
         self._lock_fd: int | None = None
         self._max_id_written = 0  # writer thread only
+        self._backlog = 0  # durable subscription entries open() recovers (0: all)
 
     # -- loop thread ---------------------------------------------------------------------------
 
-    def open(self, call_soon_threadsafe: Callable[..., object]) -> Recovered:
-        """Open or create the database, recover, and start the writer thread.
+    def open(self, call_soon_threadsafe: Callable[..., object], backlog: int = 0) -> Recovered:
+        """Open or create the database, recover, and start the writer thread. With
+        ``backlog``, a durable subscription's entries past its first ``backlog`` stay in the
+        store as its tail (see the module docstring).
 
         Raises:
             StoreError: the store is locked by another process, is not a store of a schema
@@ -215,6 +265,7 @@ class SqliteStore:
         self._take_lock()
         ready: Future[Recovered] = Future()
         self._stopping = False
+        self._backlog = backlog
         thread = threading.Thread(
             target=self._run, args=(ready,), name="gateway-store-writer", daemon=True
         )
@@ -247,6 +298,9 @@ class SqliteStore:
 
     def delete_message(self, store_id: int) -> None:
         self._unit.append((OP_DELETE_MESSAGE, store_id))
+
+    def delete_unreferenced(self, store_id: int) -> None:
+        self._unit.append((OP_DELETE_UNREFERENCED, store_id))
 
     def add_entry(self, endpoint_key: str, store_id: int, delivery_count: int = 0) -> None:
         self._unit.append((OP_ADD_ENTRY, endpoint_key, store_id, delivery_count))
@@ -293,6 +347,23 @@ class SqliteStore:
         if self._writer_thread is None:
             raise StoreError(f"store {self.path} is not open")
         self._queue_read(_Read(store_ids, callback, None))
+
+    def read_entries(self, endpoint_key: str, after: int, limit: int,
+                     callback: EntriesCallback) -> None:
+        """Queue a read of the next ``limit`` entries of a durable subscription's tail (see
+        the module docstring); ``callback(rows)`` runs on the loop afterwards.
+
+        Raises:
+            StoreError: the store is not open.
+        """
+        if self._writer_thread is None:
+            raise StoreError(f"store {self.path} is not open")
+        read = _Read([], None, None)
+        read.endpoint = endpoint_key
+        read.after = after
+        read.limit = limit
+        read.entries_callback = callback
+        self._queue_read(read)
 
     def read_now(self, store_ids: list[int]) -> dict[int, Message]:
         """Read ``store_ids`` and wait for the answer (blocks the caller; rare paths only).
@@ -461,16 +532,6 @@ class SqliteStore:
                 self.path, dangling, unreferenced,
             )  # fmt: skip
         rec = Recovered()
-        for mid, data in conn.execute("SELECT id, data FROM messages"):
-            try:
-                msg = decode_message(data)
-            except MessageFormatError as exc:
-                self._corrupt(f"message {mid}", exc)
-                conn.execute(_DELETE_MESSAGE, (mid,))
-                conn.execute("DELETE FROM entries WHERE msg = ?", (mid,))
-                continue
-            msg.store_id = mid
-            rec.messages[mid] = msg
         for key, text in conn.execute("SELECT key, def FROM endpoints"):
             try:
                 definition = json.loads(text)
@@ -481,14 +542,77 @@ class SqliteStore:
                 conn.execute(_DELETE_ENDPOINT, (key,))
                 continue
             rec.endpoints[key] = definition
-        for endpoint, mid, count in conn.execute(
-            "SELECT endpoint, msg, count FROM entries ORDER BY seq"
-        ):
-            rec.entries.setdefault(endpoint, []).append((mid, count))
+        backlog = self._backlog
+        durables = {k for k, d in rec.endpoints.items() if d.get("type") == "durable"}
+        if not backlog or not durables:
+            rows: Iterable[tuple[Any, Any]] = conn.execute("SELECT id, data FROM messages")
+            for endpoint, mid, count in conn.execute(
+                "SELECT endpoint, msg, count FROM entries ORDER BY seq"
+            ):
+                rec.entries.setdefault(endpoint, []).append((mid, count))
+        else:
+            rows = self._recover_entries(conn, rec, durables, backlog)
+        corrupt: set[int] = set()
+        for mid, data in rows:
+            try:
+                msg = decode_message(data)
+            except MessageFormatError as exc:
+                self._corrupt(f"message {mid}", exc)
+                conn.execute(_DELETE_MESSAGE, (mid,))
+                conn.execute("DELETE FROM entries WHERE msg = ?", (mid,))
+                corrupt.add(mid)
+                continue
+            msg.store_id = mid
+            rec.messages[mid] = msg
+        if corrupt:
+            for key, kept in list(rec.entries.items()):
+                kept = [e for e in kept if e[0] not in corrupt]
+                if kept:
+                    rec.entries[key] = kept
+                else:
+                    del rec.entries[key]
         for ns, key, value in conn.execute("SELECT ns, key, value FROM kv"):
             rec.kv.setdefault(ns, {})[key] = bytes(value)
         self._next_id = self._max_id_written + 1
         return rec
+
+    def _recover_entries(self, conn: sqlite3.Connection, rec: Recovered, durables: set[str],
+                         backlog: int) -> list[tuple[Any, Any]]:
+        """The entries to recover, each durable subscription's past its first ``backlog``
+        left as its tail (counted in ``rec.tails``); returns the message rows those entries
+        reference. An entry past the first ``backlog`` with an id below the cursor (entry
+        order and id order disagree: not written by this gateway) is recovered as well."""
+        tails: dict[str, list[int]] = {}
+        top: dict[str, int] = {}  # the highest id recovered, per durable subscription
+        entries = rec.entries
+        for endpoint, mid, count, size in conn.execute(
+            "SELECT e.endpoint, e.msg, e.count, length(m.data) FROM entries AS e "
+            "JOIN messages AS m ON m.id = e.msg ORDER BY e.seq"
+        ):
+            kept = entries.get(endpoint)
+            if kept is None:
+                kept = entries[endpoint] = []
+            if endpoint in durables:
+                high = top.get(endpoint, 0)
+                if len(kept) >= backlog and mid > high:
+                    tail = tails.get(endpoint)
+                    if tail is None:
+                        tail = tails[endpoint] = [0, 0, high]
+                    tail[0] += 1
+                    tail[1] += size
+                    continue
+                if mid > high and endpoint not in tails:
+                    top[endpoint] = mid
+            kept.append((mid, count))
+        for key, (n, nbytes, cursor) in tails.items():
+            rec.tails[key] = (n, nbytes, cursor)
+        ids = sorted({mid for kept in entries.values() for mid, _ in kept})
+        rows: list[tuple[Any, Any]] = []
+        head, row, tail_sql = _SELECT_MESSAGES
+        for i in range(0, len(ids), _MAX_ROWS):
+            chunk = ids[i : i + _MAX_ROWS]
+            rows.extend(conn.execute(head + ",".join([row] * len(chunk)) + tail_sql, chunk))
+        return rows
 
     def _corrupt(self, what: str, exc: Exception) -> None:
         if not self.force_start:
@@ -532,6 +656,9 @@ class SqliteStore:
 
     def _read(self, conn: sqlite3.Connection, read: _Read) -> None:
         """Writer thread: select and decode the rows of ``read``, then answer it."""
+        if read.endpoint:
+            self._read_tail(conn, read)
+            return
         found = read.found
         ids = read.ids
         head, row, tail = _SELECT_MESSAGES
@@ -555,6 +682,29 @@ class SqliteStore:
             read.waiter.event.set()
         elif read.callback is not None:
             self._post(read.callback, found)
+
+    def _read_tail(self, conn: sqlite3.Connection, read: _Read) -> None:
+        """Writer thread: the next entries of a durable subscription's tail, decoded."""
+        rows: list[tuple[int, int, Message | None]] = []
+        try:
+            for mid, count, data in conn.execute(_SELECT_TAIL,
+                                                 (read.endpoint, read.after, read.limit)):
+                try:
+                    msg = decode_message(data)
+                except MessageFormatError as exc:
+                    log.error("store %s: message %d does not decode: %s", self.path, mid, exc)
+                    rows.append((mid, count, None))
+                    continue
+                msg.store_id = mid
+                rows.append((mid, count, msg))
+        except sqlite3.Error as exc:
+            self.stats["errors"] += 1
+            self.last_error = exc
+            log.error("store %s: reading the stored messages of %s failed: %s",
+                      self.path, read.endpoint, exc)
+            rows = []
+        if read.entries_callback is not None:
+            self._post(read.entries_callback, rows)
 
     def _write(self, conn: sqlite3.Connection, units: list[_Unit]) -> None:
         """Write ``units`` as one batch; on failure retry them one by one."""
@@ -645,6 +795,8 @@ class SqliteStore:
         ents: dict[tuple[str, int], tuple[int, int]] = {}
         kvs: dict[tuple[str, str], bytes | None] = {}
         eps: dict[str, str | None] = {}
+        unref: list[int] = []  # conditional deletes (delete_unreferenced), after the entries
+        unref_fresh: list[int] = []  # ... of messages put in this batch: perhaps netted
         max_id = netted = 0
         for ops in op_lists:
             for op in ops:
@@ -693,6 +845,11 @@ class SqliteStore:
                         netted += 2
                     else:
                         msgs[sid] = None
+                elif code == OP_DELETE_UNREFERENCED:
+                    if op[1] in fresh:
+                        unref_fresh.append(op[1])
+                    else:
+                        unref.append(op[1])
                 elif code == OP_PUT_KV:
                     kvs[op[1], op[2]] = op[3]
                 elif code == OP_DELETE_KV:
@@ -703,18 +860,36 @@ class SqliteStore:
                     if ents:  # a barrier: entries submitted before it go first
                         _write_entries(conn, ents)
                         ents = {}
+                    if op[1].startswith("sub:"):
+                        # A durable subscription: the rows only it references (its tail's
+                        # among them) go with its entries, so the messages put before it
+                        # are written first, and none of them is netted any more.
+                        if msgs:
+                            _write_messages(conn, msgs)
+                            msgs = {}
+                        fresh.clear()
+                        unref.extend(unref_fresh)
+                        unref_fresh = []
+                        conn.execute(_DELETE_SUB_MESSAGES, (op[1], op[1]))
                     conn.execute(_DELETE_ENDPOINT_ENTRIES, (op[1],))
                     eps[op[1]] = None
                 else:  # pragma: no cover - a bug in this module
                     raise AssertionError(f"unknown store op {op!r}")
+        if unref_fresh:
+            # Put in this batch: if none of its entries is left either, it never was.
+            live = {k[1] for k, v in ents.items() if v[0] != _DELETE and v[0] != _UPDATE}
+            for sid in unref_fresh:
+                if sid in live or sid not in msgs:
+                    unref.append(sid)
+                else:
+                    del msgs[sid]
+                    netted += 2
         if msgs:
-            puts = [(k, v) for k, v in msgs.items() if v is not None]
-            if puts:
-                _execute_rows(conn, _PUT_MESSAGES, puts)
-            if len(puts) != len(msgs):
-                _execute_rows(conn, _DELETE_MESSAGES, [(k,) for k, v in msgs.items() if v is None])
+            _write_messages(conn, msgs)
         if ents:
             _write_entries(conn, ents)
+        if unref:
+            _execute_rows(conn, _DELETE_UNREFERENCED, [(k,) for k in unref])
         if kvs:
             conn.executemany(_PUT_KV, [(k[0], k[1], v) for k, v in kvs.items() if v is not None])
             conn.executemany(_DELETE_KV, [k for k, v in kvs.items() if v is None])
@@ -723,6 +898,14 @@ class SqliteStore:
             conn.executemany(_DELETE_ENDPOINT, [(k,) for k, v in eps.items() if v is None])
         self.stats["netted"] += netted
         return max_id
+
+
+def _write_messages(conn: sqlite3.Connection, msgs: dict[int, bytes | None]) -> None:
+    puts = [(k, v) for k, v in msgs.items() if v is not None]
+    if puts:
+        _execute_rows(conn, _PUT_MESSAGES, puts)
+    if len(puts) != len(msgs):
+        _execute_rows(conn, _DELETE_MESSAGES, [(k,) for k, v in msgs.items() if v is None])
 
 
 def _write_entries(conn: sqlite3.Connection, ents: dict[tuple[str, int], tuple[int, int]]) -> None:

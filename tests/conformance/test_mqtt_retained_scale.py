@@ -262,3 +262,26 @@ def test_retained_set_after_a_restart_streams_with_clears_and_parent_match(
             s.sock.close()
     finally:
         g.stop()
+
+
+def test_the_server_view_counts_retained_messages_and_their_bytes(gw: GatewayThread) -> None:
+    """Retained messages live outside max_msg_memory; the server view says how many there
+    are and what they hold."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="retinfo")
+    c.connect("127.0.0.1", gw.port("mqtt"))
+    c.loop_start()
+    try:
+        for i in range(3):
+            c.publish(f"retinfo/{i}", b"v" * 1000, qos=1, retain=True).wait_for_publish(10)
+        info = gw.call(gw.broker.info)
+        assert info["mqtt_retained"] == 3 and 3000 < info["mqtt_retained_bytes"] < 6000
+        c.publish("retinfo/0", b"", qos=1, retain=True).wait_for_publish(10)  # clears it
+        after = gw.call(gw.broker.info)
+        assert after["mqtt_retained"] == 2
+        assert after["mqtt_retained_bytes"] == info["mqtt_retained_bytes"] * 2 // 3
+    finally:
+        c.loop_stop()
+        c.disconnect()

@@ -365,3 +365,35 @@ async def test_laggards_backlogs_are_trimmed_at_the_limit_before_producers_are_r
             assert LAGGARD_MIN <= sub.npending < n and sub.dropped == n - sub.npending
         assert b.stats["dropped"] == sum(c.endpoint.dropped for c in hung)
         assert b.memory <= 8 * MB
+
+
+@pytest.mark.parametrize("flow", ["", "flow_control = enabled\n"])
+async def test_sends_in_an_open_transaction_count_and_are_refused_past_the_limit(tmp_path, flow):
+    """Sends wait in their transaction until commit: they are charged to memory, refused
+    past the limit (flow control or not: a transacted send cannot be held), and give their
+    memory back at commit, rollback or when the connection closes."""
+    async with running_broker(tmp_path, gateway="max_msg_memory = 8MB\n" + flow, log=False) as b:
+        conn = b.connect()
+        s = conn.session(transacted=True)
+        p = s.producer(Q("tx"), delivery_mode=NP)
+        accepted = 0
+        with pytest.raises(LimitExceededError, match="open transactions"):
+            for i in range(2000):
+                p.send(numbered(i, 10_000))
+                accepted += 1
+        assert 0 < accepted < 2000
+        assert accepted * 10_000 < b.memory <= 8 * MB
+        s.commit()  # what was accepted is published: the queue holds it now
+        got: list[int] = []
+        b.connect().session().consumer(Q("tx"), listener=lambda d: got.append(number(d)))
+        assert got == list(range(accepted)) and b.memory == 0
+        for i in range(10):
+            p.send(numbered(i, 10_000))
+        assert b.memory > 0
+        s.rollback()
+        assert b.memory == 0
+        tx = conn.transaction()  # a connection's own (STOMP BEGIN, an AMQP coordinator)
+        tx.send(numbered(0, 10_000).copy())
+        assert b.memory > 0
+        conn.close()  # left open: rolled back with the connection
+        assert b.memory == 0

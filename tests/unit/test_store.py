@@ -752,3 +752,131 @@ def test_a_commit_wakes_an_idle_writer_and_a_busy_one_is_not_notified(tmp_path: 
     finally:
         store.close()
     assert store.stats["commits"] == 121  # and the flush of close()
+
+
+# -- durable subscriptions' tails ----------------------------------------------------------------
+
+
+def test_delete_unreferenced_keeps_a_row_another_durable_still_references(
+        make_store: Callable[[], Store]) -> None:
+    store = make_store()
+    store.open(LoopStub())
+    for key in ("sub:c:a", "sub:c:b"):
+        store.put_endpoint(key, {"type": "durable", "pattern": "t"})
+    m = text("shared")
+    store.put_message(m)
+    store.add_entry("sub:c:a", m.store_id)
+    store.add_entry("sub:c:b", m.store_id)
+    store.commit()
+    store.flush()
+    store.remove_entry("sub:c:a", m.store_id)
+    store.delete_unreferenced(m.store_id)
+    store.commit()
+    store, rec, _ = reopen(store, make_store)
+    assert list(rec.messages) == [m.store_id]
+    assert rec.entries == {"sub:c:b": [(m.store_id, 0)]}
+    store.remove_entry("sub:c:b", m.store_id)
+    store.delete_unreferenced(m.store_id)
+    store.commit()
+    store, rec, _ = reopen(store, make_store)
+    assert rec.messages == {} and rec.entries == {}
+
+
+def test_a_row_put_and_unreferenced_in_one_batch_never_reaches_the_database(
+        tmp_path: Path) -> None:
+    store = SqliteStore(str(tmp_path / "s.db"))
+    store.open(LoopStub())
+    try:
+        store.put_endpoint("sub:c:a", {"type": "durable", "pattern": "t"})
+        store.commit()
+        store.flush()
+        netted = store.stats["netted"]
+        m, kept = text("gone"), text("kept")
+        # One unit, as a publish consumed before its commit: netted like a plain delete.
+        store.put_message(m)
+        store.add_entry("sub:c:a", m.store_id)
+        store.remove_entry("sub:c:a", m.store_id)
+        store.delete_unreferenced(m.store_id)
+        # A row whose entry stays is written.
+        store.put_message(kept)
+        store.add_entry("sub:c:a", kept.store_id)
+        store.delete_unreferenced(kept.store_id)
+        store.commit()
+        store.flush()
+        assert store.stats["netted"] == netted + 4
+        db = sqlite3.connect(str(tmp_path / "s.db"))
+        try:
+            assert db.execute("SELECT id FROM messages").fetchall() == [(kept.store_id,)]
+        finally:
+            db.close()
+    finally:
+        store.close()
+
+
+def test_open_with_a_backlog_leaves_each_durables_rest_in_the_store_and_reads_it_in_order(
+        tmp_path: Path) -> None:
+    path = str(tmp_path / "s.db")
+    store = SqliteStore(path)
+    store.open(LoopStub())
+    store.put_endpoint("sub:c:d", {"type": "durable", "pattern": "t"})
+    store.put_endpoint("queue:q", {"type": "queue", "name": "q"})
+    msgs = [text(str(i)) for i in range(10)]
+    for i, m in enumerate(msgs):
+        store.put_message(m)
+        store.add_entry("sub:c:d", m.store_id, 1 if i == 7 else 0)
+        store.add_entry("queue:q", m.store_id)
+    store.commit()
+    store.close()
+    store = SqliteStore(path)
+    stub = LoopStub()
+    rec = store.open(stub, backlog=4)
+    try:
+        ids = [m.store_id for m in msgs]
+        assert rec.entries["sub:c:d"] == [(sid, 0) for sid in ids[:4]]
+        assert rec.entries["queue:q"] == [(sid, 0) for sid in ids]  # queues: everything
+        n, nbytes, cursor = rec.tails["sub:c:d"]
+        assert (n, cursor) == (6, ids[3]) and nbytes > 0
+        got: list[list[tuple[int, int, Message | None]]] = []
+        store.read_entries("sub:c:d", cursor, 4, got.append)
+        store.read_entries("sub:c:d", ids[7], 4, got.append)
+        store.flush()
+        for _ in range(100):
+            if len(got) == 2:
+                break
+            stub.run()
+            time.sleep(0.01)
+        first, rest = got
+        assert [(sid, count) for sid, count, _ in first] == [(sid, 1 if sid == ids[7] else 0)
+                                                           for sid in ids[4:8]]
+        assert [m.body for _, _, m in first if m is not None] == ["4", "5", "6", "7"]
+        assert [sid for sid, _, _ in rest] == ids[8:]
+    finally:
+        store.close()
+
+
+def test_a_store_made_without_the_subscription_index_opens_and_gets_it(tmp_path: Path) -> None:
+    path = str(tmp_path / "s.db")
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode=WAL")
+    for stmt in (
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
+        "CREATE TABLE messages (id INTEGER PRIMARY KEY, data BLOB NOT NULL)",
+        "CREATE TABLE entries (seq INTEGER PRIMARY KEY, endpoint TEXT NOT NULL,"
+        " msg INTEGER NOT NULL, count INTEGER NOT NULL DEFAULT 0, UNIQUE (endpoint, msg))",
+        "CREATE TABLE endpoints (key TEXT PRIMARY KEY, def TEXT NOT NULL)",
+        "CREATE TABLE kv (ns TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,"
+        " PRIMARY KEY (ns, key)) WITHOUT ROWID",
+        "INSERT INTO meta VALUES ('schema_version', 1)",
+    ):
+        db.execute(stmt)
+    db.commit()
+    db.close()
+    store = SqliteStore(path)
+    assert store.open(LoopStub(), backlog=10) == Recovered()
+    store.close()
+    db = sqlite3.connect(path)
+    try:
+        names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    finally:
+        db.close()
+    assert "entries_sub_msg" in names

@@ -125,3 +125,19 @@ def test_a_filter_without_wildcards_is_one_look_up() -> None:
     assert [m.destination.name for m in store.take(s, 10, 0)] == ["dev.42.cmd"]  # type: ignore[union-attr]
     assert s.done
     assert take_all(store, "dev.42", False) == []
+
+
+def test_the_bytes_held_follow_every_set_replace_clear_and_a_restart() -> None:
+    backing = FakeStore()
+    store = RetainedStore(backing)
+    rng = random.Random(7)
+    for _ in range(500):
+        name = f"t.{rng.randrange(40)}"
+        if rng.random() < 0.3:
+            store.set(name, None)
+        else:
+            store.set(name, message(name, "x" * rng.randrange(100)))
+        assert store.nbytes == sum(len(b) for b in store.records.values())
+    assert store.nbytes > 0
+    again = RetainedStore(FakeStore(), dict(backing.kv))  # as recovered at start-up
+    assert again.nbytes == store.nbytes and len(again) == len(store)
