@@ -1,0 +1,191 @@
+"""The rv transport over loopback multicast: RV publishers and listeners (the bus's own API, on
+its own engine) and MQTT clients of the gateway (paho), field by field (TIBCO EMS User's Guide,
+"Working With TIBCO Rendezvous", "Topics", "Message Translation").
+
+Each test has its own service port and 239.192.x.y group on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import paho.mqtt.client as paho
+import pytest
+from gw import GatewayThread, wait_for
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+from transports.rv import Listener, Message, RvType, Transport
+from transports.rv.queue import Dispatcher, Queue
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Bus:
+    """A unique service and network, a transport of the bus's own API on it, and a
+    dispatcher thread for its listeners."""
+
+    def __init__(self) -> None:
+        self.service = str(free_udp_port())
+        self.network = f"127.0.0.1;239.192.{random.randrange(1, 255)}.{random.randrange(1, 255)}"
+        self.t = Transport(self.service, self.network, ttl=0)
+        self.queue = Queue("test")
+        self.dispatcher = Dispatcher(self.queue)
+
+    def collect(self, subject: str) -> list[Message]:
+        got: list[Message] = []
+        Listener(self.t, subject, lambda m, _l: got.append(m), self.queue)
+        return got
+
+    def close(self) -> None:
+        self.t.close()
+        self.dispatcher.stop()
+
+
+@pytest.fixture
+def bus() -> Iterator[Bus]:
+    b = Bus()
+    yield b
+    b.close()
+
+
+def gateway(tmp: Any, bus: Bus, topics: str) -> GatewayThread:
+    return GatewayThread(
+        tmp, gateway="listen = mqtt://127.0.0.1:0\nlisten = http://127.0.0.1:0\n"
+                     "rv_transports = enabled\n",
+        transports=f"[bus]\ntype = rv\nservice = {bus.service}\nnetwork = {bus.network}\n",
+        topics=topics, queues=">\n").start()
+
+
+def info(g: GatewayThread) -> dict[str, Any]:
+    t = g.gateway.transports.transports["bus"]  # type: ignore[union-attr]
+    return g.call(t.info)  # type: ignore[no-any-return]
+
+
+class MqttClient:
+    def __init__(self, port: int) -> None:
+        self.got: list[paho.MQTTMessage] = []
+        self.c = paho.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+        self.c.on_message = lambda c, u, m: self.got.append(m)
+        self.c.connect("127.0.0.1", port)
+        self.c.loop_start()
+
+    def subscribe(self, topic: str) -> None:
+        done: list[int] = []
+        self.c.on_subscribe = lambda *a: done.append(1)
+        self.c.subscribe(topic, 1)
+        wait_for(lambda: done, what="SUBACK")
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
+
+
+def test_rv_map_message_reaches_an_mqtt_subscriber_field_by_field(tmp_path, bus):
+    g = gateway(tmp_path / "gw", bus, 'plant.> import="bus"\n>\n')
+    mq = MqttClient(g.port("mqtt"))
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        mq.subscribe("plant/#")
+        wait_for(lambda: info(g)["imports"] == {"plant.>": ["plant.>"]}, what="import")
+        nested = Message().add("site", "a").add("ids", [1, -2], RvType.I16ARRAY)
+        rv = Message("plant.a").add("temp", 21.5, RvType.F32).add("n", 300, RvType.U16)
+        rv.add("meta", nested)
+        rv.add("JMSProperties", Message().add("unit", "C").add("k", 7, RvType.I16))
+
+        wait_for(lambda: (bus.t.send(rv), mq.got)[1], what="the import")
+        m = mq.got[0]
+        assert m.topic == "plant/a"
+        assert json.loads(m.payload) == {"temp": 21.5, "n": 300,
+                                         "meta": {"site": "a", "ids": [1, -2]}}
+        user = dict(m.properties.UserProperty)
+        assert user["unit"] == "C" and user["k"] == "7" and "k:int16" in user["gw-types"]
+        assert user["JMS_GW_IMPORTED"] == "bus" and user["JMS_GW_MSG_EXT"] == "true"
+    finally:
+        mq.close()
+        g.stop()
+
+
+def test_an_mqtt_publish_reaches_rv_listeners_with_headers_and_loop_marker(tmp_path, bus):
+    g = gateway(tmp_path / "gw", bus, 'out.> export="bus"\n>\n')
+    got = bus.collect("out.>")
+    mq = MqttClient(g.port("mqtt"))
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        mq.c.publish("out/x", b"hello", 1).wait_for_publish(5)
+        wait_for(lambda: got, what="the export")
+        rv = got[0]
+        assert rv.send_subject == "out.x"
+        assert rv["JMSBytes"] == b"hello"
+        assert rv["JMSHeaders"]["JMSDeliveryMode"] == 2
+        assert rv["JMSProperties"].get_field("JMS_GW_MQTT_QOS").type == RvType.I8
+        assert rv.origin is not None and rv.origin.origin_id == g.broker.id
+        assert rv.origin.hops == 0
+        wait_for(lambda: info(g)["exported"] == 1, what="export counted")
+    finally:
+        mq.close()
+        g.stop()
+
+
+def test_never_bridges_the_bus_own_subjects_nor_its_own_exports(tmp_path, bus):
+    g = gateway(tmp_path / "gw", bus, 'both.> import="bus",export="bus"\n>\n')
+    mq = MqttClient(g.port("mqtt"))
+    got = bus.collect("both.>")
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        mq.subscribe("both/#")
+        wait_for(lambda: info(g)["imports"] == {"both.>": ["both.>"]}, what="import")
+        # an RV message with this gateway's origin marker is a loop: dropped, counted
+        from transports.rv.message import Origin
+
+        looped = Message("both.l").add("x", 1)
+        looped.origin = Origin(g.broker.id, 1)
+        wait_for(lambda: (bus.t.send(looped), info(g)["dropped_loop"])[1], what="loop drop")
+        assert not mq.got
+        # a local publish goes out once and does not come back in
+        mq.c.publish("both/y", b"1", 1).wait_for_publish(5)
+        wait_for(lambda: got, what="the export")
+        wait_for(lambda: len(mq.got) == 1, what="the local delivery")
+        assert info(g)["imported"] == 0
+    finally:
+        mq.close()
+        g.stop()
+
+
+def test_an_mqtt_reply_to_an_rv_request_goes_back_to_the_inbox(tmp_path, bus):
+    g = gateway(tmp_path / "gw", bus, 'svc.> import="bus"\n>\n')
+    mq = MqttClient(g.port("mqtt"))
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        mq.subscribe("svc/#")
+        wait_for(lambda: info(g)["imports"] == {"svc.>": ["svc.>"]}, what="import")
+        inbox = bus.t.create_inbox()
+        replies = bus.collect(inbox)
+        req = Message("svc.time", inbox).add("q", "now")
+        wait_for(lambda: (bus.t.send(req), mq.got)[1], what="the request")
+        m = mq.got[0]
+        response_topic = m.properties.ResponseTopic
+        assert response_topic == inbox.replace(".", "/")
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        props = Properties(PacketTypes.PUBLISH)
+        props.UserProperty = [("answer", "42")]
+        mq.c.publish(response_topic, b"noon", 1, properties=props).wait_for_publish(5)
+        wait_for(lambda: replies, what="the reply on the inbox")
+        assert replies[0]["JMSBytes"] == b"noon"
+        assert replies[0]["JMSProperties"]["answer"] == "42"
+    finally:
+        mq.close()
+        g.stop()
+
