@@ -11,14 +11,19 @@ import json
 import random
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
 from gw import GatewayThread, wait_for
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from transports.rv import Listener, Message, RvType, Transport
+from transports.rv.advisory import advisory_message
+from transports.rv.message import Origin
 from transports.rv.queue import Dispatcher, Queue
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -146,8 +151,6 @@ def test_never_bridges_the_bus_own_subjects_nor_its_own_exports(tmp_path, bus):
         mq.subscribe("both/#")
         wait_for(lambda: info(g)["imports"] == {"both.>": ["both.>"]}, what="import")
         # an RV message with this gateway's origin marker is a loop: dropped, counted
-        from transports.rv.message import Origin
-
         looped = Message("both.l").add("x", 1)
         looped.origin = Origin(g.broker.id, 1)
         wait_for(lambda: (bus.t.send(looped), info(g)["dropped_loop"])[1], what="loop drop")
@@ -176,9 +179,6 @@ def test_an_mqtt_reply_to_an_rv_request_goes_back_to_the_inbox(tmp_path, bus):
         m = mq.got[0]
         response_topic = m.properties.ResponseTopic
         assert response_topic == inbox.replace(".", "/")
-        from paho.mqtt.packettypes import PacketTypes
-        from paho.mqtt.properties import Properties
-
         props = Properties(PacketTypes.PUBLISH)
         props.UserProperty = [("answer", "42")]
         mq.c.publish(response_topic, b"noon", 1, properties=props).wait_for_publish(5)
@@ -189,3 +189,31 @@ def test_an_mqtt_reply_to_an_rv_request_goes_back_to_the_inbox(tmp_path, bus):
         mq.close()
         g.stop()
 
+
+
+def test_dataloss_and_slow_consumer_advisories_are_logged_and_counted(tmp_path, bus):
+    """The engine presents its advisories to every transport of the engine (``present``):
+    the bridge counts them and writes them to the delivery log; nothing is replayed."""
+    g = gateway(tmp_path / "gw", bus, ">\n")
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        bridge = g.gateway.transports.transports["bus"]  # type: ignore[union-attr]
+        loss = "_RV.ERROR.SYSTEM.DATALOSS.INBOUND.BCAST"
+        slow = "_RV.ERROR.SYSTEM.CLIENT.SLOWCONSUMER"
+        g.call(lambda: bridge.bus.present(advisory_message(loss, {"host": "127.0.0.1",
+                                                                  "lost": 3})))
+        g.call(lambda: bridge.bus.present(advisory_message(slow, {"waiting": 1, "dropped": 2})))
+        wait_for(lambda: info(g)["dataloss"] == 1 and info(g)["slowconsumer"] == 1,
+                 what="the advisories counted")
+
+        def logged() -> list[dict[str, Any]]:
+            g.call(lambda: g.broker.dlog.flush())
+            out = []
+            for f in sorted(Path(g.broker.config.gateway.delivery_log_dir).iterdir()):
+                out += [json.loads(line) for line in f.read_text("utf-8").splitlines()]
+            return [r for r in out if r["event"] == "drop" and r["reason"] in (loss, slow)]
+
+        records = wait_for(lambda: len(logged()) == 2 and logged(), what="the log records")
+        assert [r["reason"] for r in records] == [loss, slow]
+    finally:
+        g.stop()
