@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -217,3 +218,38 @@ def test_dataloss_and_slow_consumer_advisories_are_logged_and_counted(tmp_path, 
         assert [r["reason"] for r in records] == [loss, slow]
     finally:
         g.stop()
+
+
+def test_two_gateways_bridged_by_the_bus_deliver_once_and_do_not_loop(tmp_path, bus):
+    topics = 'x.> import="bus",export="bus"\n>\n'
+    a = gateway(tmp_path / "a", bus, topics)
+    b = gateway(tmp_path / "b", bus, topics)
+    ma, mb = MqttClient(a.port("mqtt")), MqttClient(b.port("mqtt"))
+    try:
+        for g in (a, b):
+            wait_for(lambda g=g: info(g)["state"] == "up", what="transport up")
+        ma.subscribe("x/#")
+        mb.subscribe("x/#")
+        for g in (a, b):
+            wait_for(lambda g=g: info(g)["imports"] == {"x.>": ["x.>"]}, what="imports")
+        # the far listener is asynchronous: publish until B has one, then count
+        n = 0
+        while not mb.got:
+            n += 1
+            ma.c.publish("x/1", str(n).encode(), 1).wait_for_publish(5)
+            wait_for(lambda n=n: len(ma.got) == n, what="A's own delivery")
+        last = str(n + 1).encode()
+        ma.c.publish("x/1", last, 1).wait_for_publish(5)
+        wait_for(lambda: mb.got and mb.got[-1].payload == last, what="B's delivery")
+        wait_for(lambda: info(a)["exported"] == n + 1, what="A's exports")
+        time.sleep(0.3)  # nothing more may arrive: a loop would bring A's messages back
+        assert [m.payload for m in ma.got] == [str(i).encode() for i in range(1, n + 2)]
+        assert info(b)["exported"] == 0  # imported messages are not exported again
+        assert info(a)["imported"] == 0
+        ids = [m.payload for m in mb.got]
+        assert ids[-1] == last and len(ids) == len(set(ids))  # each at most once
+    finally:
+        ma.close()
+        mb.close()
+        a.stop()
+        b.stop()
