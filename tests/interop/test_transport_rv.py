@@ -22,6 +22,8 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from gateway.message import Destination as GwDestination
+from gateway.message import Message as GwMessage
 from transports.rv import Listener, Message, RvType, Transport
 from transports.rv.advisory import advisory_message
 from transports.rv.message import Origin
@@ -253,3 +255,49 @@ def test_two_gateways_bridged_by_the_bus_deliver_once_and_do_not_loop(tmp_path, 
         mb.close()
         a.stop()
         b.stop()
+
+
+def test_a_temporary_reply_to_is_an_inbox_an_rv_responder_answers(tmp_path, bus):
+    """EMS User's Guide, "Export Issues": a temporary JMSReplyTo is arranged across the
+    transport; here it goes out as an inbox of the bridge, and the reply comes back to it."""
+    g = gateway(tmp_path / "gw", bus, 'svc.> export="bus"\n>\n')
+    requests = bus.collect("svc.>")
+    replies: list[Any] = []
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+
+        def request() -> str:
+            conn = g.broker.connect()
+            s = conn.session()
+            temp = conn.temporary_queue()
+            s.consumer(temp, listener=replies.append)
+            s.producer(GwDestination.topic("svc.echo")).send(
+                GwMessage.text("ping", reply_to=temp, correlation_id="c-1"))
+            return str(temp.name)
+
+        temp_name = g.call(request)
+        wait_for(lambda: requests, what="the request")
+        req = requests[0]
+        assert req["JMSText"] == "ping" and req.reply_subject.startswith("_INBOX.")
+        assert req["JMSHeaders"]["JMSCorrelationID"] == "c-1"
+        reply = Message().add("JMSText", "pong")
+        reply.add("JMSHeaders", Message().add("JMSCorrelationID", "c-1"))
+        bus.t.send_reply(reply, req)
+        wait_for(lambda: replies, what="the reply")
+        got = replies[0].msg
+        assert got.body == "pong" and got.correlation_id == "c-1"
+        assert got.destination.name == temp_name
+    finally:
+        g.stop()
+
+
+def test_the_bus_own_and_process_local_subjects_are_never_exported(tmp_path, bus):
+    g = gateway(tmp_path / "gw", bus, '_LOCAL.> export="bus"\n>\n')
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        g.call(lambda: g.broker.connect().session().producer(
+            GwDestination.topic("_LOCAL.x")).send(GwMessage.text("no")))
+        wait_for(lambda: info(g)["failed"] == 1, what="the export refused")
+        assert info(g)["exported"] == 0
+    finally:
+        g.stop()
