@@ -17,6 +17,7 @@ from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
+import stomp
 from gw import GatewayThread, wait_for
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
@@ -300,4 +301,49 @@ def test_the_bus_own_and_process_local_subjects_are_never_exported(tmp_path, bus
         wait_for(lambda: info(g)["failed"] == 1, what="the export refused")
         assert info(g)["exported"] == 0
     finally:
+        g.stop()
+
+
+class StompClient:
+    """A stomp.py client of the gateway, collecting MESSAGE frames."""
+
+    def __init__(self, port: int) -> None:
+        self.got: list[Any] = []
+        self.c = stomp.Connection12([("127.0.0.1", port)], auto_decode=False)
+        self.c.set_listener("t", self)
+        self.c.connect(wait=True)
+
+    def on_message(self, frame: Any) -> None:
+        self.got.append(frame)
+
+    def close(self) -> None:
+        self.c.disconnect()
+
+
+def test_rv_to_a_stomp_subscriber_and_a_stomp_send_to_rv(tmp_path, bus):
+    g = GatewayThread(
+        tmp_path / "gw", gateway="listen = stomp://127.0.0.1:0\nlisten = http://127.0.0.1:0\n"
+                                 "rv_transports = enabled\n",
+        transports=f"[bus]\ntype = rv\nservice = {bus.service}\nnetwork = {bus.network}\n",
+        topics='in.> import="bus"\nout.> export="bus"\n>\n', queues=">\n").start()
+    got = bus.collect("out.>")
+    st = StompClient(g.port("stomp"))
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        st.c.subscribe("/topic/in.>", "1", ack="auto")
+        wait_for(lambda: info(g)["imports"] == {"in.>": ["in.>"]}, what="import")
+        rv = Message("in.m").add("a", 5, RvType.I8).add("s", [Message().add("k", True)],
+                                                         RvType.MSGARRAY)
+        wait_for(lambda: (bus.t.send(rv), st.got)[1], what="the import")
+        f = st.got[0]
+        assert f.headers["destination"] == "/topic/in.m"
+        assert json.loads(f.body) == {"a": 5, "s": [{"k": True}]}
+        st.c.send("/topic/out.s", b"\x00bin", headers={"color": "red"},
+                  content_type="application/octet-stream")
+        wait_for(lambda: got, what="the export")
+        out = got[0]
+        assert out.send_subject == "out.s" and out["JMSBytes"] == b"\x00bin"
+        assert out["JMSProperties"]["color"] == "red"
+    finally:
+        st.close()
         g.stop()
