@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as paho
+import proton
 import pytest
 import stomp
+from amqpclient import connect as amqp_connect
 from gw import GatewayThread, wait_for
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
@@ -346,4 +348,42 @@ def test_rv_to_a_stomp_subscriber_and_a_stomp_send_to_rv(tmp_path, bus):
         assert out["JMSProperties"]["color"] == "red"
     finally:
         st.close()
+        g.stop()
+
+
+def test_rv_to_an_amqp_receiver_and_an_amqp_map_to_rv_keep_their_types(tmp_path, bus):
+    g = GatewayThread(
+        tmp_path / "gw", gateway="listen = amqp://127.0.0.1:0\nlisten = http://127.0.0.1:0\n"
+                                 "rv_transports = enabled\n",
+        transports=f"[bus]\ntype = rv\nservice = {bus.service}\nnetwork = {bus.network}\n",
+        topics='in.> import="bus"\nout.> export="bus"\n>\n', queues=">\n").start()
+    got = bus.collect("out.>")
+    conn = amqp_connect(g.port("amqp"))
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        receiver = conn.create_receiver("topic://in.a")
+        wait_for(lambda: info(g)["imports"] == {"in.>": ["in.a"]}, what="import")
+        rv = Message("in.a").add("t", 1.5, RvType.F32).add("u", 7, RvType.U8)
+        rv.add("m", Message().add("v", [1, 2], RvType.I64ARRAY))
+
+        def received() -> Any:
+            bus.t.send(rv)
+            try:
+                return receiver.receive(timeout=0.5)
+            except proton.Timeout:
+                return None
+
+        pm = wait_for(received, what="the import")
+        body = pm.body
+        assert body["t"] == 1.5 and type(body["t"]) is proton.float32
+        assert body["u"] == 7 and type(body["u"]) is proton.short  # U8 widens to short
+        assert list(body["m"]["v"]) == [1, 2]
+        conn.create_sender("topic://out.a").send(
+            proton.Message(body={"x": proton.int32(5), "y": "z"}))
+        wait_for(lambda: got, what="the export")
+        f = got[0].get_field("x")
+        assert f is not None and (f.type, f.value) == (RvType.I32, 5)
+        assert got[0]["y"] == "z"
+    finally:
+        conn.close()
         g.stop()
