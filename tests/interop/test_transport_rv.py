@@ -387,3 +387,21 @@ def test_rv_to_an_amqp_receiver_and_an_amqp_map_to_rv_keep_their_types(tmp_path,
     finally:
         conn.close()
         g.stop()
+
+
+def test_export_headers_and_properties_off_leave_out_the_submessages(tmp_path, bus):
+    g = GatewayThread(
+        tmp_path / "gw", gateway="listen = http://127.0.0.1:0\nrv_transports = enabled\n",
+        transports=f"[bus]\ntype = rv\nservice = {bus.service}\nnetwork = {bus.network}\n"
+                   "export_headers = false\nexport_properties = false\n",
+        topics='out.> export="bus"\n>\n', queues=">\n").start()
+    got = bus.collect("out.>")
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        g.call(lambda: g.broker.connect().session().producer(
+            GwDestination.topic("out.h")).send(
+                GwMessage.map({"a": 1}, properties={"p": "v"}, type="t")))
+        wait_for(lambda: got, what="the export")
+        assert got[0].names() == ["a"]
+    finally:
+        g.stop()

@@ -33,7 +33,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import GatewayError
-from gateway.message import Destination, Message
+from gateway.message import DeliveryMode, Destination, Message
 from mappings.rv import message_to_rv, rv_to_message
 from transports.base import ExportBinding, RetryLater, Transport
 from transports.rv.message import Message as RvMessage
@@ -174,7 +174,10 @@ class RvTransport(Transport):
             rs = rv.reply_subject
             reply = Destination.topic(rs) if rs and not rs.startswith(NOT_BRIDGED) else None
             to_message = self.wire_mapping(dest, "in", rv_to_message)
-            msg = to_message(rv, destination=dest, reply_to=reply, now_ms=self.broker.now())
+            mode = self.params.get("queue_import_dm" if dest.is_queue else "topic_import_dm",
+                                   DeliveryMode.NON_PERSISTENT)
+            msg = to_message(rv, destination=dest, reply_to=reply, delivery_mode=mode,
+                             now_ms=self.broker.now())
         except (GatewayError, ValueError) as exc:
             self.stats["failed"] += 1
             log.warning("transport %s: cannot import from %r: %s", self.name, subject, exc)
