@@ -7,9 +7,10 @@ How this works. Each converter is a plain function ``fn(msg, *values)`` register
 checks both counts. The values are the fields' values (``None`` when absent); the answer is
 one value per target, :data:`~mappings.fields.SKIP` for "write nothing". The rules themselves
 are the protocol mapping modules' own functions (:mod:`mappings.stomp`,
-:mod:`mappings.mqtt`, :mod:`mappings.amqp`), so the fast path (``stomp_to_message`` /
-``message_to_stomp`` …) and the rules share one definition of each. The AMQP converters also
-read and write the types record of the wire form (``m.w.tree``, ``m.w.marks``).
+:mod:`mappings.mqtt`, :mod:`mappings.amqp`, :mod:`mappings.rv`), so the fast path
+(``stomp_to_message`` / ``message_to_stomp`` …) and the rules share one definition of each.
+The AMQP converters also read and write the types record of the wire form (``m.w.tree``,
+``m.w.marks``).
 Converters that collect ``gw-types`` entries append them to the outgoing wire form's
 ``types``. Every converter is listed, with what it does, in ``mappings/README.md``
 ("Converters").
@@ -22,7 +23,7 @@ from typing import Any
 import cproton
 
 from gateway.message import DEFAULT_PRIORITY, BodyKind, DeliveryMode, Destination, Message
-from mappings import amqp, amqp_values, mqtt, stomp
+from mappings import amqp, amqp_values, mqtt, rv, stomp
 from mappings.fields import SKIP, Body, Converter, Kept
 from mappings.typedtext import JSON_CONTENT_TYPE, render_properties
 from mappings.wire import TYPES_MARK
@@ -392,6 +393,42 @@ def _amqp_types_out(m: Any, record: Any) -> Any:
     return record  # not a types record: an application property (the record replaces it)
 
 
+# -- RV-style bus --------------------------------------------------------------------------------
+
+
+def _rv_body_in(m: Message, message: Any) -> Body:
+    return Body(*rv.body_in(message))
+
+
+def _rv_headers_in(m: Message, message: Any) -> tuple[Any, ...]:
+    f = message.get_field(rv.HEADERS_FIELD)
+    values = rv.headers_in(f.value if f is not None and f.type == rv.MSG else None)
+    return tuple(SKIP if v is None else v for v in values)
+
+
+def _rv_cm_expiry_in(m: Message, time_limit: Any, timestamp: int, expiration: int) -> Any:
+    if expiration or not time_limit:
+        return SKIP
+    return rv.cm_expiration(time_limit, timestamp) or SKIP
+
+
+def _rv_properties_in(m: Message, message: Any) -> dict[str, Any]:
+    f = message.get_field(rv.PROPERTIES_FIELD)
+    return rv.properties_in(f.value if f is not None and f.type == rv.MSG else None)
+
+
+def _rv_headers_out(m: Message, export: bool) -> Any:
+    return rv.headers_out(m) if export else SKIP
+
+
+def _rv_properties_out(m: Message, props: dict[str, Any], export: bool) -> Any:
+    return rv.properties_out(props) if export and props else SKIP
+
+
+def _rv_body_out(m: Message, kind: str, body: Any) -> Any:
+    return SKIP if kind == "NONE" else Body(BodyKind[kind], body)
+
+
 # name → converter; `named` converters get the target's last name (a header) before the values.
 CONVERTERS: dict[str, Converter] = {
     "stomp-body-in": Converter(_stomp_body_in, 4, 1),
@@ -456,4 +493,11 @@ CONVERTERS: dict[str, Converter] = {
     "amqp-priority-out": Converter(_amqp_priority_out, 2, 2),
     "amqp-reply-to-property-out": Converter(_amqp_reply_to_property_out, 2, 2),
     "amqp-types-out": Converter(_amqp_types_out, 1, 1),
+    "rv-body-in": Converter(_rv_body_in, 1, 1),
+    "rv-headers-in": Converter(_rv_headers_in, 1, 6),
+    "rv-cm-expiry-in": Converter(_rv_cm_expiry_in, 3, 1),
+    "rv-properties-in": Converter(_rv_properties_in, 1, 1),
+    "rv-headers-out": Converter(_rv_headers_out, 1, 1),
+    "rv-properties-out": Converter(_rv_properties_out, 2, 1),
+    "rv-body-out": Converter(_rv_body_out, 2, 1),
 }

@@ -41,9 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import ConfigError, ConfigErrors, GatewayError
-from gateway.message import Destination, DestKind, Message
+from gateway.message import DeliveryMode, Destination, DestKind, Message
 from mappings import amqp as _amqp
 from mappings import mqtt as _mqtt
+from mappings import rv as _rv
 from mappings import stomp as _stomp
 from mappings.amqp_values import _parse_record
 from mappings.fields import (
@@ -67,6 +68,8 @@ from mappings.wire import (
     AmqpOut,
     MqttIn,
     MqttOut,
+    RvIn,
+    RvOut,
     StompIn,
     StompOut,
     Work,
@@ -226,11 +229,42 @@ def _amqp_out(run: Callable[[Message], None], into_body: bool) -> Callable[..., 
     return amqp_out
 
 
+def _rv_in(run: Callable[[Message], None]) -> Callable[..., Message]:
+    """The interpreted ``rv_to_message``."""
+
+    def rv_in(rv: Any, *, destination: Destination, reply_to: Destination | None,
+              delivery_mode: DeliveryMode = DeliveryMode.NON_PERSISTENT,
+              now_ms: int) -> Message:  # fmt: skip
+        m = Work()
+        m.destination, m.reply_to = destination, reply_to
+        m.w = RvIn(rv, delivery_mode, now_ms)
+        run(m)
+        m.expires_at = 0  # a new message: the broker sets the effective expiry on publish
+        return _copy_message(m)
+
+    return rv_in
+
+
+def _rv_out(run: Callable[[Message], None], into_body: bool) -> Callable[..., Any]:
+    """The interpreted ``message_to_rv``: a ``transports.rv.Message``."""
+
+    def rv_out(msg: Message, *, send_subject: str, reply_subject: str | None,
+               export_headers: bool = True, export_properties: bool = True) -> Any:
+        m = _work_copy(msg, into_body)
+        m.w = RvOut(_rv.RvMessage(send_subject, reply_subject), export_headers,
+                    export_properties)  # fmt: skip
+        run(m)
+        return m.w.rv
+
+    return rv_out
+
+
 # protocol → (fast in, fast out, interpreted in, interpreted out)
 _PROTOCOLS: dict[str, tuple[Callable[..., Any], Callable[..., Any], Any, Any]] = {
     "stomp": (_stomp.stomp_to_message, _stomp.message_to_stomp, _stomp_in, _stomp_out),
     "mqtt": (_mqtt.mqtt_to_message, _mqtt.message_to_mqtt, _mqtt_in, _mqtt_out),
     "amqp": (_amqp.amqp_to_message, _amqp.message_to_amqp, _amqp_in, _amqp_out),
+    "rv": (_rv.rv_to_message, _rv.message_to_rv, _rv_in, _rv_out),
 }
 
 
@@ -315,7 +349,8 @@ class MappingSet:
 
         The function has the signature of the protocol's hand-written mapping
         (``stomp_to_message`` / ``message_to_stomp``, ``mqtt_to_message`` /
-        ``message_to_mqtt``) and is
+        ``message_to_mqtt``, ``amqp_to_message`` / ``message_to_amqp``, ``rv_to_message`` /
+        ``message_to_rv``) and is
         that function when no user rule replaces or extends a default rule or addresses a
         wire field for this key; else it runs the default rules so changed, then the user
         rules that address wire fields. The core-side rules are not in it: the caller applies

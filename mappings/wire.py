@@ -6,8 +6,10 @@ of the same message — what was received (``in``) or what is being built to sen
 The default mappings (``mappings/defaults/<protocol>.yaml``) are rules whose steps read one
 side and write the other; user rules may address both. This module defines the wire forms
 (:class:`StompIn`, :class:`StompOut`, :class:`MqttIn`, :class:`MqttOut`, :class:`AmqpIn`,
-:class:`AmqpOut`: AMQP values keep their AMQP types), the ``wire.…`` field paths of each
-(:func:`wire_parser`) and the sections ``copy_all`` walks (:func:`wire_section`).
+:class:`AmqpOut`: AMQP values keep their AMQP types; :class:`RvIn`, :class:`RvOut`, in
+:mod:`mappings.rv_wire`: an RV message of typed fields, read and written as core values),
+the ``wire.…`` field paths of each (:func:`wire_parser`) and the sections ``copy_all``
+walks (:func:`wire_section`).
 
 The form of an incoming message is the caller's (the adapter's parsed frame): it is read-only
 to the mapping. The form of an outgoing one is the mapping's to build; :meth:`StompOut.finish`
@@ -30,11 +32,14 @@ from gateway.message import DestKind, Message
 from mappings import amqp as _amqp
 from mappings import amqp_values as _values
 from mappings.fields import _MISSING, Kept, Section, _Field
+from mappings.rv_wire import RV_SECTIONS, RvIn, RvOut, rv_in_field, rv_out_field
 
-__all__ = ["TYPES_MARK", "WIRE_PROTOCOLS", "AmqpIn", "AmqpOut", "MqttIn", "MqttOut", "StompIn",
-           "StompOut", "Work", "amqp_core", "amqp_value", "wire_parser", "wire_section"]  # fmt: skip
+__all__ = ["TYPES_MARK", "WIRE_PROTOCOLS", "AmqpIn", "AmqpOut", "MqttIn", "MqttOut", "RvIn",
+           "RvOut", "StompIn", "StompOut", "Work", "amqp_core", "amqp_value", "wire_parser",
+           "wire_section"]  # fmt: skip
 
-WIRE_PROTOCOLS = ("stomp", "mqtt", "amqp")  # protocols with a wire form (and default mapping rules)
+# protocols with a wire form (and default mapping rules)
+WIRE_PROTOCOLS = ("stomp", "mqtt", "amqp", "rv")
 _IN_READ_ONLY = "is read-only: the wire form of an incoming message is what was received"
 
 
@@ -759,6 +764,8 @@ _SECTIONS: dict[tuple[str, str, str], Section] = {
     **{("amqp", "out", s): Section(f"wire.{s}", _amqp_items(a), _AMQP_PUT[s], "", True,
                                    amqp_core)
        for s, a in _AMQP_MAPS.items()},
+    ("rv", "in", "field"): RV_SECTIONS["in"],
+    ("rv", "out", "field"): RV_SECTIONS["out"],
 }  # fmt: skip
 
 _PARSERS: dict[tuple[str, str], Callable[[str], _Field]] = {
@@ -768,6 +775,8 @@ _PARSERS: dict[tuple[str, str], Callable[[str], _Field]] = {
     ("mqtt", "out"): _mqtt_out_field,
     ("amqp", "in"): _amqp_in_field,
     ("amqp", "out"): _amqp_out_field,
+    ("rv", "in"): rv_in_field,
+    ("rv", "out"): rv_out_field,
 }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from corehelp import CommitHook, running_broker, settle
 
+from gateway import registry
 from gateway.errors import ConfigError, LimitExceededError
 from gateway.message import PROP_IMPORTED, DeliveryMode, Destination, Message
 from transports.base import READ_PAUSE, Backoff, Transport
@@ -200,8 +201,9 @@ async def test_imported_messages_are_not_exported_again(tmp_path):
         assert [d.msg.body for d in t.sent] == ["local"]
 
 
-async def test_a_transport_type_not_built_is_a_config_error(tmp_path):
-    # The RV-style bus is not built yet; its type is not in the build.
+async def test_a_transport_type_not_built_is_a_config_error(tmp_path, monkeypatch):
+    # A build whose transports.rv package lacks its entry point (the bus without its bridge).
+    monkeypatch.setitem(registry.TRANSPORTS, "rv", "transports.rv:no_such_start")
     async with running_broker(tmp_path, gateway="rv_transports = enabled\n",
                               topics='a export="s"\n>\n',
                               transports="[s]\ntype = rv\n") as b:

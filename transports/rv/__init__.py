@@ -45,6 +45,7 @@ _LAZY = {
     "LimitPolicy": "transports.rv.queue",
     "Queue": "transports.rv.queue",
     "default_queue": "transports.rv.queue",
+    "start": "transports.rv.bridge",  # the gateway's transport (registry entry for type = rv)
 }
 
 

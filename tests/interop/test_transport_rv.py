@@ -1,0 +1,407 @@
+"""The rv transport over loopback multicast: RV publishers and listeners (the bus's own API, on
+its own engine) and MQTT clients of the gateway (paho), field by field (TIBCO EMS User's Guide,
+"Working With TIBCO Rendezvous", "Topics", "Message Translation").
+
+Each test has its own service port and 239.192.x.y group on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+import proton
+import pytest
+import stomp
+from amqpclient import connect as amqp_connect
+from gw import GatewayThread, wait_for
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from gateway.message import Destination as GwDestination
+from gateway.message import Message as GwMessage
+from transports.rv import Listener, Message, RvType, Transport
+from transports.rv.advisory import advisory_message
+from transports.rv.message import Origin
+from transports.rv.queue import Dispatcher, Queue
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Bus:
+    """A unique service and network, a transport of the bus's own API on it, and a
+    dispatcher thread for its listeners."""
+
+    def __init__(self) -> None:
+        self.service = str(free_udp_port())
+        self.network = f"127.0.0.1;239.192.{random.randrange(1, 255)}.{random.randrange(1, 255)}"
+        self.t = Transport(self.service, self.network, ttl=0)
+        self.queue = Queue("test")
+        self.dispatcher = Dispatcher(self.queue)
+
+    def collect(self, subject: str) -> list[Message]:
+        got: list[Message] = []
+        Listener(self.t, subject, lambda m, _l: got.append(m), self.queue)
+        return got
+
+    def close(self) -> None:
+        self.t.close()
+        self.dispatcher.stop()
+
+
+@pytest.fixture
+def bus() -> Iterator[Bus]:
+    b = Bus()
+    yield b
+    b.close()
+
+
+def gateway(tmp: Any, bus: Bus, topics: str) -> GatewayThread:
+    return GatewayThread(
+        tmp, gateway="listen = mqtt://127.0.0.1:0\nlisten = http://127.0.0.1:0\n"
+                     "rv_transports = enabled\n",
+        transports=f"[bus]\ntype = rv\nservice = {bus.service}\nnetwork = {bus.network}\n",
+        topics=topics, queues=">\n").start()
+
+
+def info(g: GatewayThread) -> dict[str, Any]:
+    t = g.gateway.transports.transports["bus"]  # type: ignore[union-attr]
+    return g.call(t.info)  # type: ignore[no-any-return]
+
+
+class MqttClient:
+    def __init__(self, port: int) -> None:
+        self.got: list[paho.MQTTMessage] = []
+        self.c = paho.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+        self.c.on_message = lambda c, u, m: self.got.append(m)
+        self.c.connect("127.0.0.1", port)
+        self.c.loop_start()
+
+    def subscribe(self, topic: str) -> None:
+        done: list[int] = []
+        self.c.on_subscribe = lambda *a: done.append(1)
+        self.c.subscribe(topic, 1)
+        wait_for(lambda: done, what="SUBACK")
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
+
+
+def test_rv_map_message_reaches_an_mqtt_subscriber_field_by_field(tmp_path, bus):
+    g = gateway(tmp_path / "gw", bus, 'plant.> import="bus"\n>\n')
+    mq = MqttClient(g.port("mqtt"))
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        mq.subscribe("plant/#")
+        wait_for(lambda: info(g)["imports"] == {"plant.>": ["plant.>"]}, what="import")
+        nested = Message().add("site", "a").add("ids", [1, -2], RvType.I16ARRAY)
+        rv = Message("plant.a").add("temp", 21.5, RvType.F32).add("n", 300, RvType.U16)
+        rv.add("meta", nested)
+        rv.add("JMSProperties", Message().add("unit", "C").add("k", 7, RvType.I16))
+
+        wait_for(lambda: (bus.t.send(rv), mq.got)[1], what="the import")
+        m = mq.got[0]
+        assert m.topic == "plant/a"
+        assert json.loads(m.payload) == {"temp": 21.5, "n": 300,
+                                         "meta": {"site": "a", "ids": [1, -2]}}
+        user = dict(m.properties.UserProperty)
+        assert user["unit"] == "C" and user["k"] == "7" and "k:int16" in user["gw-types"]
+        assert user["JMS_GW_IMPORTED"] == "bus" and user["JMS_GW_MSG_EXT"] == "true"
+    finally:
+        mq.close()
+        g.stop()
+
+
+def test_an_mqtt_publish_reaches_rv_listeners_with_headers_and_loop_marker(tmp_path, bus):
+    g = gateway(tmp_path / "gw", bus, 'out.> export="bus"\n>\n')
+    got = bus.collect("out.>")
+    mq = MqttClient(g.port("mqtt"))
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        mq.c.publish("out/x", b"hello", 1).wait_for_publish(5)
+        wait_for(lambda: got, what="the export")
+        rv = got[0]
+        assert rv.send_subject == "out.x"
+        assert rv["JMSBytes"] == b"hello"
+        assert rv["JMSHeaders"]["JMSDeliveryMode"] == 2
+        assert rv["JMSProperties"].get_field("JMS_GW_MQTT_QOS").type == RvType.I8
+        assert rv.origin is not None and rv.origin.origin_id == g.broker.id
+        assert rv.origin.hops == 0
+        wait_for(lambda: info(g)["exported"] == 1, what="export counted")
+    finally:
+        mq.close()
+        g.stop()
+
+
+def test_never_bridges_the_bus_own_subjects_nor_its_own_exports(tmp_path, bus):
+    g = gateway(tmp_path / "gw", bus, 'both.> import="bus",export="bus"\n>\n')
+    mq = MqttClient(g.port("mqtt"))
+    got = bus.collect("both.>")
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        mq.subscribe("both/#")
+        wait_for(lambda: info(g)["imports"] == {"both.>": ["both.>"]}, what="import")
+        # an RV message with this gateway's origin marker is a loop: dropped, counted
+        looped = Message("both.l").add("x", 1)
+        looped.origin = Origin(g.broker.id, 1)
+        wait_for(lambda: (bus.t.send(looped), info(g)["dropped_loop"])[1], what="loop drop")
+        assert not mq.got
+        # a local publish goes out once and does not come back in
+        mq.c.publish("both/y", b"1", 1).wait_for_publish(5)
+        wait_for(lambda: got, what="the export")
+        wait_for(lambda: len(mq.got) == 1, what="the local delivery")
+        assert info(g)["imported"] == 0
+    finally:
+        mq.close()
+        g.stop()
+
+
+def test_an_mqtt_reply_to_an_rv_request_goes_back_to_the_inbox(tmp_path, bus):
+    g = gateway(tmp_path / "gw", bus, 'svc.> import="bus"\n>\n')
+    mq = MqttClient(g.port("mqtt"))
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        mq.subscribe("svc/#")
+        wait_for(lambda: info(g)["imports"] == {"svc.>": ["svc.>"]}, what="import")
+        inbox = bus.t.create_inbox()
+        replies = bus.collect(inbox)
+        req = Message("svc.time", inbox).add("q", "now")
+        wait_for(lambda: (bus.t.send(req), mq.got)[1], what="the request")
+        m = mq.got[0]
+        response_topic = m.properties.ResponseTopic
+        assert response_topic == inbox.replace(".", "/")
+        props = Properties(PacketTypes.PUBLISH)
+        props.UserProperty = [("answer", "42")]
+        mq.c.publish(response_topic, b"noon", 1, properties=props).wait_for_publish(5)
+        wait_for(lambda: replies, what="the reply on the inbox")
+        assert replies[0]["JMSBytes"] == b"noon"
+        assert replies[0]["JMSProperties"]["answer"] == "42"
+    finally:
+        mq.close()
+        g.stop()
+
+
+
+def test_dataloss_and_slow_consumer_advisories_are_logged_and_counted(tmp_path, bus):
+    """The engine presents its advisories to every transport of the engine (``present``):
+    the bridge counts them and writes them to the delivery log; nothing is replayed."""
+    g = gateway(tmp_path / "gw", bus, ">\n")
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        bridge = g.gateway.transports.transports["bus"]  # type: ignore[union-attr]
+        loss = "_RV.ERROR.SYSTEM.DATALOSS.INBOUND.BCAST"
+        slow = "_RV.ERROR.SYSTEM.CLIENT.SLOWCONSUMER"
+        g.call(lambda: bridge.bus.present(advisory_message(loss, {"host": "127.0.0.1",
+                                                                  "lost": 3})))
+        g.call(lambda: bridge.bus.present(advisory_message(slow, {"waiting": 1, "dropped": 2})))
+        wait_for(lambda: info(g)["dataloss"] == 1 and info(g)["slowconsumer"] == 1,
+                 what="the advisories counted")
+
+        def logged() -> list[dict[str, Any]]:
+            g.call(lambda: g.broker.dlog.flush())
+            out = []
+            for f in sorted(Path(g.broker.config.gateway.delivery_log_dir).iterdir()):
+                out += [json.loads(line) for line in f.read_text("utf-8").splitlines()]
+            return [r for r in out if r["event"] == "drop" and r["reason"] in (loss, slow)]
+
+        records = wait_for(lambda: len(logged()) == 2 and logged(), what="the log records")
+        assert [r["reason"] for r in records] == [loss, slow]
+    finally:
+        g.stop()
+
+
+def test_two_gateways_bridged_by_the_bus_deliver_once_and_do_not_loop(tmp_path, bus):
+    topics = 'x.> import="bus",export="bus"\n>\n'
+    a = gateway(tmp_path / "a", bus, topics)
+    b = gateway(tmp_path / "b", bus, topics)
+    ma, mb = MqttClient(a.port("mqtt")), MqttClient(b.port("mqtt"))
+    try:
+        for g in (a, b):
+            wait_for(lambda g=g: info(g)["state"] == "up", what="transport up")
+        ma.subscribe("x/#")
+        mb.subscribe("x/#")
+        for g in (a, b):
+            wait_for(lambda g=g: info(g)["imports"] == {"x.>": ["x.>"]}, what="imports")
+        # the far listener is asynchronous: publish until B has one, then count
+        n = 0
+        while not mb.got:
+            n += 1
+            ma.c.publish("x/1", str(n).encode(), 1).wait_for_publish(5)
+            wait_for(lambda n=n: len(ma.got) == n, what="A's own delivery")
+        last = str(n + 1).encode()
+        ma.c.publish("x/1", last, 1).wait_for_publish(5)
+        wait_for(lambda: mb.got and mb.got[-1].payload == last, what="B's delivery")
+        wait_for(lambda: info(a)["exported"] == n + 1, what="A's exports")
+        time.sleep(0.3)  # nothing more may arrive: a loop would bring A's messages back
+        assert [m.payload for m in ma.got] == [str(i).encode() for i in range(1, n + 2)]
+        assert info(b)["exported"] == 0  # imported messages are not exported again
+        assert info(a)["imported"] == 0
+        ids = [m.payload for m in mb.got]
+        assert ids[-1] == last and len(ids) == len(set(ids))  # each at most once
+    finally:
+        ma.close()
+        mb.close()
+        a.stop()
+        b.stop()
+
+
+def test_a_temporary_reply_to_is_an_inbox_an_rv_responder_answers(tmp_path, bus):
+    """EMS User's Guide, "Export Issues": a temporary JMSReplyTo is arranged across the
+    transport; here it goes out as an inbox of the bridge, and the reply comes back to it."""
+    g = gateway(tmp_path / "gw", bus, 'svc.> export="bus"\n>\n')
+    requests = bus.collect("svc.>")
+    replies: list[Any] = []
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+
+        def request() -> str:
+            conn = g.broker.connect()
+            s = conn.session()
+            temp = conn.temporary_queue()
+            s.consumer(temp, listener=replies.append)
+            s.producer(GwDestination.topic("svc.echo")).send(
+                GwMessage.text("ping", reply_to=temp, correlation_id="c-1"))
+            return str(temp.name)
+
+        temp_name = g.call(request)
+        wait_for(lambda: requests, what="the request")
+        req = requests[0]
+        assert req["JMSText"] == "ping" and req.reply_subject.startswith("_INBOX.")
+        assert req["JMSHeaders"]["JMSCorrelationID"] == "c-1"
+        reply = Message().add("JMSText", "pong")
+        reply.add("JMSHeaders", Message().add("JMSCorrelationID", "c-1"))
+        bus.t.send_reply(reply, req)
+        wait_for(lambda: replies, what="the reply")
+        got = replies[0].msg
+        assert got.body == "pong" and got.correlation_id == "c-1"
+        assert got.destination.name == temp_name
+    finally:
+        g.stop()
+
+
+def test_the_bus_own_and_process_local_subjects_are_never_exported(tmp_path, bus):
+    g = gateway(tmp_path / "gw", bus, '_LOCAL.> export="bus"\n>\n')
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        g.call(lambda: g.broker.connect().session().producer(
+            GwDestination.topic("_LOCAL.x")).send(GwMessage.text("no")))
+        wait_for(lambda: info(g)["failed"] == 1, what="the export refused")
+        assert info(g)["exported"] == 0
+    finally:
+        g.stop()
+
+
+class StompClient:
+    """A stomp.py client of the gateway, collecting MESSAGE frames."""
+
+    def __init__(self, port: int) -> None:
+        self.got: list[Any] = []
+        self.c = stomp.Connection12([("127.0.0.1", port)], auto_decode=False)
+        self.c.set_listener("t", self)
+        self.c.connect(wait=True)
+
+    def on_message(self, frame: Any) -> None:
+        self.got.append(frame)
+
+    def close(self) -> None:
+        self.c.disconnect()
+
+
+def test_rv_to_a_stomp_subscriber_and_a_stomp_send_to_rv(tmp_path, bus):
+    g = GatewayThread(
+        tmp_path / "gw", gateway="listen = stomp://127.0.0.1:0\nlisten = http://127.0.0.1:0\n"
+                                 "rv_transports = enabled\n",
+        transports=f"[bus]\ntype = rv\nservice = {bus.service}\nnetwork = {bus.network}\n",
+        topics='in.> import="bus"\nout.> export="bus"\n>\n', queues=">\n").start()
+    got = bus.collect("out.>")
+    st = StompClient(g.port("stomp"))
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        st.c.subscribe("/topic/in.>", "1", ack="auto")
+        wait_for(lambda: info(g)["imports"] == {"in.>": ["in.>"]}, what="import")
+        rv = Message("in.m").add("a", 5, RvType.I8).add("s", [Message().add("k", True)],
+                                                         RvType.MSGARRAY)
+        wait_for(lambda: (bus.t.send(rv), st.got)[1], what="the import")
+        f = st.got[0]
+        assert f.headers["destination"] == "/topic/in.m"
+        assert json.loads(f.body) == {"a": 5, "s": [{"k": True}]}
+        st.c.send("/topic/out.s", b"\x00bin", headers={"color": "red"},
+                  content_type="application/octet-stream")
+        wait_for(lambda: got, what="the export")
+        out = got[0]
+        assert out.send_subject == "out.s" and out["JMSBytes"] == b"\x00bin"
+        assert out["JMSProperties"]["color"] == "red"
+    finally:
+        st.close()
+        g.stop()
+
+
+def test_rv_to_an_amqp_receiver_and_an_amqp_map_to_rv_keep_their_types(tmp_path, bus):
+    g = GatewayThread(
+        tmp_path / "gw", gateway="listen = amqp://127.0.0.1:0\nlisten = http://127.0.0.1:0\n"
+                                 "rv_transports = enabled\n",
+        transports=f"[bus]\ntype = rv\nservice = {bus.service}\nnetwork = {bus.network}\n",
+        topics='in.> import="bus"\nout.> export="bus"\n>\n', queues=">\n").start()
+    got = bus.collect("out.>")
+    conn = amqp_connect(g.port("amqp"))
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        receiver = conn.create_receiver("topic://in.a")
+        wait_for(lambda: info(g)["imports"] == {"in.>": ["in.a"]}, what="import")
+        rv = Message("in.a").add("t", 1.5, RvType.F32).add("u", 7, RvType.U8)
+        rv.add("m", Message().add("v", [1, 2], RvType.I64ARRAY))
+
+        def received() -> Any:
+            bus.t.send(rv)
+            try:
+                return receiver.receive(timeout=0.5)
+            except proton.Timeout:
+                return None
+
+        pm = wait_for(received, what="the import")
+        body = pm.body
+        assert body["t"] == 1.5 and type(body["t"]) is proton.float32
+        assert body["u"] == 7 and type(body["u"]) is proton.short  # U8 widens to short
+        assert list(body["m"]["v"]) == [1, 2]
+        conn.create_sender("topic://out.a").send(
+            proton.Message(body={"x": proton.int32(5), "y": "z"}))
+        wait_for(lambda: got, what="the export")
+        f = got[0].get_field("x")
+        assert f is not None and (f.type, f.value) == (RvType.I32, 5)
+        assert got[0]["y"] == "z"
+    finally:
+        conn.close()
+        g.stop()
+
+
+def test_export_headers_and_properties_off_leave_out_the_submessages(tmp_path, bus):
+    g = GatewayThread(
+        tmp_path / "gw", gateway="listen = http://127.0.0.1:0\nrv_transports = enabled\n",
+        transports=f"[bus]\ntype = rv\nservice = {bus.service}\nnetwork = {bus.network}\n"
+                   "export_headers = false\nexport_properties = false\n",
+        topics='out.> export="bus"\n>\n', queues=">\n").start()
+    got = bus.collect("out.>")
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        g.call(lambda: g.broker.connect().session().producer(
+            GwDestination.topic("out.h")).send(
+                GwMessage.map({"a": 1}, properties={"p": "v"}, type="t")))
+        wait_for(lambda: got, what="the export")
+        assert got[0].names() == ["a"]
+    finally:
+        g.stop()

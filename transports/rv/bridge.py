@@ -1,0 +1,204 @@
+"""The ``rv`` transport: the gateway on the RV-style bus (``type = rv`` in transports.conf).
+
+How this works. The bridge is a :class:`~transports.base.Transport` (bindings, spool, inbound
+queue, loop markers and counters are base.py's) whose far side is an
+:class:`~transports.rv.transport.AsyncTransport` on the gateway's own loop, opened with the
+section's ``service``, ``network`` and ``daemon`` (TIBCO EMS User's Guide, "Working With
+TIBCO Rendezvous", "Rendezvous Parameters"). Subjects are destination names (the same
+``*`` / ``>`` grammar): an import entry is a :class:`~transports.rv.transport.Listener` on
+its pattern, an export sends on the destination's name. Messages cross by the RV mapping
+(:mod:`mappings.rv`, EMS's "Message Translation"), with the section's ``export_headers`` /
+``export_properties`` deciding the ``JMSHeaders`` / ``JMSProperties`` submessages.
+
+* ``_RV.>`` and ``_LOCAL.>`` are never bridged (TIBCO Rendezvous Concepts, "Subject Names":
+  the bus's own and this process's): an export to one is refused, an arrival on one dropped.
+* Loop prevention: every export carries the envelope's origin marker (the gateway id that
+  first accepted the message and its hop count, :class:`~transports.rv.message.Origin`);
+  base.py drops an import whose origin is this gateway or that crossed ``max_hops``.
+* Replies: an export whose ``JMSReplyTo`` is a temporary destination gets an inbox of this
+  bridge as its reply subject (:class:`~transports.base.ReplyRoutes`: what comes to the inbox
+  goes to the temporary destination while it exists); a named ``JMSReplyTo`` is sent as its
+  name. An import whose reply subject is an inbox gets ``JMSReplyTo`` = the topic of that
+  name (``_INBOX.…``), and the bridge exports ``_INBOX.>`` always, so a reply published
+  there goes back point to point to the requester.
+* Advisories: ``DATALOSS`` and ``CLIENT.SLOWCONSUMER`` of the bus are written to the
+  delivery log (event ``drop``, reason the advisory's name, with the lost packet count) and
+  counted (``dataloss``, ``slowconsumer`` in :meth:`info`); nothing is replayed (the bus
+  said the data is gone).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from gateway.errors import GatewayError
+from gateway.message import DeliveryMode, Destination, Message
+from mappings.rv import message_to_rv, rv_to_message
+from transports.base import ExportBinding, RetryLater, Transport
+from transports.rv.message import Message as RvMessage
+from transports.rv.message import Origin
+from transports.rv.transport import AsyncTransport, Listener
+
+if TYPE_CHECKING:
+    from gateway.endpoint import Delivery
+
+log = logging.getLogger("transports")
+
+NOT_BRIDGED = ("_RV.", "_LOCAL.")  # the bus's own subjects and this process's
+INBOX_PREFIX = "_INBOX."
+INBOX_EXPORT = "_INBOX.>"  # replies to RV requesters go back through this export
+DATALOSS_ADVISORIES = "_RV.*.SYSTEM.DATALOSS.>"
+SLOWCONSUMER_ADVISORY = "_RV.ERROR.SYSTEM.CLIENT.SLOWCONSUMER"
+
+
+class RvTransport(Transport):
+    """A gateway transport on the RV-style bus."""
+
+    type = "rv"
+
+    def __init__(self, manager: Any, tdef: Any) -> None:
+        super().__init__(manager, tdef)
+        self.bus: AsyncTransport | None = None
+        self.listeners: dict[str, Listener] = {}  # by import pattern
+        self.reply_listeners: dict[str, Listener] = {}  # by inbox
+        self.advisory_listeners: list[Listener] = []
+        self.stats["dataloss"] = 0
+        self.stats["slowconsumer"] = 0
+        self.export_headers = bool(self.params.get("export_headers", True))
+        self.export_properties = bool(self.params.get("export_properties", True))
+        self.bind_export(INBOX_EXPORT)
+
+    # -- far side -----------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        p = self.params
+        bus = await AsyncTransport.open(p.get("service", 7500), p.get("network") or None,
+                                        p.get("daemon") or None,
+                                        description=f"gateway transport {self.name}")
+        self.bus = bus
+        self.advisory_listeners = [
+            Listener(bus, DATALOSS_ADVISORIES, self._on_advisory),
+            Listener(bus, SLOWCONSUMER_ADVISORY, self._on_advisory),
+        ]
+
+    def disconnect(self) -> None:
+        bus = self.bus
+        self.bus = None
+        for listener in [*self.listeners.values(), *self.reply_listeners.values(),
+                         *self.advisory_listeners]:
+            listener.destroy()
+        self.listeners.clear()
+        self.reply_listeners.clear()
+        self.advisory_listeners = []
+        if bus is not None:
+            self.broker.loop.create_task(bus.close())
+
+    def remote_subscribe(self, pattern: str, kind: Any) -> None:
+        if self.bus is None or pattern.startswith(NOT_BRIDGED) or pattern in self.listeners:
+            return
+        self.listeners[pattern] = Listener(
+            self.bus, pattern, lambda m, _l: self._on_message(m, pattern, kind))
+
+    def remote_unsubscribe(self, pattern: str, kind: Any) -> None:
+        listener = self.listeners.pop(pattern, None)
+        if listener is not None:
+            listener.destroy()
+
+    def _on_up(self) -> None:
+        for inbox in self.replies.names:  # an inbox of the previous connection is gone
+            self.replies.drop(inbox)
+        super()._on_up()
+
+    # -- export -------------------------------------------------------------------------------
+
+    def export(self, d: Delivery, binding: ExportBinding) -> bool:
+        """Send one message on the bus (reliable multicast, or point to point to an inbox):
+        done once handed to the engine, as the bus acknowledges nothing."""
+        bus = self.bus
+        if bus is None:
+            raise RetryLater("not connected")
+        msg = self.mapped_out(d.msg)
+        dest = msg.destination
+        assert dest is not None
+        if dest.name.startswith(NOT_BRIDGED):
+            raise GatewayError(f"{dest.name!r} is never bridged")
+        rt = msg.reply_to
+        reply = None
+        if rt is not None:
+            reply = self.replies.route(rt, self._inbox) if rt.is_temporary else rt.name
+        to_rv = self.wire_mapping(dest, "out", message_to_rv)
+        rv: RvMessage = to_rv(msg, send_subject=dest.name, reply_subject=reply,
+                              export_headers=self.export_headers,
+                              export_properties=self.export_properties)
+        rv.origin = Origin(msg.origin or self.broker.id, msg.hops)
+        bus.send(rv)
+        return True
+
+    def mapped_out(self, msg: Message) -> Message:
+        """The message through the declarative mappings of this transport (direction out);
+        the headers and properties left out by ``export_headers`` / ``export_properties`` are
+        the RV mapping's (no ``JMSHeaders`` / ``JMSProperties`` submessage), not a copy's."""
+        mappings = self.broker.mappings
+        if mappings is not None:
+            msg = mappings.apply(msg, protocol=self.type, direction="out", transport=self.name)
+        return msg
+
+    def _inbox(self, *parts: str) -> str:
+        assert self.bus is not None
+        return self.bus.create_inbox()
+
+    def reply_subscribe(self, name: str) -> None:
+        if self.bus is not None and name not in self.reply_listeners:
+            self.reply_listeners[name] = Listener(
+                self.bus, name, lambda m, _l: self._on_message(m, name, None))
+
+    def reply_unsubscribe(self, name: str) -> None:
+        listener = self.reply_listeners.pop(name, None)
+        if listener is not None:
+            listener.destroy()
+
+    # -- import -------------------------------------------------------------------------------
+
+    def _on_message(self, rv: RvMessage, pattern: str, kind: Any) -> None:
+        subject = rv.send_subject or ""
+        if subject.startswith(NOT_BRIDGED):
+            return
+        try:
+            if kind is None:  # an inbox of a reply route
+                dest = self.replies.target(pattern) if pattern in self.replies else None
+                if dest is None:
+                    return
+            else:
+                dest = Destination(kind, subject or pattern)
+            rs = rv.reply_subject
+            reply = Destination.topic(rs) if rs and not rs.startswith(NOT_BRIDGED) else None
+            to_message = self.wire_mapping(dest, "in", rv_to_message)
+            mode = self.params.get("queue_import_dm" if dest.is_queue else "topic_import_dm",
+                                   DeliveryMode.NON_PERSISTENT)
+            msg = to_message(rv, destination=dest, reply_to=reply, delivery_mode=mode,
+                             now_ms=self.broker.now())
+        except (GatewayError, ValueError) as exc:
+            self.stats["failed"] += 1
+            log.warning("transport %s: cannot import from %r: %s", self.name, subject, exc)
+            return
+        origin = rv.origin
+        self.imported(msg, origin.origin_id if origin is not None else None,
+                      origin.hops if origin is not None else 0, None)
+
+    def _on_advisory(self, adv: RvMessage, _listener: Listener) -> None:
+        """DATALOSS / SLOWCONSUMER of the bus: counted and written to the delivery log."""
+        name = adv.send_subject or ""
+        key = "slowconsumer" if name == SLOWCONSUMER_ADVISORY else "dataloss"
+        self.stats[key] += 1
+        lost = adv.get("lost", adv.get("dropped", 0))
+        log.warning("transport %s: %s (%s lost)", self.name, name, lost)
+        record = Message(None, properties={"lost": int(lost or 0),
+                                           "host": str(adv.get("host", ""))})
+        record.destination = Destination.topic(name)
+        self._record("drop", record, name)
+
+
+def start(manager: Any, tdef: Any) -> RvTransport:
+    """Registry entry for ``type = rv`` in transports.conf."""
+    return RvTransport(manager, tdef)
