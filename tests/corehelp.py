@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,12 @@ class CommitHook:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
+
+
+async def until(cond: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> None:
+    """Wait on the broker's loop until ``cond()`` is true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)

@@ -26,6 +26,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from proton import Delivery, Message
 from proton.reactor import AtMostOnce
 
+from gateway.client import AckMode
 from gateway.endpoint import MESSAGE_OVERHEAD
 from gateway.message import Destination
 
@@ -58,6 +59,16 @@ class Collector(stomp.ConnectionListener):
     def on_error(self, frame: Any) -> None:
         with self.lock:
             self.errors.append(frame)
+
+
+def holder(g: GatewayThread, topic: str, got: list[int]) -> Any:
+    """A durable subscriber on ``topic`` that takes nothing until its window is opened
+    (``set_window(None)``), then records each message's number in ``got``. Durable, since a
+    non-durable one's backlog would be trimmed at the limit, as a laggard's. Call on the
+    gateway's loop."""
+    s = g.broker.connect(client_id="holder").session(AckMode.AUTO)
+    return s.consumer(Destination.topic(topic), durable_name="holder", window=0,
+                      listener=lambda d: got.append(int.from_bytes(d.msg.body[:4], "big")))
 
 
 def stomp_peer(g: GatewayThread) -> tuple[Any, Collector]:
@@ -246,20 +257,10 @@ def test_mqtt_qos0_publisher_is_paused_at_the_limit_and_nothing_is_lost(tmp_path
     """A QoS 0 PUBLISH has no acknowledgement to withhold: while one is held at the limit
     the gateway stops reading the publisher's connection, and reads it again once memory
     is back under RESUME_AT."""
-    from gateway.client import AckMode
-
     g = start(tmp_path, FLOW)
     try:
         got: list[int] = []
-        consumers: list[Any] = []
-
-        def subscribe() -> None:  # a durable subscriber that takes nothing until told
-            s = g.broker.connect(client_id="holder").session(AckMode.AUTO)
-            consumers.append(s.consumer(
-                Destination.topic("mem.q0"), durable_name="holder", window=0,
-                listener=lambda d: got.append(int.from_bytes(d.msg.body[:4], "big"))))
-
-        g.call(subscribe)
+        consumers = [g.call(lambda: holder(g, "mem.q0", got))]
         n = 3000  # about 30 MB: past the limit
         c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="mem-q0")
         c.max_queued_messages_set(0)
@@ -369,20 +370,10 @@ def test_mqtt_websocket_qos0_publisher_is_paused_at_the_limit_and_nothing_is_los
 
     import aiohttp
 
-    from gateway.client import AckMode
-
     g = start(tmp_path, FLOW)
     try:
         got: list[int] = []
-        consumers: list[Any] = []
-
-        def subscribe() -> None:  # a durable subscriber that takes nothing until told
-            s = g.broker.connect(client_id="holder").session(AckMode.AUTO)
-            consumers.append(s.consumer(
-                Destination.topic("mem.ws"), durable_name="holder", window=0,
-                listener=lambda d: got.append(int.from_bytes(d.msg.body[:4], "big"))))
-
-        g.call(subscribe)
+        consumers = [g.call(lambda: holder(g, "mem.ws", got))]
         n = 3000  # about 30 MB: past the limit
         sent: list[int] = []
 

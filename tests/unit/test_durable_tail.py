@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from corehelp import Q, T, collect, running_broker
+from corehelp import Q, T, collect, running_broker, until
 
 from gateway.endpoint import MESSAGE_OVERHEAD
 from gateway.message import DeliveryMode, Message
@@ -26,14 +24,6 @@ GW = f"destination_backlog_swapout = {BACKLOG}\nmax_msg_memory = 0\n"
 # What one message held in memory costs: body, size estimate's 64 bytes, the property, the
 # object overhead.
 PER_MSG = BODY + 64 + 8 + 1 + MESSAGE_OVERHEAD
-
-
-async def until(cond: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 def numbered(i: int) -> Message:

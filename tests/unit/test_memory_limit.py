@@ -6,12 +6,10 @@ Through the in-process client API on a broker with an SQLite store (tests/corehe
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from corehelp import Q, T, collect, running_broker
+from corehelp import Q, T, collect, running_broker, until
 
 from gateway.client import AckMode
 from gateway.endpoint import MESSAGE_OVERHEAD, Swapped
@@ -25,14 +23,6 @@ BODY = 1024
 # MESSAGE_OVERHEAD): the swapping tests send 4 KB bodies, so that N messages held in memory
 # are several times the limit while N swapped ones fit under it.
 BIG = 4096
-
-
-async def until(cond: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 def numbered(i: int, size: int = BODY) -> Message:

@@ -380,6 +380,16 @@ class _BaseTransport:
             assert isinstance(listener, Listener)
             listener.destroy()
 
+    def _begin_close(self) -> EngineHost:
+        """The first half of closing: destroy the listeners and tell the network
+        (UNREACHABLE.TRANSPORT); the caller then removes itself from the returned host."""
+        self._close_listeners()
+        host = self.host
+        assert host is not None
+        host.publish_internal(advisory_message(UNREACHABLE_TRANSPORT + self.id,
+                                               {"id": self.id}))
+        return host
+
 
 def _inbox_address(subject: str) -> tuple[str, int]:
     """The engine address in an inbox name ``_INBOX.<ip>.<port><incarnation>.<n>``."""
@@ -456,12 +466,7 @@ class Transport(_BaseTransport):
         engine when this was its last transport."""
         if self.closed:
             return
-        self._close_listeners()
-        host = self.host
-        assert host is not None
-        host.publish_internal(advisory_message(UNREACHABLE_TRANSPORT + self.id,
-                                               {"id": self.id}))
-        self._rt.call(host.remove(self))
+        self._rt.call(self._begin_close().remove(self))
 
     def __enter__(self) -> Transport:
         return self
@@ -530,12 +535,7 @@ class AsyncTransport(_BaseTransport):
     async def close(self) -> None:
         if self.closed:
             return
-        self._close_listeners()
-        host = self.host
-        assert host is not None
-        host.publish_internal(advisory_message(UNREACHABLE_TRANSPORT + self.id,
-                                               {"id": self.id}))
-        await host.remove(self)
+        await self._begin_close().remove(self)
         self.queue.destroy()
 
 
