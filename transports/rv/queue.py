@@ -152,6 +152,21 @@ class Queue:
         if self._loop is not None:
             self._wake_loop()
 
+    def push_many(self, events: list[Event]) -> None:
+        """Queue ``events`` in order, as :meth:`push` each would, but with one lock and one
+        wake-up for the lot: the bus hands over what one read of its sockets delivered."""
+        if self.max_events and self.policy != DISCARD_NONE:
+            for event in events:  # the limit policy decides event by event
+                self.push(event)
+            return
+        with self._cond:
+            if self.destroyed:
+                return
+            self._events.extend(events)
+            self._cond.notify(len(events))
+        if self._loop is not None:
+            self._wake_loop()
+
     def remove(self, event: Event) -> bool:
         """Take ``event`` out if it still waits (the slow-consumer drop)."""
         with self._cond:
