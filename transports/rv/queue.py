@@ -27,7 +27,9 @@ a limited queue cannot loop.
 Destroying a listener removes its waiting events (Events and Queues, "Listener Event
 Semantics"); an event whose listener was destroyed meanwhile is skipped at dispatch.
 
-Queues are thread-safe: the bus's I/O thread pushes, any thread dispatches. A callback runs
+Queues are thread-safe: the bus's I/O thread pushes, any thread dispatches. The bus hands
+over what one read of its sockets delivered with :meth:`Queue.push_many`: one lock and one
+wake-up of a waiting dispatcher per burst, not per message. A callback runs
 outside the queue's lock, so it may send, create listeners and dispatch other queues.
 """
 
