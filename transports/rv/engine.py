@@ -121,7 +121,8 @@ from transports.rv.packet import (
 
 __all__ = [
     "DATALOSS_INBOUND_BCAST", "DATALOSS_INBOUND_PTP", "DATALOSS_OUTBOUND_BCAST",
-    "DATALOSS_OUTBOUND_PTP", "MAX_MESSAGE", "MULTICAST", "RETRANSMISSION_INBOUND_EXPECTED",
+    "DATALOSS_OUTBOUND_PTP", "MAX_MESSAGE", "MULTICAST", "NAK_MAX_PACKETS",
+    "RETRANSMISSION_INBOUND_EXPECTED",
     "RETRANSMISSION_OUTBOUND_SENT", "Advisory", "Delivered", "Dest", "Engine", "EngineClosed",
     "Event", "MessageTooLarge", "Sender", "Stats",
 ]
@@ -144,6 +145,10 @@ RTO_FIRST: Final = 0.1
 RTO_MAX: Final = 1.0
 RTO_BURST: Final = 64  # packets retransmitted per RTO expiry
 MAX_RETRANS_PER_NAK: Final = 16384  # a receiver's default window; it asks again for more
+# A receiver asks for at most this many packets per NAK, and for the next ones as those
+# arrive: the repairs come in bursts a socket's receive buffer can hold, clocked by delivery,
+# rather than as one burst of a whole window that overflows it again.
+NAK_MAX_PACKETS: Final = 1024
 MAX_REMEMBERED: Final = 1024  # ended incarnations and silent streams remembered
 
 INF: Final = float("inf")
@@ -167,7 +172,8 @@ class _RecvStream:
 
     __slots__ = ("key", "peer", "sender", "host", "port", "incarnation", "ptp", "next",
                  "highest", "buf", "parts", "expect", "gaps", "nak_at",
-                 "reliability", "heard", "ack_at", "unacked", "started")
+                 "reliability", "heard", "ack_at", "unacked", "started", "asked",
+                 "beyond")
 
     def __init__(self, key: int, peer: int, sender: Sender, ptp: bool, next_seq: int,
                  reliability: float, now: float) -> None:
@@ -191,6 +197,10 @@ class _RecvStream:
         self.ack_at = INF
         self.unacked = 0
         self.started = False  # delivered or skipped anything yet
+        self.asked = 0  # the highest sequence number a NAK has asked for
+        # the highest missing packet that was past the out-of-order window (dropped, or in
+        # a gap opened beyond it): asked for as the window moves up to it
+        self.beyond = 0
 
 
 class _PtpSend:
@@ -509,6 +519,8 @@ class Engine:
             st.buf[seq] = (flags, aux, payload)
         else:
             self.stats.overflow += 1
+            if seq > st.beyond:
+                st.beyond = seq
         if ptp:
             self._ack_soon(st, now)
 
@@ -603,6 +615,15 @@ class Engine:
         gaps = st.gaps
         while len(gaps) > 1 and gaps[1].first <= st.next:
             gaps.popleft()
+        if st.beyond > st.asked and not st.ptp \
+                and st.asked - st.next < NAK_MAX_PACKETS // 2 \
+                and st.asked < min(st.highest, st.next + self.max_out_of_order - 1):
+            # the window moved over packets known missing and never asked for (dropped
+            # past the buffer, or behind a gap that was beyond it): ask now, not on the
+            # backoff, or a sender that keeps sending outruns the repair for good; only
+            # when half of what was last asked has arrived, so NAKs stay few and large
+            if st.heard < st.nak_at:
+                st.nak_at = st.heard
 
     def _gap(self, st: _RecvStream, first: int, last: int, now: float) -> None:
         """Packets ``first..last`` are known to exist and have not arrived (yet: a packet
@@ -615,6 +636,8 @@ class Engine:
             # to ask usually gets the retransmission to the others before they ask
             nak_at = now + self._rng.random() * NAK_DELAY_MAX
             st.gaps.append(_Gap(first, now, nak_at))
+            if last - st.next >= self.max_out_of_order and last > st.beyond:
+                st.beyond = last
             if nak_at < st.nak_at:
                 st.nak_at = nak_at
 
@@ -956,47 +979,67 @@ class Engine:
         """Ask the sender for the missing packets of every gap whose time has come, within
         the window behind the head (TIBCO Rendezvous Concepts, The Rendezvous Daemon,
         Reliable Message Delivery). Each gap backs off on its own: 50, 100, 200 ... 1,000
-        ms. The first request for a gap counts its packets as missed and reports them (TIBCO
-        Rendezvous Concepts, Appendix A, RETRANSMISSION.INBOUND.EXPECTED)."""
+        ms. Missing packets never asked for yet are asked for whatever their gap's timer
+        (the window moved over them); at most ``NAK_MAX_PACKETS`` per NAK. A packet's
+        first request counts it as missed and reports it (TIBCO Rendezvous Concepts,
+        Appendix A, RETRANSMISSION.INBOUND.EXPECTED)."""
         limit = min(st.highest, st.next + self.max_out_of_order - 1)
-        keys = sorted(st.buf)
+        asked = st.asked
+        keys = sorted(k for k in st.buf if k <= limit)
         ranges: list[tuple[int, int]] = []
+        budget = NAK_MAX_PACKETS
         gaps = st.gaps
         ki = 0
         nak_at = INF
         for gi, g in enumerate(gaps):
-            if g.nak_at <= now and len(ranges) < MAX_RANGES:
-                lo = max(g.first, st.next)
-                hi = min(gaps[gi + 1].first - 1 if gi + 1 < len(gaps) else st.highest, limit)
+            due = g.nak_at <= now
+            lo = max(g.first, st.next)
+            hi = min(gaps[gi + 1].first - 1 if gi + 1 < len(gaps) else st.highest, limit)
+            if not due:
+                lo = max(lo, asked + 1)  # only what was never asked for
+            if lo <= hi and budget > 0 and len(ranges) < MAX_RANGES:
                 while ki < len(keys) and keys[ki] < lo:
                     ki += 1
                 s = lo
                 before = len(ranges)
-                while s <= hi and len(ranges) < MAX_RANGES:
+                while s <= hi and budget > 0 and len(ranges) < MAX_RANGES:
                     if ki < len(keys) and keys[ki] <= hi:
                         k = keys[ki]
                         ki += 1
                         if k > s:
-                            ranges.append((s, k - 1))
+                            e = min(k - 1, s + budget - 1)
+                            ranges.append((s, e))
+                            budget -= e - s + 1
                         s = k + 1
                     else:
-                        ranges.append((s, hi))
+                        e = min(hi, s + budget - 1)
+                        ranges.append((s, e))
+                        budget -= e - s + 1
                         break
-                if g.backoff == NAK_BACKOFF_FIRST and len(ranges) > before:
-                    count = sum(last - first + 1 for first, last in ranges[before:])
-                    self.stats.packets_missed += count
-                    self._events.append(Advisory(RETRANSMISSION_INBOUND_EXPECTED,
-                                                 {"host": st.host, "lost": count}))
-                if lo > hi:
-                    g.nak_at = INF
-                else:
+                if due or len(ranges) > before:
                     # jittered, so that listeners missing the same packets drift apart
                     g.nak_at = now + g.backoff * (0.75 + 0.5 * self._rng.random())
                     g.backoff = min(g.backoff * 2, NAK_BACKOFF_MAX)
+            elif due:
+                if lo <= hi:
+                    g.nak_at = now + NAK_BACKOFF_FIRST  # this NAK was full: the next one
+                else:
+                    # nothing of it inside the window: asked for when the window reaches
+                    # it (st.beyond), see _drain
+                    g.nak_at = INF
             if g.nak_at < nak_at:
                 nak_at = g.nak_at
         st.nak_at = nak_at
         if ranges:
+            count = 0
+            for first, last in ranges:
+                if last > asked:
+                    count += last - max(first, asked + 1) + 1
+            if count:
+                st.asked = ranges[-1][1]
+                self.stats.packets_missed += count
+                self._events.append(Advisory(RETRANSMISSION_INBOUND_EXPECTED,
+                                             {"host": st.host, "lost": count}))
             self._emit(encode_nak(self._nak_head, st.incarnation, ranges),
                        (st.host, st.port))
             self.stats.naks_sent += 1

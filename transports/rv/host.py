@@ -41,6 +41,8 @@ from transports.rv.engine import Engine, EngineClosed
 from transports.rv.events import Advisory, Delivered
 from transports.rv.message import Message
 from transports.rv.net import Network, parse_network, parse_service
+from transports.rv.queue import Event as QueueEvent
+from transports.rv.queue import Queue
 from transports.rv.shell import Shell
 
 if TYPE_CHECKING:
@@ -53,6 +55,12 @@ T = TypeVar("T")
 HOST_STATUS_INTERVAL = 90.0
 #: Seconds a send may wait for the I/O thread before CLIENT.FASTPRODUCER (Appendix A).
 FAST_PRODUCER_WAIT = 5.0
+
+
+def _hand_over(batch: dict[Queue, list[QueueEvent]]) -> None:
+    for queue, queued in batch.items():
+        queue.push_many(queued)
+    batch.clear()
 
 
 class TransportError(RuntimeError):
@@ -290,8 +298,10 @@ class EngineHost:
             pass
 
     def fan_out(self, subject: str, msg: Message | None, payload: bytes,
-                only: _BaseTransport | None = None) -> int:
-        """Deliver to the matching listeners of every transport (or of ``only``)."""
+                only: _BaseTransport | None = None,
+                batch: dict[Queue, list[QueueEvent]] | None = None) -> int:
+        """Deliver to the matching listeners of every transport (or of ``only``); with
+        ``batch``, the events wait there for one hand-over per queue (see on_events)."""
         with self.lock:
             if only is not None:
                 targets = [(only, only.matcher.match(subject))]
@@ -305,7 +315,7 @@ class EngineHost:
                         msg = decode(payload)
                     except (FormatError, ValueError):
                         return 0
-                t.enqueue(listeners, msg, len(payload))
+                t.enqueue(listeners, msg, len(payload), batch)
                 n += len(listeners)
         return n
 
@@ -319,6 +329,10 @@ class EngineHost:
     # -- receiving (on the loop) -----------------------------------------------------------
 
     def on_events(self, events: list[Any]) -> None:
+        # One hand-over per queue for the whole burst (one lock, one wake-up of the
+        # dispatching thread), not one per message: per message, the dispatcher would wake,
+        # contend for the GIL and sleep again for each.
+        batch: dict[Queue, list[QueueEvent]] = {}
         for ev in events:
             if type(ev) is Delivered:
                 payload = ev.payload
@@ -332,18 +346,22 @@ class EngineHost:
                     if subject.startswith("_INBOX."):
                         owner = self.inboxes.get(subject)
                         if owner is not None:
-                            self.fan_out(subject, None, payload, owner)
+                            self.fan_out(subject, None, payload, owner, batch)
                         continue
                     if subject.startswith("_LOCAL."):
                         continue
-                self.fan_out(subject, None, payload)
+                self.fan_out(subject, None, payload, None, batch)
             elif type(ev) is Advisory:
+                if batch:  # what came before the advisory is queued before it
+                    _hand_over(batch)
                 msg = advisory_message(ev.subject, ev.fields)
                 n = 0
                 for t in list(self.transports):
                     n += t.present(msg)
                 if not n and is_logged(ev.subject):
                     log.warning("rv advisory %s %s", ev.subject, ev.fields)
+        if batch:
+            _hand_over(batch)
 
     async def remove(self, transport: _BaseTransport) -> None:
         with self.lock:

@@ -27,7 +27,9 @@ a limited queue cannot loop.
 Destroying a listener removes its waiting events (Events and Queues, "Listener Event
 Semantics"); an event whose listener was destroyed meanwhile is skipped at dispatch.
 
-Queues are thread-safe: the bus's I/O thread pushes, any thread dispatches. A callback runs
+Queues are thread-safe: the bus's I/O thread pushes, any thread dispatches. The bus hands
+over what one read of its sockets delivered with :meth:`Queue.push_many`: one lock and one
+wake-up of a waiting dispatcher per burst, not per message. A callback runs
 outside the queue's lock, so it may send, create listeners and dispatch other queues.
 """
 
@@ -149,6 +151,21 @@ class Queue:
                     hook(self.name)
                 finally:
                     _advising.on = False
+        if self._loop is not None:
+            self._wake_loop()
+
+    def push_many(self, events: list[Event]) -> None:
+        """Queue ``events`` in order, as :meth:`push` each would, but with one lock and one
+        wake-up for the lot: the bus hands over what one read of its sockets delivered."""
+        if self.max_events and self.policy != DISCARD_NONE:
+            for event in events:  # the limit policy decides event by event
+                self.push(event)
+            return
+        with self._cond:
+            if self.destroyed:
+                return
+            self._events.extend(events)
+            self._cond.notify(len(events))
         if self._loop is not None:
             self._wake_loop()
 

@@ -259,8 +259,10 @@ class _BaseTransport:
 
     # -- delivery --------------------------------------------------------------------------
 
-    def enqueue(self, listeners: tuple[object, ...], msg: Message, size: int) -> None:
-        """Queue ``msg`` for each of ``listeners`` (a message, accounted for slow consumers)."""
+    def enqueue(self, listeners: tuple[object, ...], msg: Message, size: int,
+                batch: dict[Queue, list[Event]] | None = None) -> None:
+        """Queue ``msg`` for each of ``listeners`` (a message, accounted for slow consumers);
+        with ``batch``, collect the events per queue there for one ``push_many`` each."""
         consumer = self.consumer
         now = time.monotonic()
         consumer.admit(size, now)
@@ -268,7 +270,14 @@ class _BaseTransport:
             assert isinstance(listener, Listener)
             ev = Event(listener, msg, size, now, consumer)
             consumer.add(ev)
-            listener.queue.push(ev)
+            if batch is None:
+                listener.queue.push(ev)
+            else:
+                queued = batch.get(listener.queue)
+                if queued is None:
+                    batch[listener.queue] = [ev]
+                else:
+                    queued.append(ev)
 
     def present(self, msg: Message, head: bool = False) -> int:
         """Queue an advisory for this transport's matching listeners; how many took it."""

@@ -15,6 +15,7 @@ from transports.rv.engine import (
     DATALOSS_OUTBOUND_PTP,
     MAX_MESSAGE,
     MULTICAST,
+    NAK_MAX_PACKETS,
     RETRANSMISSION_INBOUND_EXPECTED,
     RETRANSMISSION_OUTBOUND_SENT,
     Advisory,
@@ -561,3 +562,41 @@ def test_data_packet_layout() -> None:
         (1, FIRST_FRAG, 10, b"abcd"), (2, 0, 1, b"efgh"), (3, LAST_FRAG, 2, b"ij")]
     assert {(p.src_ip, p.src_port, p.service, p.incarnation) for p in packets} == {
         (0x0A010203, 0x1234, 7500, 0xDEADBEEF)}
+
+
+def test_long_burst_loss_under_continuing_traffic_is_recovered() -> None:
+    """A receiver that loses thousands of consecutive packets while the sender keeps
+    sending, with an out-of-order buffer smaller than the burst: the packets past the buffer
+    are dropped and must be asked for as the head moves, in NAKs of bounded size, not only
+    on the gap's backoff (which, with traffic continuing, never catches up)."""
+    lan = MemLan(97)
+    lan.record = True
+    a = lan.add(ip="10.0.0.1")
+    (b,) = listeners(lan, 1, max_out_of_order=1000)
+    introduce(lan, a, [b])
+    b.loss = 1.0
+    burst = messages(5000, b"lost")
+    for m in burst:
+        a.engine.send(m, lan.now)
+    lan.flush()
+    b.loss = None
+    sent = list(burst)
+    # the traffic goes on: 20 messages per millisecond for 3 s, far past the buffer
+    for i in range(3000):
+        for j in range(20):
+            m = b"more%d.%d" % (i, j)
+            sent.append(m)
+            a.engine.send(m, lan.now)
+        lan.run(0.001)
+    # well before the give-up (R + 2 s), which would report DATALOSS
+    lan.run_until(lambda: len(b.payloads_from(a)) >= len(sent), timeout=20.0)
+    assert b.payloads_from(a) == sent
+    assert not b.advisories(DATALOSS_INBOUND_BCAST)
+    assert b.engine.stats.overflow > 0
+    naks = [decode(d) for n, d, _ in lan.sent if n is b and d[3] == NAK]
+    assert naks and all(sum(last - first + 1 for first, last in p.ranges) <= NAK_MAX_PACKETS
+                        for p in naks)
+    # each lost packet asked for (and resent) about once, not once per backoff round
+    missed = b.engine.stats.packets_missed
+    assert missed >= 5000 + b.engine.stats.overflow
+    assert a.engine.stats.retransmitted < 1.5 * missed

@@ -156,3 +156,33 @@ def test_advisory_message_fields_and_inbox_names() -> None:
     assert _inbox_address("_INBOX.7F000001.1F4A0000002A.3") == ("127.0.0.1", 0x1F4A)
     with pytest.raises(SubjectError):
         _inbox_address("_INBOX.somewhere.else")
+
+
+def test_push_many_is_one_hand_over_in_order_and_keeps_the_limit_policy() -> None:
+    from transports.rv.queue import Event
+
+    got: list[int] = []
+    listener = Listener(process_transport(), "PM.X", lambda m, _: got.append(m.get("i")),
+                        queue=Queue("unused"))
+    q = Queue("burst")
+    woken = 0
+
+    class Counting(threading.Condition):
+        def notify(self, n: int = 1) -> None:
+            nonlocal woken
+            woken += 1
+            super().notify(n)
+
+    q._cond = Counting(threading.Lock())
+    q.push_many([Event(listener, Message("PM.X").add("i", i)) for i in range(5)])
+    assert q.count == 5 and woken == 1
+    while q.poll():
+        pass
+    assert got == [0, 1, 2, 3, 4]
+    got.clear()
+    limited = Queue("burst-limited", max_events=3, policy=DISCARD_FIRST)
+    limited.push_many([Event(listener, Message("PM.X").add("i", i)) for i in range(5)])
+    while limited.poll():
+        pass
+    assert got == [2, 3, 4] and limited.discarded == 2
+    listener.destroy()
