@@ -347,6 +347,12 @@ class MqttConnection:
         if self.state is not State.CONNECTED:
             return
         limit = self.keepalive * 1.5
+        if self.held_qos0:
+            # The gateway stopped reading this client (a QoS 0 publish held at
+            # max_msg_memory): its packets wait unread, so silence proves nothing. The
+            # count starts again when reading resumes (_qos0_released).
+            self.ka_timer = self.server.loop.call_later(limit, self._check_keepalive)
+            return
         idle = self.server.loop.time() - self.last_rx
         if idle >= limit:
             self.protocol_error(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
@@ -557,6 +563,7 @@ class MqttConnection:
             fut.exception()  # retrieved: a QoS 0 publisher is told nothing either way
         self.held_qos0 -= 1
         if self.held_qos0 == 0 and self.resume_reading is not None and not self.closing:
+            self.last_rx = self.server.loop.time()  # Keep Alive counts from here again
             self.resume_reading()
 
     def _flush_acks(self) -> None:

@@ -411,3 +411,41 @@ def test_mqtt_websocket_qos0_publisher_is_paused_at_the_limit_and_nothing_is_los
         assert g.call(lambda: g.broker.stats["rejected"]) == 0
     finally:
         g.stop()
+
+
+def test_a_publisher_held_longer_than_its_keep_alive_is_not_taken_for_silent(tmp_path):
+    """While a held QoS 0 publish stops the gateway reading a client, the client's packets
+    (PINGREQ among them) wait unread: Keep Alive ([MQTT-3.1.2-22]) must not close it then,
+    and counts again from when reading resumes."""
+    import socket
+
+    g = start(tmp_path, FLOW)
+    try:
+        got: list[int] = []
+        consumer = g.call(lambda: holder(g, "mem.ka", got))
+        n = 3000  # about 30 MB: past the limit
+        s = socket.create_connection(("127.0.0.1", g.port("mqtt")))
+        # CONNECT: MQTT 3.1.1, clean session, Keep Alive 1 s (closed after 1.5 s of silence).
+        s.sendall(bytes.fromhex("101000044d51545404020001000461622d6b"))
+        assert s.recv(4)[:1] == b"\x20"  # CONNACK
+        flood = b"".join(_mqtt_publish("mem/ka", body(i)) for i in range(n))
+        sender = threading.Thread(target=s.sendall, args=(flood,), daemon=True)
+        sender.start()
+
+        def connection() -> Any:
+            conns = [c for c in g.broker.adapter_servers["mqtt"].connections
+                     if c.session is not None and c.session.client_id == "ab-k"]
+            return conns[0] if conns else None
+
+        wait_for(lambda: g.call(lambda: connection() is not None
+                                and connection().held_qos0 > 0), 60, "the publisher held")
+        time.sleep(3)  # twice the Keep Alive limit, unread
+        assert g.call(lambda: connection() is not None and connection().held_qos0 > 0)
+        g.call(lambda: consumer.core.set_window(None))
+        wait_for(lambda: len(got) == n, 60, f"{n} messages")
+        assert got == list(range(n))
+        sender.join(30)
+        s.sendall(b"\xe0\x00")  # DISCONNECT
+        s.close()
+    finally:
+        g.stop()

@@ -11,7 +11,8 @@ brings in sockets, threads and asyncio, is loaded on first use of one of its nam
 
 from typing import Any
 
-from transports.rv.codec import MAX_MESSAGE, FormatError, MessageTooLarge, decode, encode
+from transports.rv.codec import FormatError, decode, encode
+from transports.rv.events import MAX_MESSAGE, MessageTooLarge
 from transports.rv.message import (
     CmLabel,
     Field,

@@ -41,6 +41,8 @@ from array import array
 from ipaddress import IPv4Address
 from typing import Any
 
+# The largest encoded message (64 MB) and the error past it are the engine's too.
+from transports.rv.events import MAX_MESSAGE, MessageTooLarge
 from transports.rv.message import (
     ARRAY_TYPECODES,
     ARRAY_WIDTHS,
@@ -71,10 +73,6 @@ from transports.rv.message import (
     RvDateTime,
 )
 
-MAX_MESSAGE = 64 * 1024 * 1024
-"""Largest encoded message: 64 MB (TIBCO Rendezvous Concepts, Guidelines for Programming,
-"Control Message Sizes"; a larger one is discarded with the ``DATALOSS.MSG_TOO_LARGE``
-advisory, Appendix A, System Advisory Messages)."""
 DEFAULT_MAX_DEPTH = 64
 """Most levels of messages (the top one included) decode and encode accept (module docstring)."""
 VERSION = 1
@@ -109,15 +107,6 @@ _SWAP = sys.byteorder == "little"  # arrays are held in native order, sent big-e
 
 class FormatError(ValueError):
     """Bytes that are not an encoded message; the message says what is wrong and where."""
-
-
-class MessageTooLarge(ValueError):
-    """An encoded message would exceed :data:`MAX_MESSAGE` (the transport turns it into the
-    ``DATALOSS.MSG_TOO_LARGE`` advisory)."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__(f"encoded message of {size} bytes exceeds {MAX_MESSAGE}")
-        self.size = size
 
 
 # -- encoding ---------------------------------------------------------------------------
@@ -199,7 +188,7 @@ def encode(msg: Message, *, max_depth: int = DEFAULT_MAX_DEPTH) -> bytes:
     out[1] = flags
     _encode_fields(msg.fields, out, enc, max_depth - 1)
     if len(out) > MAX_MESSAGE:
-        raise MessageTooLarge(len(out))
+        raise MessageTooLarge(len(out))  # the transport works out the packets lost
     return bytes(out)
 
 

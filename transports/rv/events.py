@@ -26,10 +26,12 @@ RETRANSMISSION_OUTBOUND_SENT: Final = "_RV.INFO.SYSTEM.RETRANSMISSION.OUTBOUND.S
 
 
 class MessageTooLarge(ValueError):
-    """A message over 64 MiB: nothing was sent. ``lost`` is the packets it would have needed,
-    for the ``DATALOSS.MSG_TOO_LARGE`` advisory (TIBCO Rendezvous Concepts, Appendix A)."""
+    """A message over 64 MiB (TIBCO Rendezvous Concepts, Guidelines for Programming, "Control
+    Message Sizes"): nothing was sent. ``lost`` is the packets it would have needed, for the
+    ``DATALOSS.MSG_TOO_LARGE`` advisory (Appendix A), when the engine raised it; the codec,
+    which does not know the packet size, leaves it 0."""
 
-    def __init__(self, size: int, lost: int) -> None:
+    def __init__(self, size: int, lost: int = 0) -> None:
         super().__init__(f"message of {size} bytes is over the {MAX_MESSAGE}-byte limit")
         self.size = size
         self.lost = lost

@@ -104,7 +104,8 @@ from transports.rv.advisory import (
     advisory_message,
     is_logged,
 )
-from transports.rv.codec import MessageTooLarge, decode, encode
+from transports.rv.codec import decode, encode
+from transports.rv.events import MessageTooLarge
 from transports.rv.host import (
     EngineHost,
     InitFailure,
