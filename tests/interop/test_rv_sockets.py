@@ -461,11 +461,13 @@ def test_real_engines_recover_a_long_burst_loss_under_continuing_traffic() -> No
             sent = [b"burst%d" % i for i in range(len(lose))]
             for m in sent:
                 tx.send(m)
+                tx.flush()  # a packet each: small messages sent together share packets
             for i in range(1000):  # 20 messages a millisecond, for about a second
                 for j in range(20):
                     m = b"more%d.%d" % (i, j)
                     sent.append(m)
                     tx.send(m)
+                    tx.flush()
                 await asyncio.sleep(0.001)
             await wait_until(lambda: len(got) > len(sent), timeout=15.0, what="every message")
             assert got[1:] == sent

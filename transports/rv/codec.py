@@ -322,9 +322,14 @@ def peek_subject(data: bytes | bytearray | memoryview) -> str | None:
     """
     if len(data) < 3 or data[0] != VERSION:
         raise FormatError("not an encoded message (too short or wrong version)")
-    d = bytes(data[:258])
-    s, _ = _envelope_string(d, 2, "send subject", 0)
-    return s or None
+    n = data[2]
+    if not n:
+        return None
+    if 3 + n > len(data):
+        raise FormatError(f"envelope: send subject of {n} bytes does not fit")
+    sb = bytes(data[3:3 + n])
+    subject = _NAMES.get(sb)
+    return subject if subject is not None else _new_name(sb, 3, "send subject")
 
 
 def decode(data: bytes | bytearray | memoryview, *,

@@ -25,6 +25,11 @@ How it works (the packet layout is in :mod:`transports.rv.packet`):
   sequence numbers from 1. A receiver keeps one state per remote stream, keyed by the sender's
   (IP, inbox port, incarnation). A message longer than ``payload_size`` travels as
   consecutive packets (FIRST_FRAG ... LAST_FRAG) and is delivered whole, or not at all.
+* **Batches.** Small multicast messages sent between two calls of
+  :meth:`Engine.datagrams_to_send` share packets (a BATCH packet, up to ``payload_size``
+  bytes of messages): a burst of 100-byte messages goes out 13 to a datagram, and the
+  sequence numbers, retention, NAKs and DATALOSS counts below are all per packet. Nothing
+  is held back for a batch: :meth:`datagrams_to_send` closes the open one.
 * **Multicast: NAK-based.** The sender keeps every packet for the reliability interval
   (``reliability``, 60 s by default; 0 keeps nothing), optionally also capped in bytes. After
   the last data it multicasts a HEARTBEAT at +50, 100, 200, 400 and 800 ms, then every
@@ -94,6 +99,7 @@ from transports.rv.events import (
 )
 from transports.rv.packet import (
     ACK,
+    BATCH,
     BYE,
     DATA,
     FIRST_FRAG,
@@ -110,6 +116,7 @@ from transports.rv.packet import (
     RETRANS,
     VERSION,
     PacketError,
+    batch_body,
     decode,
     encode_ack,
     encode_heartbeat,
@@ -117,6 +124,7 @@ from transports.rv.packet import (
     header,
     int_to_ip,
     ip_to_int,
+    split_batch,
 )
 
 __all__ = [
@@ -152,6 +160,11 @@ NAK_MAX_PACKETS: Final = 1024
 MAX_REMEMBERED: Final = 1024  # ended incarnations and silent streams remembered
 
 INF: Final = float("inf")
+
+
+# A DATA packet that is one whole message (not a fragment, not a batch), whatever else it is.
+WHOLE_MASK: Final = FIRST_FRAG | LAST_FRAG | BATCH
+WHOLE: Final = FIRST_FRAG | LAST_FRAG
 
 
 class _Gap:
@@ -266,6 +279,10 @@ class Engine:
         self.closed = False
         self._out: list[tuple[bytes, Dest]] = []
         self._events: list[Event] = []
+        # the open batch: small multicast messages not yet in a packet
+        self._batch: list[bytes] = []
+        self._batch_used = 0  # its body's bytes
+        self._batch_t = 0.0  # when its first message was sent
         # multicast sender
         self._seq = 1  # next sequence number
         self._ret: deque[bytes] = deque()  # retained datagrams, oldest first
@@ -297,6 +314,8 @@ class Engine:
 
     def datagrams_to_send(self) -> list[tuple[bytes, Dest]]:
         """Everything to write since the last call: (datagram, MULTICAST or (ip, port))."""
+        if self._batch:
+            self._close_batch()
         out = self._out
         self._out = []
         return out
@@ -337,22 +356,19 @@ class Engine:
         size = self.payload_size
         if n > MAX_MESSAGE:
             raise MessageTooLarge(n, (n + size - 1) // size)
-        seq = self._seq
         reliability = self.reliability
         stats = self.stats
-        if n <= size:
-            d = HEADER.pack(MAGIC, VERSION, DATA, FIRST_FRAG | LAST_FRAG, HEADER_LEN, self._ip,
-                            self.port, self.service, self.incarnation, seq, n) + payload
-            self._out.append((d, MULTICAST))
-            if reliability:
-                if not self._ret:
-                    self._ret_base = seq
-                self._ret.append(d)
-                self._ret_t.append(now)
-                self._ret_bytes += len(d)
-            seq += 1
-            stats.packets_sent += 1
+        if n + 4 <= size:  # a batch's: its length and bytes fit in one packet's body
+            if self._batch_used + 4 + n > size:
+                self._close_batch()
+            if not self._batch:
+                self._batch_t = now
+            self._batch.append(payload)
+            self._batch_used += 4 + n
         else:
+            if self._batch:
+                self._close_batch()  # what was sent before goes first
+            seq = self._seq
             base = seq
             for off in range(0, n, size):
                 flags = FIRST_FRAG if off == 0 else 0
@@ -370,7 +386,7 @@ class Engine:
                     self._ret_bytes += len(d)
                 seq += 1
             stats.packets_sent += seq - base
-        self._seq = seq
+            self._seq = seq
         stats.messages_sent += 1
         stats.bytes_sent += n
         self._last_data = now
@@ -380,6 +396,32 @@ class Engine:
                             or (self.max_retention_bytes
                                 and self._ret_bytes > self.max_retention_bytes)):
             self._expire(now)
+
+    def _close_batch(self) -> None:
+        """Put the open batch in one packet: a plain one for a single message."""
+        batch = self._batch
+        seq = self._seq
+        if len(batch) == 1:
+            m = batch[0]
+            d = HEADER.pack(MAGIC, VERSION, DATA, FIRST_FRAG | LAST_FRAG, HEADER_LEN, self._ip,
+                            self.port, self.service, self.incarnation, seq, len(m)) + m
+        else:
+            d = HEADER.pack(MAGIC, VERSION, DATA, FIRST_FRAG | LAST_FRAG | BATCH, HEADER_LEN,
+                            self._ip, self.port, self.service, self.incarnation, seq,
+                            len(batch)) + batch_body(batch)
+        self._batch = []
+        self._batch_used = 0
+        self._out.append((d, MULTICAST))
+        if self.reliability:
+            if not self._ret:
+                self._ret_base = seq
+            self._ret.append(d)
+            self._ret_t.append(self._batch_t)
+            self._ret_bytes += len(d)
+            if self.max_retention_bytes and self._ret_bytes > self.max_retention_bytes:
+                self._expire(self._batch_t)
+        self._seq = seq + 1
+        self.stats.packets_sent += 1
 
     def send_to(self, dest: tuple[str, int], payload: bytes, now: float) -> None:
         """Send one message on the point-to-point stream to the engine whose inbox port is
@@ -430,6 +472,8 @@ class Engine:
         engine then sends and delivers nothing more. Nothing waits for retransmissions."""
         if self.closed:
             return
+        if self._batch:
+            self._close_batch()
         self._emit(header(BYE, 0, self._ip, self.port, self.service, self.incarnation,
                           self._seq - 1), MULTICAST)
         for dest, ps in self._ptp_out.items():
@@ -488,8 +532,7 @@ class Engine:
                 st.next = seq + 1
                 if seq > st.highest:
                     st.highest = seq
-                if (flags & (FIRST_FRAG | LAST_FRAG)) == (FIRST_FRAG | LAST_FRAG) \
-                        and st.parts is None and aux == len(payload):
+                if flags & WHOLE_MASK == WHOLE and st.parts is None and aux == len(payload):
                     st.started = True
                     self.stats.messages_received += 1
                     self.stats.bytes_received += aux
@@ -566,7 +609,9 @@ class Engine:
             st.started = True
             if flags & LAST_FRAG:
                 st.parts = None
-                if aux == len(payload):
+                if flags & BATCH:
+                    self._unbatch(st, aux, payload)
+                elif aux == len(payload):
                     self.stats.messages_received += 1
                     self.stats.bytes_received += aux
                     self._events.append(Delivered(payload, st.sender, st.ptp))
@@ -597,6 +642,19 @@ class Engine:
                 self._events.append(Delivered(message, st.sender, st.ptp))
             else:
                 self.stats.malformed += 1
+
+    def _unbatch(self, st: _RecvStream, count: int, body: bytes) -> None:
+        try:
+            messages = split_batch(body, count)
+        except PacketError:
+            self.stats.malformed += 1
+            return
+        stats = self.stats
+        stats.messages_received += count
+        events = self._events
+        for m in messages:
+            stats.bytes_received += len(m)
+            events.append(Delivered(m, st.sender, st.ptp))
 
     def _drain(self, st: _RecvStream) -> None:
         buf = st.buf
@@ -926,6 +984,8 @@ class Engine:
         give-up, ACKs, retransmission timeouts, silent peers."""
         if self.closed:
             return
+        if self._batch:
+            self._close_batch()  # a heartbeat announces every message sent
         if now >= self._hb_at:
             self._emit(encode_heartbeat(self._hb_head, self._seq - 1,
                                         self._ret_base if self._ret else self._seq,

@@ -6,7 +6,7 @@ Every packet opens with the same 32-byte header (network byte order)::
      0   2  magic        0x52 0x58 ("RX")
      2   1  version      1
      3   1  ptype        1 DATA, 2 HEARTBEAT, 3 NAK, 4 NAK_DENY, 5 ACK, 6 BYE
-     4   2  flags        bit0 RETRANS, bit1 PTP, bit2 FIRST_FRAG, bit3 LAST_FRAG
+     4   2  flags        bit0 RETRANS, bit1 PTP, bit2 FIRST_FRAG, bit3 LAST_FRAG, bit4 BATCH
      6   2  hdr_len      32 in version 1; the body starts here (a longer header is skipped)
      8   4  src_ip       the sending engine's interface IPv4
     12   2  src_port     the sending engine's unicast ("inbox") port: NAKs, ACKs, replies go there
@@ -14,12 +14,17 @@ Every packet opens with the same 32-byte header (network byte order)::
     16   4  incarnation  random, chosen when the engine starts (restart detection)
     20   8  seq          DATA: the packet's sequence number in its stream; BYE: the stream's
                          highest sequence number; other kinds: 0
-    28   4  aux          DATA with FIRST_FRAG: the message's total length; other DATA: the
-                         fragment's index in its message; other kinds: 0
+    28   4  aux          DATA with FIRST_FRAG: the message's total length (with BATCH: the
+                         number of messages); other DATA: the fragment's index in its
+                         message; other kinds: 0
 
 and the body that follows depends on the kind:
 
-* DATA: a slice of one message (the codec's bytes; opaque here).
+* DATA: a slice of one message (the codec's bytes; opaque here); with BATCH (and both
+  FIRST_FRAG and LAST_FRAG), two or more whole messages, each ``length:u32`` then its bytes,
+  filling the body exactly. A sender packs the small messages that wait for the same write
+  into one packet (no message waits for another: only what is already queued is packed),
+  so a burst of small messages costs one datagram per packet, not per message.
 * HEARTBEAT: ``highest_seq:u64 lowest_retained_seq:u64 reliability_ms:u32``.
 * NAK, NAK_DENY: ``stream_incarnation:u32 n:u16`` then ``n`` ranges ``first:u64 last:u64``.
 * ACK (point-to-point streams): ``stream_incarnation:u32 cum_ack:u64 n:u16`` then ``n`` SACK
@@ -58,7 +63,10 @@ RETRANS: Final = 0x1
 PTP: Final = 0x2
 FIRST_FRAG: Final = 0x4
 LAST_FRAG: Final = 0x8
-KNOWN_FLAGS: Final = RETRANS | PTP | FIRST_FRAG | LAST_FRAG
+BATCH: Final = 0x10
+KNOWN_FLAGS: Final = RETRANS | PTP | FIRST_FRAG | LAST_FRAG | BATCH
+#: The length before each message of a BATCH packet.
+BATCH_LENGTH: Final = struct.Struct("!I")
 
 #: The largest datagram UDP over IPv4 carries (65,535 minus the IP and UDP headers).
 MAX_DATAGRAM: Final = 65507
@@ -168,6 +176,38 @@ def _ranges(data: bytes, off: int, n: int) -> tuple[tuple[int, int], ...]:
             raise PacketError("empty or reversed range")
         out.append((first, last))
     return tuple(out)
+
+
+def batch_body(messages: list[bytes]) -> bytes:
+    """The body of a BATCH packet carrying ``messages`` (each ``length:u32`` then its bytes)."""
+    pack = BATCH_LENGTH.pack
+    parts: list[bytes] = []
+    for m in messages:
+        parts.append(pack(len(m)))
+        parts.append(m)
+    return b"".join(parts)
+
+
+def split_batch(body: bytes, count: int) -> list[bytes]:
+    """The ``count`` messages of a BATCH packet's body; :class:`PacketError` unless they are
+    at least two and fill it exactly."""
+    if count < 2:
+        raise PacketError("BATCH of fewer than two messages")
+    unpack = BATCH_LENGTH.unpack_from
+    n = len(body)
+    off = 0
+    out: list[bytes] = []
+    for _ in range(count):
+        if off + 4 > n:
+            raise PacketError("BATCH ends inside a length")
+        end = off + 4 + unpack(body, off)[0]
+        if end > n:
+            raise PacketError("BATCH message runs past the packet")
+        out.append(body[off + 4:end])
+        off = end
+    if off != n:
+        raise PacketError("BATCH has bytes after its messages")
+    return out
 
 
 def decode(data: bytes) -> Packet:

@@ -59,6 +59,10 @@ SEND_RETRY_MAX = 0.05
 # Datagrams kept waiting for room; past this the engine's retransmission is the better
 # buffer (at 1,400 bytes a packet, about 90 MB).
 SEND_BACKLOG_LIMIT = 65536
+# Datagrams read from one socket per readiness before the loop runs anything else (the pass
+# answers the lot at once); and the largest a UDP datagram can be.
+READ_BATCH = 64
+MAX_DATAGRAM = 65535
 
 
 class Engine(Protocol):
@@ -102,33 +106,42 @@ class ShellStats:
         self.send_errors = 0  # dropped on another send error (unreachable, too big)
 
 
-class _Receiver(asyncio.DatagramProtocol):
-    """Feeds one socket's datagrams to the engine; the first of a burst schedules a pass."""
+class _Reader:
+    """Reads one socket when the loop says it is readable: up to :data:`READ_BATCH`
+    datagrams, each to the engine, then one pass for the lot."""
 
-    __slots__ = ("_shell", "_engine", "_time", "closed")
+    __slots__ = ("_shell", "_sock", "_recvfrom", "_engine", "_time")
 
-    def __init__(self, shell: Shell) -> None:
+    def __init__(self, shell: Shell, sock: socket.socket) -> None:
         self._shell = shell
+        self._sock = sock
+        self._recvfrom = sock.recvfrom
         self._engine = shell.engine
         self._time = shell.loop.time
-        self.closed: asyncio.Future[None] = shell.loop.create_future()
 
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        self._engine.receive_datagram(data, addr, self._time())
+    def on_readable(self) -> None:
         shell = self._shell
-        shell.stats.datagrams_received += 1
-        if not shell._pass_scheduled:
+        if shell.closed:
+            return
+        recvfrom = self._recvfrom
+        receive = self._engine.receive_datagram
+        now = self._time()  # one reading for the batch: it took microseconds
+        n = 0
+        try:
+            while n < READ_BATCH:
+                data, addr = recvfrom(MAX_DATAGRAM)
+                n += 1
+                receive(data, addr, now)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            # Linux reports an ICMP port-unreachable for an earlier unicast here; the
+            # engine's own timers find out that the peer is gone.
+            shell.stats.receive_errors += 1
+        shell.stats.datagrams_received += n
+        if n and not shell._pass_scheduled:
             shell._pass_scheduled = True
             shell.loop.call_soon(shell._run_pass)
-
-    def error_received(self, exc: Exception) -> None:
-        # Linux reports an ICMP port-unreachable for an earlier unicast here; the engine's
-        # own timers find out that the peer is gone.
-        self._shell.stats.receive_errors += 1
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
 
 
 class Shell:
@@ -157,8 +170,7 @@ class Shell:
         self._backlog: deque[tuple[bytes, tuple[str, int]]] = deque()
         self._retry: asyncio.TimerHandle | None = None
         self._retry_delay = SEND_RETRY_MIN
-        self._receivers: list[_Receiver] = []
-        self._transports: list[asyncio.DatagramTransport] = []
+        self._readers: list[_Reader] = []
         self.closed = False
 
     @classmethod
@@ -192,22 +204,25 @@ class Shell:
                 service=sockets.service.port,
             )
             shell = cls(loop, sockets, engine, on_events)
-            await shell._attach(sockets.service_socket)
-            await shell._attach(sockets.inbox_socket)
+            shell._attach(sockets.service_socket)
+            shell._attach(sockets.inbox_socket)
         except BaseException:
             if shell is not None:
-                for transport in shell._transports:
-                    transport.close()
+                shell._detach()
             sockets.close()
             raise
         shell._run_pass()
         return shell
 
-    async def _attach(self, sock: socket.socket) -> None:
-        receiver = _Receiver(self)
-        transport, _ = await self.loop.create_datagram_endpoint(lambda: receiver, sock=sock)
-        self._receivers.append(receiver)
-        self._transports.append(transport)
+    def _attach(self, sock: socket.socket) -> None:
+        reader = _Reader(self, sock)
+        self.loop.add_reader(sock, reader.on_readable)
+        self._readers.append(reader)
+
+    def _detach(self) -> None:
+        for reader in self._readers:
+            self.loop.remove_reader(reader._sock)
+        self._readers.clear()
 
     @property
     def inbox_address(self) -> tuple[str, int]:
@@ -373,9 +388,6 @@ class Shell:
         self._drain_backlog()
         self.stats.send_dropped += len(self._backlog)
         self._backlog.clear()
-        for transport in self._transports:
-            transport.close()
-        await asyncio.gather(*(r.closed for r in self._receivers))
-        # The transports closed the sockets they were given; this makes sure of it.
+        self._detach()
         self.sockets.close()
 

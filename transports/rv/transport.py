@@ -193,11 +193,26 @@ class _Consumer:
             if not self.transport.present(msg, head=True):
                 log.warning("rv advisory %s", msg.to_text())
 
-    def add(self, event: Event) -> None:
+    def add_all(self, events: list[Event], size: int, now: float) -> None:
+        """Account for ``events`` (one message of ``size`` bytes for several listeners),
+        after making room as :meth:`admit` does; one lock when nothing has to go."""
+        pending = self.pending
         with self.lock:
-            self.pending.append(event)
-            self.bytes += event.size
-            self.waiting += 1
+            while pending and pending[0].state:
+                pending.popleft()
+            room = not pending or (
+                (not self.max_bytes or self.bytes + size <= self.max_bytes)
+                and now - pending[0].since <= self.max_age)
+            if room:
+                pending.extend(events)
+                self.bytes += size * len(events)
+                self.waiting += len(events)
+                return
+        self.admit(size, now)
+        with self.lock:
+            pending.extend(events)
+            self.bytes += size * len(events)
+            self.waiting += len(events)
 
 
 class _BaseTransport:
@@ -266,11 +281,11 @@ class _BaseTransport:
         with ``batch``, collect the events per queue there for one ``push_many`` each."""
         consumer = self.consumer
         now = time.monotonic()
-        consumer.admit(size, now)
-        for listener in listeners:
+        events = [Event(listener, msg, size, now, consumer) for listener in listeners]
+        consumer.add_all(events, size, now)
+        for ev in events:
+            listener = ev.listener
             assert isinstance(listener, Listener)
-            ev = Event(listener, msg, size, now, consumer)
-            consumer.add(ev)
             if batch is None:
                 listener.queue.push(ev)
             else:

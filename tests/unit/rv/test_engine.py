@@ -6,6 +6,8 @@ bursts, partitions) and waits on conditions in virtual time; nothing sleeps.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from transports.rv.engine import (
@@ -24,7 +26,17 @@ from transports.rv.engine import (
     EngineClosed,
     MessageTooLarge,
 )
-from transports.rv.packet import DATA, FIRST_FRAG, HEARTBEAT, LAST_FRAG, NAK, decode, header
+from transports.rv.packet import (
+    BATCH,
+    DATA,
+    FIRST_FRAG,
+    HEARTBEAT,
+    LAST_FRAG,
+    NAK,
+    decode,
+    header,
+    ip_to_int,
+)
 
 from .memlan import MemLan, Node
 
@@ -81,6 +93,55 @@ def test_multicast_exactly_once_in_order_under_loss(loss: float, seed: int) -> N
     # the sender never delivers its own multicast (the loopback copies were ignored)
     assert a.engine.stats.looped > 0
     assert not a.payloads_from(a)
+
+
+@pytest.mark.parametrize("loss, seed", [(0.10, 5), (0.20, 6)])
+def test_batched_small_messages_exactly_once_in_order_under_loss(loss: float,
+                                                                 seed: int) -> None:
+    """Bursts of 1 to 60 small messages between two writes share packets (BATCH); a lost,
+    duplicated or reordered batch is recovered whole, each message delivered once."""
+    lan = MemLan(seed, dup=0.02, jitter=0.003, burst=0.3)
+    lan.record = True
+    a = lan.add(ip="10.0.0.1")
+    nodes = listeners(lan, 4)
+    introduce(lan, a, nodes)
+    stats = a.engine.stats
+    messages_before, packets_before = stats.messages_sent, stats.packets_sent
+    lan.loss = loss
+    rng = random.Random(seed)
+    sent = messages(3000, b"batched")
+    i = 0
+    while i < len(sent):
+        for m in sent[i:i + rng.randint(1, 60)]:
+            a.engine.send(m, lan.now)
+            i += 1
+        lan.run(0.002)
+    lan.run_until(lambda: all(len(n.payloads_from(a)) >= len(sent) for n in nodes))
+    lan.run(3.0)
+    for n in nodes:
+        assert n.payloads_from(a) == sent
+        assert not n.advisories(DATALOSS_INBOUND_BCAST)
+    batches = [decode(d) for n, d, _ in lan.sent if n is a and d[3] == DATA]
+    assert sum(1 for p in batches if p.flags & BATCH) > 100
+    assert stats.messages_sent - messages_before == 3000
+    assert 3000 > 3 * (stats.packets_sent - packets_before)
+
+
+def test_a_malformed_batch_is_counted_and_the_stream_goes_on() -> None:
+    lan = MemLan(7)
+    a = lan.add(ip="10.0.0.1")
+    (b,) = listeners(lan, 1)
+    introduce(lan, a, [b])
+    a.engine.send(b"before", lan.now)
+    lan.flush()
+    seq = a.engine._seq
+    bad = header(DATA, FIRST_FRAG | LAST_FRAG | BATCH, ip_to_int("10.0.0.1"), a.engine.port,
+                 a.engine.service, a.engine.incarnation, seq, 2) + b"\x00\x00\x00\x09ab"
+    a.engine._seq += 1  # the sender numbered it: the stream carries on after it
+    b.engine.receive_datagram(bad, ("10.0.0.1", a.engine.port), lan.now)
+    a.engine.send(b"after", lan.now)
+    lan.run_until(lambda: b.payloads_from(a) == [b"before", b"after"])
+    assert b.engine.stats.malformed == 1
 
 
 def test_nak_suppression_one_loss_many_listeners() -> None:
@@ -244,6 +305,7 @@ def test_silent_sender_forgotten_then_heard_again_reports_the_loss() -> None:
     b.partitioned = True
     for i in range(3):
         a.engine.send(b"missed%d" % i, lan.now)
+        lan.flush()  # a packet each
     lan.run(10.0)
     assert not b.engine._mcast_in  # forgotten after 5 s of silence
     b.partitioned = False
@@ -265,7 +327,7 @@ def test_out_of_order_buffer_is_bounded() -> None:
     sent = [b"first"] + messages(50)
     for m in sent[1:]:
         a.engine.send(m, lan.now)
-    lan.flush()
+        lan.flush()  # a packet each
     lan.run(0.0015)  # all arrived, none asked for yet
     st = next(iter(b.engine._mcast_in.values()))
     assert len(st.buf) == 9 and b.engine.stats.overflow == 41
@@ -412,7 +474,7 @@ def test_retention_bytes_cap_denies_older_packets() -> None:
     b.partitioned = True
     for _ in range(30):
         a.engine.send(bytes(100), lan.now)
-    lan.flush()
+        lan.flush()  # a packet each
     b.partitioned = False
     a.engine.send(b"after", lan.now)
     lan.run_until(lambda: b"after" in b.payloads_from(a))
@@ -578,7 +640,7 @@ def test_long_burst_loss_under_continuing_traffic_is_recovered() -> None:
     burst = messages(5000, b"lost")
     for m in burst:
         a.engine.send(m, lan.now)
-    lan.flush()
+        lan.flush()  # a packet each
     b.loss = None
     sent = list(burst)
     # the traffic goes on: 20 messages per millisecond for 3 s, far past the buffer
@@ -587,6 +649,7 @@ def test_long_burst_loss_under_continuing_traffic_is_recovered() -> None:
             m = b"more%d.%d" % (i, j)
             sent.append(m)
             a.engine.send(m, lan.now)
+            lan.flush()
         lan.run(0.001)
     # well before the give-up (R + 2 s), which would report DATALOSS
     lan.run_until(lambda: len(b.payloads_from(a)) >= len(sent), timeout=20.0)

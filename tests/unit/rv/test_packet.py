@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from transports.rv.engine import Engine
 from transports.rv.packet import (
     ACK,
+    BATCH,
     BYE,
     DATA,
     FIRST_FRAG,
@@ -23,6 +24,7 @@ from transports.rv.packet import (
     PTP,
     RETRANS,
     PacketError,
+    batch_body,
     decode,
     encode_ack,
     encode_heartbeat,
@@ -30,6 +32,7 @@ from transports.rv.packet import (
     header,
     int_to_ip,
     ip_to_int,
+    split_batch,
 )
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -62,10 +65,62 @@ def test_engine_writes_the_same_bytes() -> None:
     e = Engine(ip="10.0.0.1", port=40000, service=7500, incarnation=0xDEADBEEF)
     for _ in range(6):
         e.send(b"", 0.0)
-    e.datagrams_to_send()
+        e.datagrams_to_send()  # one packet each
     e.send(b"hello", 0.0)
     [(data, _)] = e.datagrams_to_send()
     assert data == HEAD + b"hello"
+
+
+BATCH_HEAD = bytes.fromhex(
+    "5258" "01" "01"
+    "001c"  # FIRST_FRAG | LAST_FRAG | BATCH
+    "0020" "0a000001" "9c40" "1d4c" "deadbeef"
+    "0000000000000001"  # seq 1
+    "00000003"  # three messages
+)
+
+
+def test_small_messages_written_together_share_one_packet_byte_exact() -> None:
+    e = Engine(ip="10.0.0.1", port=40000, service=7500, incarnation=0xDEADBEEF)
+    for m in (b"one", b"", b"three"):
+        e.send(m, 0.0)
+    [(data, _)] = e.datagrams_to_send()
+    assert data == BATCH_HEAD + bytes.fromhex(
+        "00000003") + b"one" + bytes.fromhex("00000000") + bytes.fromhex(
+        "00000005") + b"three"
+    p = decode(data)
+    assert (p.flags, p.seq, p.aux) == (FIRST_FRAG | LAST_FRAG | BATCH, 1, 3)
+    assert split_batch(p.payload, p.aux) == [b"one", b"", b"three"]
+    assert batch_body([b"one", b"", b"three"]) == p.payload
+
+
+def test_a_batch_is_filled_to_the_payload_size_and_a_large_message_closes_it() -> None:
+    e = Engine(ip="10.0.0.1", port=40000, service=7500, payload_size=100)
+    sent = [bytes([i]) * 40 for i in range(5)] + [bytes(200), b"last"]
+    for m in sent:
+        e.send(m, 0.0)
+    packets = [decode(d) for d, _ in e.datagrams_to_send()]
+    # two of 44 bytes fit in 100, a third does not; the 200-byte message is fragmented, in
+    # order after the batch before it
+    kinds = [(p.flags & (BATCH | FIRST_FRAG | LAST_FRAG), p.aux) for p in packets]
+    assert kinds == [(BATCH | FIRST_FRAG | LAST_FRAG, 2), (BATCH | FIRST_FRAG | LAST_FRAG, 2),
+                     (FIRST_FRAG | LAST_FRAG, 40), (FIRST_FRAG, 200), (LAST_FRAG, 1),
+                     (FIRST_FRAG | LAST_FRAG, 4)]
+    assert [p.seq for p in packets] == list(range(1, 7))
+
+
+@pytest.mark.parametrize("body, count, reason", [
+    (bytes.fromhex("00000001") + b"a", 1, "BATCH of fewer than two messages"),
+    (bytes.fromhex("00000001") + b"a" + b"\x00\x00", 2, "BATCH ends inside a length"),
+    (bytes.fromhex("00000001") + b"a" + bytes.fromhex("00000009") + b"b", 2,
+     "BATCH message runs past the packet"),
+    (bytes.fromhex("00000001") + b"a" + bytes.fromhex("00000001") + b"bc", 2,
+     "BATCH has bytes after its messages"),
+])
+def test_malformed_batches(body: bytes, count: int, reason: str) -> None:
+    with pytest.raises(PacketError) as err:
+        split_batch(body, count)
+    assert err.value.reason == reason
 
 
 def test_longer_header_is_skipped() -> None:
@@ -101,7 +156,7 @@ def test_control_packets_byte_exact() -> None:
     (HEAD[:2] + b"\x02" + HEAD[3:], "unknown version"),
     (HEAD[:6] + b"\x00\x1f" + HEAD[8:], "bad header length"),
     (HEAD[:6] + b"\x01\x00" + HEAD[8:], "bad header length"),
-    (HEAD[:4] + b"\x00\x10" + HEAD[6:], "unknown flags"),
+    (HEAD[:4] + b"\x00\x20" + HEAD[6:], "unknown flags"),
     (HEAD[:3] + b"\x07" + HEAD[4:], "unknown packet type"),
     (HEAD[:20] + bytes(8) + HEAD[28:], "DATA with sequence number 0"),
     (header(HEARTBEAT, 0, 1, 2, 3, 4) + bytes(19), "bad HEARTBEAT length"),
