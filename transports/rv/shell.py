@@ -1,16 +1,18 @@
 """The asyncio shell: runs a sans-I/O reliable multicast engine over two UDP sockets.
 
 How this works. :meth:`Shell.start` opens the service and inbox sockets
-(:func:`transports.rv.net.open_sockets`), builds the engine with the inbox socket's address
-(``engine_factory(ip=..., port=..., service=...)``) and hands both sockets to
-``loop.create_datagram_endpoint(sock=...)`` (the standard loop and uvloop both accept that).
-From then on the shell does four things, and nothing else:
+(:func:`transports.rv.net.open_sockets`, non-blocking), builds the engine with the inbox
+socket's address (``engine_factory(ip=..., port=..., service=...)``) and registers both
+sockets with ``loop.add_reader`` (the standard loop and uvloop both have it). From then on the
+shell does four things, and nothing else:
 
-* **Input.** Every datagram from either socket goes to
-  ``engine.receive_datagram(data, addr, loop.time())``. Nothing else happens per datagram
-  but a counter and, for the first datagram of a burst, one ``call_soon`` of the *pass*; a
-  burst that one loop iteration reads (uvloop reads up to 32 datagrams per readiness) is
-  thus handled by the engine packet by packet and answered once.
+* **Input.** When a socket is readable, up to :data:`READ_BATCH` datagrams are read from it
+  (``recvfrom`` until it would block) and each goes to
+  ``engine.receive_datagram(data, addr, now)``, with one reading of the loop's clock for the
+  lot; then one ``call_soon`` of the *pass*. A burst is thus handled by the engine packet by
+  packet and answered once (a ``DatagramProtocol`` would cost a callback and a clock
+  reading per datagram). An ``OSError`` on a read (Linux reports an ICMP port-unreachable for an
+  earlier unicast there) is counted in ``stats.receive_errors``.
 * **The pass** (after input, after :meth:`send`, after a timer): write
   ``engine.datagrams_to_send()`` — ``(ip, port)`` destinations unicast, the engine's
   ``MULTICAST`` destination to the send address and service port (the group, or the
@@ -29,8 +31,8 @@ From then on the shell does four things, and nothing else:
   sees an exception from a send.
 
 :meth:`Shell.close` closes the engine (``engine.close(now)``, which may queue goodbye
-packets), writes what it queued, delivers its last events, and closes both sockets, waiting
-until the loop has released them.
+packets), writes what it queued, delivers its last events, removes both sockets from the loop
+and closes them.
 
 The engine's ``MULTICAST`` destination is recognised as "not a tuple": unicast destinations
 are ``(ip, port)`` tuples, so the shell needs nothing from the engine module.
