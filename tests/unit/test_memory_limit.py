@@ -419,6 +419,31 @@ async def test_a_laggard_that_appears_after_fruitless_scans_is_trimmed(tmp_path)
         assert b.memory <= 8 * MB
 
 
+async def test_a_backlog_made_of_redeliveries_is_a_laggard_too(tmp_path):
+    """A shared subscription's backlog that comes from redeliveries (a recovered session
+    whose consumer left, the other consumer taking nothing) rather than from routing is
+    trimmed at the limit like any other, before producers are refused."""
+    from gateway.broker import LAGGARD_MIN
+
+    async with running_broker(tmp_path, gateway="max_msg_memory = 8MB\n", log=False) as b:
+        idle = b.connect().session().consumer(T("rq"), shared_name="grp", window=0)
+        s = b.connect().session(AckMode.CLIENT)
+        taker = s.consumer(T("rq"), shared_name="grp", listener=lambda d: None, window=None)
+        t = b.connect().session().producer(T("rq"), delivery_mode=NP)
+        for i in range(300):
+            t.send(numbered(i, 10_000))
+        sub = idle.endpoint
+        assert sub.npending == 0 and sub.count == 300  # all delivered, not acknowledged
+        taker.close()
+        s.recover()
+        assert sub.npending == 300
+        p = b.connect().session().producer(Q("fill"), delivery_mode=NP)
+        with pytest.raises(LimitExceededError):
+            for i in range(2000):
+                p.send(numbered(i, 10_000))
+        assert sub.npending == LAGGARD_MIN and sub.dropped == 300 - LAGGARD_MIN
+
+
 @pytest.mark.parametrize("flow", ["", "flow_control = enabled\n"])
 async def test_sends_in_an_open_transaction_count_and_are_refused_past_the_limit(tmp_path, flow):
     """Sends wait in their transaction until commit: they are charged to memory, refused
