@@ -39,8 +39,10 @@ when non-persistent (:meth:`Broker.shed_slow`), then by dropping the oldest of w
 :data:`LAGGARD_MIN` messages no consumer of theirs can take now (a stuck MQTT QoS 1 client
 with a full in-flight window, whose write buffer never fills) -- deepest first, whatever the
 delivery mode (nothing pending on a non-durable subscription is in the store)
-(:meth:`Broker.shed_laggards`). One consumer that stops reading therefore loses its own
-backlog, not everyone their producers; what still does not fit is, with
+(:meth:`Broker.shed_laggards`, which looks only at the subscriptions that passed
+:data:`LAGGARD_MIN` since it last looked, :meth:`Broker.laggard_seen`). One consumer that
+stops reading therefore loses its own backlog, not everyone their producers; what still
+does not fit is, with
 ``flow_control`` enabled, accepted but its producer's confirmation waits until
 memory is back under :data:`RESUME_AT` of the limit -- the adapters stop reading or withhold
 credit while confirmations wait, so producers are paused, as EMS blocks a send under flow
@@ -175,6 +177,12 @@ class Broker:
         # reading (a full write buffer), by id: at the memory limit their non-durable topic
         # subscriptions' non-persistent messages go first (shed_slow).
         self.slow_connections: dict[str, Any] = {}
+        # Non-durable subscriptions that passed LAGGARD_MIN pending messages since the last
+        # laggard scan looked at them (laggard_seen), in the order they did: what that scan
+        # looks at, so that a gateway at its limit with no laggard (everything held durable
+        # or on queues) does not walk every connection's subscriptions for each publish it
+        # holds or refuses. A dict for its order.
+        self.laggards: dict[Subscription, None] = {}
         self.topics: dict[str, Topic] = {}
         self.queues: dict[str, QueueEndpoint] = {}
         self.subs = SubIndex()
@@ -868,12 +876,15 @@ class Broker:
         non-durable subscription is in the store. A transport's export subscription is left
         alone. Each drop is logged and counted (reason ``slow_consumer``). Returns bytes
         freed."""
+        if not self.laggards:
+            return 0
+        # Only the subscriptions that passed LAGGARD_MIN since the last scan, or were past it
+        # then (see laggard_seen); those now at or under it leave, until they pass it again.
         # Not a transport's export subscription (``spool``): what waits there is on its way
         # across a bridge and has the spool's own bound and policy.
-        laggards = [sub for conn in self.connections.values() for sub in conn.subscriptions
-                    if sub.npending > LAGGARD_MIN and sub.spool is None]
-        laggards.extend(sub for sub in self.shared.values()
-                        if not sub.durable and sub.npending > LAGGARD_MIN and sub.spool is None)
+        laggards = [sub for sub in self.laggards
+                    if sub.npending > LAGGARD_MIN and sub.spool is None and not sub.closed]
+        self.laggards = {sub: None for sub in laggards}
         laggards.sort(key=lambda sub: sub.bytes, reverse=True)
         freed = 0
         for sub in laggards:
@@ -883,6 +894,13 @@ class Broker:
             freed += sub.shed(want - freed, owner.id if owner is not None else None,
                               keep=LAGGARD_MIN, persistent=True)
         return freed
+
+    def laggard_seen(self, ep: Endpoint) -> None:
+        """``ep`` (a non-durable topic subscription, whose ``laggard_at`` is LAGGARD_MIN + 1)
+        just passed LAGGARD_MIN pending messages: the next laggard scan looks at it. Pending
+        counts only ever grow by one, so none passes the mark unseen."""
+        if isinstance(ep, Subscription):
+            self.laggards[ep] = None
 
     def _hold_for_memory(self, fut: asyncio.Future[None] | None) -> asyncio.Future[None]:
         """The producer's confirmation, held until memory is under RESUME_AT of the limit."""
@@ -1094,6 +1112,7 @@ class Broker:
             sub = Subscription(self, key, pattern, durable=False, shared=True, name=shared_name,
                                client_id=conn.client_id, selector=selector, no_local=no_local,
                                owner=conn if no_local else None, parent_match=parent_match)
+            sub.laggard_at = LAGGARD_MIN + 1
             self.shared[key] = sub
             self.subs.insert(pattern, sub, parent_match=parent_match)
             self._subscription_event(sub, True)
@@ -1102,6 +1121,7 @@ class Broker:
         sub = Subscription(self, key, pattern, durable=False, shared=False, name=None,
                            client_id=conn.client_id, selector=selector, no_local=no_local,
                            owner=conn, parent_match=parent_match)
+        sub.laggard_at = LAGGARD_MIN + 1
         self.subs.insert(pattern, sub, parent_match=parent_match)
         conn.subscriptions.append(sub)
         self._subscription_event(sub, True)
@@ -1141,6 +1161,7 @@ class Broker:
 
     def _drop_subscription(self, sub: Subscription) -> None:
         self.subs.remove(sub.pattern, sub, parent_match=sub.parent_match)
+        self.laggards.pop(sub, None)
         sub.closed = True
         if sub.spool is not None:
             self.spools -= 1

@@ -275,6 +275,10 @@ class Endpoint:
         self.tail_bytes = 0  # what ``bytes`` counts for them
         self.tail_after = 0  # the tail: this endpoint's entries with a message id above this
         self.tail_reading = False  # a read of the tail is on its way
+        # Pending messages at which the broker's laggard scan is to look here
+        # (Broker.laggard_seen): LAGGARD_MIN + 1 for a non-durable topic subscription, which
+        # the broker sets; never for the rest. Checked where ``npending`` grows.
+        self.laggard_at = 1 << 62
 
     # -- adding messages ------------------------------------------------------------------
 
@@ -310,6 +314,8 @@ class Endpoint:
                 return
         self.pending[msg.priority].append(msg)
         self.npending += 1
+        if self.npending == self.laggard_at:
+            self.broker.laggard_seen(self)
         if self.consumers and not self.dispatching:
             self.dispatch()
 
@@ -537,6 +543,8 @@ class Endpoint:
         else:
             self.pending[msg.priority].append(msg)
         self.npending += 1
+        if self.npending == self.laggard_at:
+            self.broker.laggard_seen(self)
         if dispatch and not self.dispatching:
             self.dispatch()
 
@@ -659,6 +667,8 @@ class Endpoint:
             _, _, msg = heapq.heappop(self.held)
             self.pending[msg.priority].append(msg)
             self.npending += 1
+            if self.npending == self.laggard_at:
+                self.broker.laggard_seen(self)
             released = True
         if self.held:
             self._arm_held_timer()
@@ -858,6 +868,8 @@ class Endpoint:
             else:
                 pending[msg.priority].append(msg)
                 self.npending += 1
+                if self.npending == self.laggard_at:
+                    broker.laggard_seen(self)
             if not self.tail:
                 break
         if len(rows) < want and self.tail:

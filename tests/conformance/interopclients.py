@@ -69,12 +69,17 @@ class Peer:
         else:
             self.c.connect("127.0.0.1", port, keepalive)
         self.c.loop_start()
-        flags, rc, p = self.connacks.get(timeout=WAIT)
+        try:
+            flags, rc, p = self.connacks.get(timeout=WAIT)
+            if not expect_refusal:
+                assert not rc.is_failure, f"CONNACK refused: {rc}"
+        except BaseException:  # no test gets this Peer to stop: stop it here
+            self.c.loop_stop()
+            self.release()
+            raise
         self.session_present = bool(flags.session_present)
         self.rc = rc
         self.connack = p
-        if not expect_refusal:
-            assert not rc.is_failure, f"CONNACK refused: {rc}"
 
     def connack_prop(self, name: str) -> Any:
         return getattr(self.connack, name, None) if self.connack is not None else None
@@ -121,6 +126,17 @@ class Peer:
             self.c.disconnect(properties=disconnect_props)
             wait_for(lambda: not self.disconnects.empty(), WAIT, "disconnect")
         self.c.loop_stop()
+        self.release()
+
+    def release(self) -> None:
+        """Close the client's sockets, the pair its network thread is woken with among them,
+        once that thread has stopped. paho closes that pair only in ``reinitialise()`` or
+        when the client is deleted; the callbacks above make the client and this Peer a
+        reference cycle, so without this the pair stays open until a garbage collection
+        finds the cycle, and in such a collection the sockets may be finalized before the
+        client: a ResourceWarning (an error under pytest) at an unpredictable moment, often
+        the end of the session."""
+        self.c.reinitialise()
 
     def kill(self) -> None:
         """Drop the TCP connection without DISCONNECT (an abnormal disconnect)."""

@@ -98,6 +98,7 @@ def peers(gw: GatewayThread) -> Iterator[Any]:
             p.c.disconnect()
         finally:
             p.c.loop_stop()
+            p.release()
 
 
 def lvl(proto: int) -> str:

@@ -357,6 +357,93 @@ async def test_laggards_backlogs_are_trimmed_at_the_limit_before_producers_are_r
         assert b.memory <= 8 * MB
 
 
+class CountedList(list):
+    """A connection's subscription list that counts how often it is walked."""
+
+    walks = 0
+
+    def __iter__(self) -> Any:
+        CountedList.walks += 1
+        return super().__iter__()
+
+
+async def test_at_the_limit_with_no_laggard_a_refused_publish_walks_no_subscriptions(tmp_path):
+    """Everything held is on a queue and the topic subscribers keep up: no laggard to trim.
+    Each publish refused at the limit then costs no walk over every connection's
+    subscriptions (a gateway with many connections sitting at its limit)."""
+    async with running_broker(tmp_path, gateway="max_msg_memory = 8MB\n", log=False) as b:
+        conns = [b.connect() for _ in range(20)]
+        got: list[int] = []
+        for conn in conns:
+            conn.session().consumer(T("live"), listener=lambda d: got.append(number(d)))
+            conn.subscriptions = CountedList(conn.subscriptions)
+        p = b.connect().session().producer(Q("full"), delivery_mode=NP)
+        with pytest.raises(LimitExceededError):
+            for i in range(2000):
+                p.send(numbered(i, 10_000))
+        CountedList.walks = 0
+        for i in range(50):
+            with pytest.raises(LimitExceededError, match="max_msg_memory"):
+                p.send(numbered(i, 10_000))
+        assert CountedList.walks == 0
+        b.connect().session().consumer(Q("full"), listener=lambda d: None)
+        t = b.connect().session().producer(T("live"), delivery_mode=NP)
+        t.send(numbered(7, 10_000))  # room again: the subscribers get it
+        assert got == [7] * len(conns)
+
+
+async def test_a_laggard_that_appears_after_fruitless_scans_is_trimmed(tmp_path):
+    """Publishes refused at the limit with no laggard, then memory drained and filled again
+    by a subscriber that takes nothing: its backlog is trimmed as always, and its
+    producer is not refused."""
+    from gateway.broker import LAGGARD_MIN
+
+    async with running_broker(tmp_path, gateway="max_msg_memory = 8MB\n", log=False) as b:
+        p = b.connect().session().producer(Q("full"), delivery_mode=NP)
+        with pytest.raises(LimitExceededError):
+            for i in range(2000):
+                p.send(numbered(i, 10_000))
+        for i in range(20):
+            with pytest.raises(LimitExceededError):
+                p.send(numbered(i, 10_000))
+        drained: list[int] = []
+        b.connect().session().consumer(Q("full"), listener=lambda d: drained.append(number(d)))
+        assert b.memory == 0
+        hung = b.connect().session().consumer(T("lag"), window=0)
+        t = b.connect().session().producer(T("lag"), delivery_mode=NP)
+        n = 3000  # 30 MB
+        for i in range(n):
+            t.send(numbered(i, 10_000))  # never refused
+        sub = hung.endpoint
+        assert LAGGARD_MIN <= sub.npending < n and sub.dropped == n - sub.npending
+        assert b.memory <= 8 * MB
+
+
+async def test_a_backlog_made_of_redeliveries_is_a_laggard_too(tmp_path):
+    """A shared subscription's backlog that comes from redeliveries (a recovered session
+    whose consumer left, the other consumer taking nothing) rather than from routing is
+    trimmed at the limit like any other, before producers are refused."""
+    from gateway.broker import LAGGARD_MIN
+
+    async with running_broker(tmp_path, gateway="max_msg_memory = 8MB\n", log=False) as b:
+        idle = b.connect().session().consumer(T("rq"), shared_name="grp", window=0)
+        s = b.connect().session(AckMode.CLIENT)
+        taker = s.consumer(T("rq"), shared_name="grp", listener=lambda d: None, window=None)
+        t = b.connect().session().producer(T("rq"), delivery_mode=NP)
+        for i in range(300):
+            t.send(numbered(i, 10_000))
+        sub = idle.endpoint
+        assert sub.npending == 0 and sub.count == 300  # all delivered, not acknowledged
+        taker.close()
+        s.recover()
+        assert sub.npending == 300
+        p = b.connect().session().producer(Q("fill"), delivery_mode=NP)
+        with pytest.raises(LimitExceededError):
+            for i in range(2000):
+                p.send(numbered(i, 10_000))
+        assert sub.npending == LAGGARD_MIN and sub.dropped == 300 - LAGGARD_MIN
+
+
 @pytest.mark.parametrize("flow", ["", "flow_control = enabled\n"])
 async def test_sends_in_an_open_transaction_count_and_are_refused_past_the_limit(tmp_path, flow):
     """Sends wait in their transaction until commit: they are charged to memory, refused
