@@ -7,6 +7,7 @@ Each test has its own service port and 239.192.x.y group on 127.0.0.1.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import random
 import socket
@@ -27,7 +28,7 @@ from paho.mqtt.properties import Properties
 
 from gateway.message import Destination as GwDestination
 from gateway.message import Message as GwMessage
-from transports.rv import Listener, Message, RvType, Transport
+from transports.rv import Listener, Message, RequestTimeout, RvType, Transport
 from transports.rv.advisory import advisory_message
 from transports.rv.message import Origin
 from transports.rv.queue import Dispatcher, Queue
@@ -70,12 +71,33 @@ def bus() -> Iterator[Bus]:
     b.close()
 
 
-def gateway(tmp: Any, bus: Bus, topics: str) -> GatewayThread:
+def gateway(tmp: Any, bus: Bus, topics: str, *, listen: tuple[str, ...] = ("mqtt",),
+            transport: str = "", queues: str = ">\n") -> GatewayThread:
+    """A gateway listening on ``listen`` (and http) with the transport ``[bus]`` on ``bus``;
+    ``transport``: more lines of its section."""
+    listeners = "".join(f"listen = {scheme}://127.0.0.1:0\n" for scheme in (*listen, "http"))
     return GatewayThread(
-        tmp, gateway="listen = mqtt://127.0.0.1:0\nlisten = http://127.0.0.1:0\n"
-                     "rv_transports = enabled\n",
-        transports=f"[bus]\ntype = rv\nservice = {bus.service}\nnetwork = {bus.network}\n",
-        topics=topics, queues=">\n").start()
+        tmp, gateway=listeners + "rv_transports = enabled\n",
+        transports=f"[bus]\ntype = rv\nservice = {bus.service}\nnetwork = {bus.network}\n"
+                   + transport,
+        topics=topics, queues=queues).start()
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path, bus: Bus) -> Iterator[Any]:
+    """Start a gateway on the test's bus (arguments as :func:`gateway`, and ``name``, its
+    directory), wait until its transport is up; every one is stopped after the test."""
+    started: list[GatewayThread] = []
+
+    def start(topics: str, *, name: str = "gw", **kw: Any) -> GatewayThread:
+        g = gateway(tmp_path / name, bus, topics, **kw)
+        started.append(g)
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        return g
+
+    yield start
+    for g in reversed(started):
+        g.stop()
 
 
 def info(g: GatewayThread) -> dict[str, Any]:
@@ -171,30 +193,139 @@ def test_never_bridges_the_bus_own_subjects_nor_its_own_exports(tmp_path, bus):
         g.stop()
 
 
-def test_an_mqtt_reply_to_an_rv_request_goes_back_to_the_inbox(tmp_path, bus):
-    g = gateway(tmp_path / "gw", bus, 'svc.> import="bus"\n>\n')
+def bridge_of(g: GatewayThread) -> Any:
+    return g.gateway.transports.transports["bus"]  # type: ignore[union-attr]
+
+
+def temporaries(g: GatewayThread) -> list[str]:
+    """The temporary topics of the bridge that stand for inboxes."""
+    return g.call(lambda: sorted(str(d.name) for d, _ in  # type: ignore[no-any-return]
+                                 bridge_of(g).reply_temporaries.by_name.values()))
+
+
+def request(bus: Bus, subject: str, *, attempts: float = 30.0) -> Message:
+    """``send_request`` on ``subject`` until a reply comes (the first requests may cross the
+    bus before the gateway's listener for them is up)."""
+
+    def attempt() -> Message | None:
+        try:
+            return bus.t.send_request(Message(subject).add("q", "now"), 1.0)
+        except RequestTimeout:
+            return None
+
+    reply: Message = wait_for(attempt, timeout=attempts, what="the reply")
+    return reply
+
+
+def gone(g: GatewayThread, names: list[str]) -> bool:
+    return not g.call(lambda: [n for n in names if n in g.broker.topics])
+
+
+def test_an_rv_request_gets_an_mqtt5_reply_through_a_temporary_topic(start_gateway, bus):
+    """EMS User's Guide, "JMSReplyTo": an inbox reply subject is imported as a temporary
+    destination; the responder's reply to it goes back point to point to the inbox, and
+    the temporary topic goes ``temp_destination_timeout`` s after its last use."""
+    g = start_gateway('svc.> import="bus"\n>\n', transport="temp_destination_timeout = 2\n")
+    mq = MqttClient(g.port("mqtt"))
+    topics: list[str] = []
+
+    def respond(c: Any, _u: Any, m: paho.MQTTMessage) -> None:
+        topics.append(m.properties.ResponseTopic)
+        props = Properties(PacketTypes.PUBLISH)
+        props.UserProperty = [("answer", "42")]
+        c.publish(m.properties.ResponseTopic, b"noon", 1, properties=props)
+
+    try:
+        mq.subscribe("svc/#")
+        wait_for(lambda: info(g)["imports"] == {"svc.>": ["svc.>"]}, what="import")
+        mq.c.on_message = respond
+        reply = request(bus, "svc.time")
+        assert reply["JMSBytes"] == b"noon"
+        assert reply["JMSProperties"]["answer"] == "42"
+        assert topics and all(t.startswith("$TMP$/") for t in topics)
+        names = [t.replace("/", ".") for t in topics]
+        wait_for(lambda: gone(g, names) and not temporaries(g), what="the temporary topics gone")
+        assert info(g)["exported"] >= 1  # the reply
+    finally:
+        mq.close()
+
+
+def test_requests_from_one_inbox_share_one_temporary_topic(start_gateway, bus):
+    g = start_gateway('svc.> import="bus"\n>\n')
     mq = MqttClient(g.port("mqtt"))
     try:
-        wait_for(lambda: info(g)["state"] == "up", what="transport up")
         mq.subscribe("svc/#")
         wait_for(lambda: info(g)["imports"] == {"svc.>": ["svc.>"]}, what="import")
         inbox = bus.t.create_inbox()
         replies = bus.collect(inbox)
-        req = Message("svc.time", inbox).add("q", "now")
-        wait_for(lambda: (bus.t.send(req), mq.got)[1], what="the request")
-        m = mq.got[0]
-        response_topic = m.properties.ResponseTopic
-        assert response_topic == inbox.replace(".", "/")
-        props = Properties(PacketTypes.PUBLISH)
-        props.UserProperty = [("answer", "42")]
-        mq.c.publish(response_topic, b"noon", 1, properties=props).wait_for_publish(5)
+        for n in (1, 2):
+            wait_for(lambda n=n: (bus.t.send(Message("svc.time", inbox).add("n", n)),
+                                  [m for m in mq.got
+                                   if json.loads(m.payload) == {"n": n}])[1],
+                     what=f"request {n}")
+        response_topics = {m.properties.ResponseTopic for m in mq.got}
+        assert len(response_topics) == 1
+        (response_topic,) = response_topics
+        assert response_topic.startswith("$TMP$/")
+        assert temporaries(g) == [response_topic.replace("/", ".")]
+        mq.c.publish(response_topic, b"both", 1).wait_for_publish(5)
         wait_for(lambda: replies, what="the reply on the inbox")
-        assert replies[0]["JMSBytes"] == b"noon"
-        assert replies[0]["JMSProperties"]["answer"] == "42"
+        assert replies[0]["JMSBytes"] == b"both"
     finally:
         mq.close()
-        g.stop()
 
+
+def test_an_rv_request_gets_a_stomp_reply_through_a_temporary_topic(start_gateway, bus):
+    g = start_gateway('svc.> import="bus"\n>\n', listen=("stomp",),
+                      transport="temp_destination_timeout = 2\n")
+    st = StompClient(g.port("stomp"))
+    reply_to: list[str] = []
+
+    def respond(frame: Any) -> None:
+        reply_to.append(frame.headers["reply-to"])
+        st.c.send(frame.headers["reply-to"], b"pong", headers={"answer": "stomp"})
+
+    try:
+        st.on_message = respond  # type: ignore[method-assign]
+        st.c.subscribe("/topic/svc.>", "1", ack="auto")
+        wait_for(lambda: info(g)["imports"] == {"svc.>": ["svc.>"]}, what="import")
+        reply = request(bus, "svc.stomp")
+        assert reply["JMSProperties"]["answer"] == "stomp"
+        body = reply.get("JMSBytes", reply.get("JMSText"))
+        assert body in (b"pong", "pong")
+        assert reply_to and all(r.startswith("/temp-topic/$TMP$.") for r in reply_to)
+        names = [r[len("/temp-topic/"):] for r in reply_to]
+        wait_for(lambda: gone(g, names) and not temporaries(g), what="the temporary topics gone")
+    finally:
+        st.close()
+
+
+def test_an_rv_request_gets_an_amqp_reply_through_a_temporary_topic(start_gateway, bus):
+    g = start_gateway('svc.> import="bus"\n>\n', listen=("amqp",))
+    conn = amqp_connect(g.port("amqp"))
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        receiver = conn.create_receiver("topic://svc.amqp")
+        wait_for(lambda: info(g)["imports"] == {"svc.>": ["svc.amqp"]}, what="import")
+        pending = pool.submit(request, bus, "svc.amqp")
+        senders: dict[str, Any] = {}
+        while not pending.done():
+            try:
+                req = receiver.receive(timeout=0.5)
+            except proton.Timeout:
+                continue
+            receiver.accept()
+            assert req.reply_to.startswith("topic://$TMP$.")
+            sender = senders.get(req.reply_to)
+            if sender is None:
+                sender = senders[req.reply_to] = conn.create_sender(req.reply_to)
+            sender.send(proton.Message(body="pong", properties={"answer": "amqp"}))
+        reply = pending.result()
+        assert reply["JMSText"] == "pong"
+        assert reply["JMSProperties"]["answer"] == "amqp"
+    finally:
+        pool.shutdown(wait=True)
+        conn.close()
 
 
 def test_dataloss_and_slow_consumer_advisories_are_logged_and_counted(tmp_path, bus):
@@ -322,16 +453,11 @@ class StompClient:
         self.c.disconnect()
 
 
-def test_rv_to_a_stomp_subscriber_and_a_stomp_send_to_rv(tmp_path, bus):
-    g = GatewayThread(
-        tmp_path / "gw", gateway="listen = stomp://127.0.0.1:0\nlisten = http://127.0.0.1:0\n"
-                                 "rv_transports = enabled\n",
-        transports=f"[bus]\ntype = rv\nservice = {bus.service}\nnetwork = {bus.network}\n",
-        topics='in.> import="bus"\nout.> export="bus"\n>\n', queues=">\n").start()
+def test_rv_to_a_stomp_subscriber_and_a_stomp_send_to_rv(start_gateway, bus):
+    g = start_gateway('in.> import="bus"\nout.> export="bus"\n>\n', listen=("stomp",))
     got = bus.collect("out.>")
     st = StompClient(g.port("stomp"))
     try:
-        wait_for(lambda: info(g)["state"] == "up", what="transport up")
         st.c.subscribe("/topic/in.>", "1", ack="auto")
         wait_for(lambda: info(g)["imports"] == {"in.>": ["in.>"]}, what="import")
         rv = Message("in.m").add("a", 5, RvType.I8).add("s", [Message().add("k", True)],
@@ -348,19 +474,13 @@ def test_rv_to_a_stomp_subscriber_and_a_stomp_send_to_rv(tmp_path, bus):
         assert out["JMSProperties"]["color"] == "red"
     finally:
         st.close()
-        g.stop()
 
 
-def test_rv_to_an_amqp_receiver_and_an_amqp_map_to_rv_keep_their_types(tmp_path, bus):
-    g = GatewayThread(
-        tmp_path / "gw", gateway="listen = amqp://127.0.0.1:0\nlisten = http://127.0.0.1:0\n"
-                                 "rv_transports = enabled\n",
-        transports=f"[bus]\ntype = rv\nservice = {bus.service}\nnetwork = {bus.network}\n",
-        topics='in.> import="bus"\nout.> export="bus"\n>\n', queues=">\n").start()
+def test_rv_to_an_amqp_receiver_and_an_amqp_map_to_rv_keep_their_types(start_gateway, bus):
+    g = start_gateway('in.> import="bus"\nout.> export="bus"\n>\n', listen=("amqp",))
     got = bus.collect("out.>")
     conn = amqp_connect(g.port("amqp"))
     try:
-        wait_for(lambda: info(g)["state"] == "up", what="transport up")
         receiver = conn.create_receiver("topic://in.a")
         wait_for(lambda: info(g)["imports"] == {"in.>": ["in.a"]}, what="import")
         rv = Message("in.a").add("t", 1.5, RvType.F32).add("u", 7, RvType.U8)
@@ -386,22 +506,14 @@ def test_rv_to_an_amqp_receiver_and_an_amqp_map_to_rv_keep_their_types(tmp_path,
         assert got[0]["y"] == "z"
     finally:
         conn.close()
-        g.stop()
 
 
-def test_export_headers_and_properties_off_leave_out_the_submessages(tmp_path, bus):
-    g = GatewayThread(
-        tmp_path / "gw", gateway="listen = http://127.0.0.1:0\nrv_transports = enabled\n",
-        transports=f"[bus]\ntype = rv\nservice = {bus.service}\nnetwork = {bus.network}\n"
-                   "export_headers = false\nexport_properties = false\n",
-        topics='out.> export="bus"\n>\n', queues=">\n").start()
+def test_export_headers_and_properties_off_leave_out_the_submessages(start_gateway, bus):
+    g = start_gateway('out.> export="bus"\n>\n', listen=(),
+                      transport="export_headers = false\nexport_properties = false\n")
     got = bus.collect("out.>")
-    try:
-        wait_for(lambda: info(g)["state"] == "up", what="transport up")
-        g.call(lambda: g.broker.connect().session().producer(
-            GwDestination.topic("out.h")).send(
-                GwMessage.map({"a": 1}, properties={"p": "v"}, type="t")))
-        wait_for(lambda: got, what="the export")
-        assert got[0].names() == ["a"]
-    finally:
-        g.stop()
+    g.call(lambda: g.broker.connect().session().producer(
+        GwDestination.topic("out.h")).send(
+            GwMessage.map({"a": 1}, properties={"p": "v"}, type="t")))
+    wait_for(lambda: got, what="the export")
+    assert got[0].names() == ["a"]

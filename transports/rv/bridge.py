@@ -18,9 +18,13 @@ its pattern, an export sends on the destination's name. Messages cross by the RV
 * Replies: an export whose ``JMSReplyTo`` is a temporary destination gets an inbox of this
   bridge as its reply subject (:class:`~transports.base.ReplyRoutes`: what comes to the inbox
   goes to the temporary destination while it exists); a named ``JMSReplyTo`` is sent as its
-  name. An import whose reply subject is an inbox gets ``JMSReplyTo`` = the topic of that
-  name (``_INBOX.…``), and the bridge exports ``_INBOX.>`` always, so a reply published
-  there goes back point to point to the requester.
+  name. An import whose reply subject is an inbox gets ``JMSReplyTo`` = a temporary topic of
+  the gateway standing for that inbox (EMS User's Guide, "JMSReplyTo"; one per inbox, so
+  several requests from one inbox share it; :class:`~transports.base.ReplyTemporaries`):
+  whatever is published to it (an MQTT, AMQP or STOMP responder, or a reply route of another
+  transport) goes point to point to the inbox. It is deleted ``temp_destination_timeout``
+  seconds after its last use (a request or a reply), and when the bridge disconnects. Any
+  other reply subject becomes the topic of that name.
 * Advisories: ``DATALOSS`` and ``CLIENT.SLOWCONSUMER`` of the bus are written to the
   delivery log (event ``drop``, reason the advisory's name, with the lost packet count) and
   counted (``dataloss``, ``slowconsumer`` in :meth:`info`); nothing is replayed (the bus
@@ -47,7 +51,6 @@ log = logging.getLogger("transports")
 
 NOT_BRIDGED = ("_RV.", "_LOCAL.")  # the bus's own subjects and this process's
 INBOX_PREFIX = "_INBOX."
-INBOX_EXPORT = "_INBOX.>"  # replies to RV requesters go back through this export
 DATALOSS_ADVISORIES = "_RV.*.SYSTEM.DATALOSS.>"
 SLOWCONSUMER_ADVISORY = "_RV.ERROR.SYSTEM.CLIENT.SLOWCONSUMER"
 
@@ -67,7 +70,6 @@ class RvTransport(Transport):
         self.stats["slowconsumer"] = 0
         self.export_headers = bool(self.params.get("export_headers", True))
         self.export_properties = bool(self.params.get("export_properties", True))
-        self.bind_export(INBOX_EXPORT)
 
     # -- far side -----------------------------------------------------------------------------
 
@@ -85,6 +87,7 @@ class RvTransport(Transport):
     def disconnect(self) -> None:
         bus = self.bus
         self.bus = None
+        self.reply_temporaries.close()  # the inboxes they stand for are gone with the bus
         for listener in [*self.listeners.values(), *self.reply_listeners.values(),
                          *self.advisory_listeners]:
             listener.destroy()
@@ -115,25 +118,36 @@ class RvTransport(Transport):
     def export(self, d: Delivery, binding: ExportBinding) -> bool:
         """Send one message on the bus (reliable multicast, or point to point to an inbox):
         done once handed to the engine, as the bus acknowledges nothing."""
+        self._send(d.msg, None)
+        return True
+
+    def send_reply(self, msg: Message, name: str) -> None:
+        """A message published to the temporary topic of inbox ``name``: point to point to
+        that inbox (EMS User's Guide, "Working With TIBCO Rendezvous", "JMSReplyTo")."""
+        self._send(msg, name)
+
+    def _send(self, msg: Message, inbox: str | None) -> None:
+        """``msg`` through the mappings to the bus: to ``inbox``, or else to the subject of
+        its (mapped) destination."""
         bus = self.bus
         if bus is None:
             raise RetryLater("not connected")
-        msg = self.mapped_out(d.msg)
+        msg = self.mapped_out(msg)
         dest = msg.destination
         assert dest is not None
-        if dest.name.startswith(NOT_BRIDGED):
-            raise GatewayError(f"{dest.name!r} is never bridged")
+        send_subject = inbox if inbox is not None else dest.name
+        if send_subject.startswith(NOT_BRIDGED):
+            raise GatewayError(f"{send_subject!r} is never bridged")
         rt = msg.reply_to
         reply = None
         if rt is not None:
             reply = self.replies.route(rt, self._inbox) if rt.is_temporary else rt.name
         to_rv = self.wire_mapping(dest, "out", message_to_rv)
-        rv: RvMessage = to_rv(msg, send_subject=dest.name, reply_subject=reply,
+        rv: RvMessage = to_rv(msg, send_subject=send_subject, reply_subject=reply,
                               export_headers=self.export_headers,
                               export_properties=self.export_properties)
         rv.origin = Origin(msg.origin or self.broker.id, msg.hops)
         bus.send(rv)
-        return True
 
     def mapped_out(self, msg: Message) -> Message:
         """The message through the declarative mappings of this transport (direction out);
@@ -172,7 +186,12 @@ class RvTransport(Transport):
             else:
                 dest = Destination(kind, subject or pattern)
             rs = rv.reply_subject
-            reply = Destination.topic(rs) if rs and not rs.startswith(NOT_BRIDGED) else None
+            reply = None
+            if rs:
+                if rs.startswith(INBOX_PREFIX):
+                    reply = self.reply_temporaries.temporary(rs)
+                elif not rs.startswith(NOT_BRIDGED):
+                    reply = Destination.topic(rs)
             to_message = self.wire_mapping(dest, "in", rv_to_message)
             mode = self.params.get("queue_import_dm" if dest.is_queue else "topic_import_dm",
                                    DeliveryMode.NON_PERSISTENT)
