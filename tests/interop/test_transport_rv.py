@@ -30,6 +30,8 @@ from gateway.message import Destination as GwDestination
 from gateway.message import Message as GwMessage
 from transports.rv import Listener, Message, RequestTimeout, RvType, Transport
 from transports.rv.advisory import advisory_message
+from transports.rv.codec import encode
+from transports.rv.events import Delivered
 from transports.rv.message import Origin
 from transports.rv.queue import Dispatcher, Queue
 
@@ -517,3 +519,68 @@ def test_export_headers_and_properties_off_leave_out_the_submessages(start_gatew
             GwMessage.map({"a": 1}, properties={"p": "v"}, type="t")))
     wait_for(lambda: got, what="the export")
     assert got[0].names() == ["a"]
+
+
+def test_rv_messages_imported_to_a_queue_reach_a_stomp_consumer_persistent(start_gateway, bus):
+    """EMS User's Guide, "Working With TIBCO Rendezvous", "Queues": a queue entry imports at
+    once, with queue_import_dm; a wildcard entry puts each message in its subject's queue."""
+    g = start_gateway(">\n", listen=("stomp",), queues='work.> import="bus"\n>\n',
+                      transport="queue_import_dm = PERSISTENT\n")
+    wait_for(lambda: info(g)["imports"] == {"work.>": ["work.>"]}, what="the queue import")
+    wait_for(lambda: (bus.t.send(Message("work.a").add("job", 1)),
+                      g.call(lambda: "work.a" in g.broker.queues
+                             and g.broker.queues["work.a"].count))[1],
+             what="the message in queue work.a")
+    stored = g.call(lambda: g.broker.queues["work.a"].count)
+    st = StompClient(g.port("stomp"))
+    try:
+        st.c.subscribe("/queue/work.a", "1", ack="auto")
+        wait_for(lambda: len(st.got) >= stored, what="the queue's messages")
+        f = st.got[0]
+        assert f.headers["destination"] == "/queue/work.a"
+        assert f.headers["persistent"] == "true"
+        assert json.loads(f.body) == {"job": 1}
+    finally:
+        st.close()
+
+
+def test_rv_messages_imported_to_a_queue_reach_an_amqp_consumer(start_gateway, bus):
+    g = start_gateway(">\n", listen=("amqp",), queues='jobs import="bus"\n>\n')
+    wait_for(lambda: info(g)["imports"] == {"jobs": ["jobs"]}, what="the queue import")
+    conn = amqp_connect(g.port("amqp"))
+    try:
+        receiver = conn.create_receiver("queue://jobs")
+
+        def received() -> Any:
+            bus.t.send(Message("jobs").add("job", 2, RvType.I32))
+            try:
+                return receiver.receive(timeout=0.5)
+            except proton.Timeout:
+                return None
+
+        pm = wait_for(received, what="the queue's message")
+        assert pm.body == {"job": 2} and not pm.durable  # queue_import_dm NON_PERSISTENT
+    finally:
+        conn.close()
+
+
+def test_rv_queue_policy_is_the_limit_policy_of_the_bridge_bus_queue(start_gateway, bus):
+    """EMS User's Guide, "Configuring Transports for Rendezvous", rv_queue_policy: the
+    transport's Rendezvous queue keeps max_msgs; DISCARD_FIRST drops the oldest. One burst of
+    30 datagrams, handed over as the bus does for one read, leaves the newest 10."""
+    g = start_gateway(">\n", listen=("stomp",), queues='burst import="bus"\n>\n',
+                      transport="rv_queue_policy = TIBRVQUEUE_DISCARD_FIRST:10:1\n")
+    wait_for(lambda: info(g)["imports"] == {"burst": ["burst"]}, what="the queue import")
+    bridge = bridge_of(g)
+    burst = [Delivered(encode(Message("burst").add("n", n)), None, False)  # type: ignore[arg-type]
+             for n in range(30)]
+    g.call(lambda: bridge.bus.host.on_events(burst))
+    wait_for(lambda: info(g)["imported"] == 10, what="the imports")
+    assert info(g)["discarded"] == 20
+    st = StompClient(g.port("stomp"))
+    try:
+        st.c.subscribe("/queue/burst", "1", ack="auto")
+        wait_for(lambda: len(st.got) == 10, what="the queue's messages")
+        assert [json.loads(f.body)["n"] for f in st.got] == list(range(20, 30))
+    finally:
+        st.close()

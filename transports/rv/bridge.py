@@ -25,6 +25,11 @@ its pattern, an export sends on the destination's name. Messages cross by the RV
   transport) goes point to point to the inbox. It is deleted ``temp_destination_timeout``
   seconds after its last use (a request or a reply), and when the bridge disconnects. Any
   other reply subject becomes the topic of that name.
+* ``rv_queue_policy`` (``inbound_queue_policy``) is also the limit policy of the bus queue
+  the bridge's listeners wait in (EMS User's Guide, "How Rendezvous Messages are Imported":
+  one Rendezvous queue per transport): a burst the loop has not dispatched yet is cut to
+  ``max_msgs`` as the policy says, counted in ``discarded`` (``bus_queue`` in :meth:`info`:
+  the events waiting there). With ``DISCARD_NONE`` the listeners use the bus's own queue.
 * Advisories: ``DATALOSS`` and ``CLIENT.SLOWCONSUMER`` of the bus are written to the
   delivery log (event ``drop``, reason the advisory's name, with the lost packet count) and
   counted (``dataloss``, ``slowconsumer`` in :meth:`info`); nothing is replayed (the bus
@@ -36,12 +41,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from gateway.config.transports import DiscardPolicy
 from gateway.errors import GatewayError
 from gateway.message import DeliveryMode, Destination, Message
 from mappings.rv import message_to_rv, rv_to_message
 from transports.base import ExportBinding, RetryLater, Transport
 from transports.rv.message import Message as RvMessage
 from transports.rv.message import Origin
+from transports.rv.queue import DISCARD_FIRST, DISCARD_LAST, Queue
 from transports.rv.transport import AsyncTransport, Listener
 
 if TYPE_CHECKING:
@@ -70,6 +77,16 @@ class RvTransport(Transport):
         self.stats["slowconsumer"] = 0
         self.export_headers = bool(self.params.get("export_headers", True))
         self.export_properties = bool(self.params.get("export_properties", True))
+        # rv_queue_policy is the limit policy of the bus queue the imports wait in (EMS
+        # User's Guide, "How Rendezvous Messages are Imported": each transport has its own
+        # Rendezvous queue); DISCARD_NONE: the bus's own queue of this transport, unlimited.
+        policy = self.params.get("inbound_queue_policy")
+        self.queue: Queue | None = None
+        if policy is not None and policy.policy is not DiscardPolicy.NONE:
+            self.queue = Queue(
+                f"transport {self.name}", max_events=policy.max_msgs,
+                policy=DISCARD_FIRST if policy.policy is DiscardPolicy.FIRST else DISCARD_LAST,
+                discard_amount=policy.qty_discard)
 
     # -- far side -----------------------------------------------------------------------------
 
@@ -79,6 +96,8 @@ class RvTransport(Transport):
                                         p.get("daemon") or None,
                                         description=f"gateway transport {self.name}")
         self.bus = bus
+        if self.queue is not None:
+            self.queue.bind_loop(self.broker.loop)
         self.advisory_listeners = [
             Listener(bus, DATALOSS_ADVISORIES, self._on_advisory),
             Listener(bus, SLOWCONSUMER_ADVISORY, self._on_advisory),
@@ -101,7 +120,7 @@ class RvTransport(Transport):
         if self.bus is None or pattern.startswith(NOT_BRIDGED) or pattern in self.listeners:
             return
         self.listeners[pattern] = Listener(
-            self.bus, pattern, lambda m, _l: self._on_message(m, pattern, kind))
+            self.bus, pattern, lambda m, _l: self._on_message(m, pattern, kind), self.queue)
 
     def remote_unsubscribe(self, pattern: str, kind: Any) -> None:
         listener = self.listeners.pop(pattern, None)
@@ -165,7 +184,7 @@ class RvTransport(Transport):
     def reply_subscribe(self, name: str) -> None:
         if self.bus is not None and name not in self.reply_listeners:
             self.reply_listeners[name] = Listener(
-                self.bus, name, lambda m, _l: self._on_message(m, name, None))
+                self.bus, name, lambda m, _l: self._on_message(m, name, None), self.queue)
 
     def reply_unsubscribe(self, name: str) -> None:
         listener = self.reply_listeners.pop(name, None)
@@ -216,6 +235,14 @@ class RvTransport(Transport):
                                            "host": str(adv.get("host", ""))})
         record.destination = Destination.topic(name)
         self._record("drop", record, name)
+
+
+    def info(self) -> dict[str, Any]:
+        out = super().info()
+        if self.queue is not None:  # imports the bus queue's limit policy dropped
+            out["discarded"] += self.queue.discarded
+            out["bus_queue"] = self.queue.count
+        return out
 
 
 def start(manager: Any, tdef: Any) -> RvTransport:
