@@ -164,7 +164,9 @@ def test_an_mqtt_publish_reaches_rv_listeners_with_headers_and_loop_marker(tmp_p
         assert rv["JMSBytes"] == b"hello"
         assert rv["JMSHeaders"]["JMSDeliveryMode"] == 2
         assert rv["JMSProperties"].get_field("JMS_GW_MQTT_QOS").type == RvType.I8
-        assert rv.origin is not None and rv.origin.origin_id == g.broker.id
+        assert rv.origin is not None
+        gateway_id, _, trace_id = rv.origin.origin_id.partition(" ")
+        assert gateway_id == g.broker.id and trace_id.startswith(g.broker.id + ":")
         assert rv.origin.hops == 0
         wait_for(lambda: info(g)["exported"] == 1, what="export counted")
     finally:
@@ -584,3 +586,41 @@ def test_rv_queue_policy_is_the_limit_policy_of_the_bridge_bus_queue(start_gatew
         assert [json.loads(f.body)["n"] for f in st.got] == list(range(20, 30))
     finally:
         st.close()
+
+
+def log_records(g: GatewayThread) -> list[dict[str, Any]]:
+    """Every delivery-log record the gateway has written so far."""
+    g.call(lambda: g.broker.dlog.flush())
+    out: list[dict[str, Any]] = []
+    for f in sorted(Path(g.broker.config.gateway.delivery_log_dir).iterdir()):
+        out += [json.loads(line) for line in f.read_text("utf-8").splitlines()]
+    return out
+
+
+def test_one_trace_id_in_the_delivery_logs_of_two_gateways_on_the_bus(start_gateway, bus):
+    """The origin marker carries the trace id, so the reconciliation joins the export of one
+    gateway to the import and delivery of the other by it."""
+    topics = 'x.> import="bus",export="bus"\n>\n'
+    a = start_gateway(topics, name="a")
+    b = start_gateway(topics, name="b")
+    mb = MqttClient(b.port("mqtt"))
+    try:
+        mb.subscribe("x/#")
+        wait_for(lambda: info(b)["imports"] == {"x.>": ["x.>"]}, what="B's import")
+        producer = a.call(lambda: a.broker.connect().session().producer(
+            GwDestination.topic("x.t")))
+        n = 0
+        while not mb.got:  # the far listener is asynchronous: publish until B has one
+            n += 1
+            a.call(lambda n=n: producer.send(GwMessage.text(str(n))))
+            wait_for(lambda n=n: info(a)["exported"] == n, what="A's export")
+        exported = {r["trace_id"] for r in log_records(a) if r["event"] == "export"}
+        imported = wait_for(lambda: [r for r in log_records(b) if r["event"] == "import"],
+                            what="B's import record")
+        assert exported and all(t.startswith(a.broker.id + ":") for t in exported)
+        assert {r["trace_id"] for r in imported} <= exported
+        delivered = wait_for(lambda: [r for r in log_records(b) if r["event"] == "deliver"],
+                             what="B's delivery record")
+        assert {r["trace_id"] for r in delivered} <= exported
+    finally:
+        mb.close()

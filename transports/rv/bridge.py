@@ -15,6 +15,12 @@ its pattern, an export sends on the destination's name. Messages cross by the RV
 * Loop prevention: every export carries the envelope's origin marker (the gateway id that
   first accepted the message and its hop count, :class:`~transports.rv.message.Origin`);
   base.py drops an import whose origin is this gateway or that crossed ``max_hops``.
+* Trace ids: the origin marker's id is ``<gateway id> <trace id>`` (:func:`origin_marker`;
+  a gateway id has no blank), so a gateway importing the message keeps its trace id, and
+  the delivery logs of both gateways carry one trace (base.py's duplicate check uses it
+  too). The envelope is the bus's, not the message's: plain RV listeners see no extra field,
+  and ``export_headers`` / ``export_properties`` do not remove it. A marker without a blank
+  (another bus program's, or an older gateway's) is a gateway id alone.
 * Replies: an export whose ``JMSReplyTo`` is a temporary destination gets an inbox of this
   bridge as its reply subject (:class:`~transports.base.ReplyRoutes`: what comes to the inbox
   goes to the temporary destination while it exists); a named ``JMSReplyTo`` is sent as its
@@ -60,6 +66,18 @@ NOT_BRIDGED = ("_RV.", "_LOCAL.")  # the bus's own subjects and this process's
 INBOX_PREFIX = "_INBOX."
 DATALOSS_ADVISORIES = "_RV.*.SYSTEM.DATALOSS.>"
 SLOWCONSUMER_ADVISORY = "_RV.ERROR.SYSTEM.CLIENT.SLOWCONSUMER"
+MAX_ORIGIN_ID = 255  # bytes of the envelope's origin id (transports/rv/README.md, "Bytes")
+
+
+def origin_marker(origin: str, trace_id: str | None, hops: int) -> Origin:
+    """The envelope's origin marker of an export: ``<gateway id> <trace id>`` (a gateway id
+    has no blank, :mod:`gateway.config.gateway_conf`, ``server``), or the gateway id alone
+    when there is no trace id or the two do not fit the envelope's 255 bytes."""
+    if trace_id is not None:
+        marker = origin + " " + trace_id
+        if len(marker.encode()) <= MAX_ORIGIN_ID:
+            return Origin(marker, hops)
+    return Origin(origin, hops)
 
 
 class RvTransport(Transport):
@@ -165,7 +183,7 @@ class RvTransport(Transport):
         rv: RvMessage = to_rv(msg, send_subject=send_subject, reply_subject=reply,
                               export_headers=self.export_headers,
                               export_properties=self.export_properties)
-        rv.origin = Origin(msg.origin or self.broker.id, msg.hops)
+        rv.origin = origin_marker(msg.origin or self.broker.id, msg.trace_id, msg.hops)
         bus.send(rv)
 
     def mapped_out(self, msg: Message) -> Message:
@@ -221,8 +239,13 @@ class RvTransport(Transport):
             log.warning("transport %s: cannot import from %r: %s", self.name, subject, exc)
             return
         origin = rv.origin
-        self.imported(msg, origin.origin_id if origin is not None else None,
-                      origin.hops if origin is not None else 0, None)
+        if origin is None:
+            self.imported(msg, None, 0, None)
+            return
+        origin_id, _, trace_id = origin.origin_id.partition(" ")
+        if trace_id:
+            msg.trace_id = trace_id  # the far gateway's: one trace across the bus
+        self.imported(msg, origin_id, origin.hops, None)
 
     def _on_advisory(self, adv: RvMessage, _listener: Listener) -> None:
         """DATALOSS / SLOWCONSUMER of the bus: counted and written to the delivery log."""
