@@ -624,3 +624,30 @@ def test_one_trace_id_in_the_delivery_logs_of_two_gateways_on_the_bus(start_gate
         assert {r["trace_id"] for r in delivered} <= exported
     finally:
         mb.close()
+
+
+def test_a_service_name_opens_the_bus_on_its_udp_port(tmp_path, bus, monkeypatch):
+    """TIBCO Rendezvous Concepts, "Service Parameter": a service name is looked up in the
+    services database (udp). This machine's database has no entry for the test's own port,
+    so the lookup answers it for one made-up name and asks the real database otherwise."""
+    real = socket.getservbyname
+
+    def getservbyname(name: str, proto: str | None = None) -> int:
+        if (name, proto) == ("gw-test-bus", "udp"):
+            return int(bus.service)
+        return real(name, proto) if proto is not None else real(name)
+
+    monkeypatch.setattr(socket, "getservbyname", getservbyname)
+    g = GatewayThread(
+        tmp_path / "gw", gateway="listen = http://127.0.0.1:0\nrv_transports = enabled\n",
+        transports=f"[bus]\ntype = rv\nservice = gw-test-bus\nnetwork = {bus.network}\n",
+        topics='out.> export="bus"\n>\n', queues=">\n").start()
+    got = bus.collect("out.>")
+    try:
+        wait_for(lambda: info(g)["state"] == "up", what="transport up")
+        g.call(lambda: g.broker.connect().session().producer(
+            GwDestination.topic("out.n")).send(GwMessage.text("by name")))
+        wait_for(lambda: got, what="the export on the named service")
+        assert got[0]["JMSText"] == "by name"
+    finally:
+        g.stop()

@@ -3,9 +3,10 @@
 How this works. The bridge is a :class:`~transports.base.Transport` (bindings, spool, inbound
 queue, loop markers and counters are base.py's) whose far side is an
 :class:`~transports.rv.transport.AsyncTransport` on the gateway's own loop, opened with the
-section's ``service``, ``network`` and ``daemon`` (TIBCO EMS User's Guide, "Working With
-TIBCO Rendezvous", "Rendezvous Parameters"). Subjects are destination names (the same
-``*`` / ``>`` grammar): an import entry is a :class:`~transports.rv.transport.Listener` on
+section's ``service`` (a port, or a udp service name that transports.conf's reader looked up
+as :mod:`transports.rv.net` does), ``network`` and ``daemon`` (TIBCO EMS User's Guide,
+"Working With TIBCO Rendezvous", "Rendezvous Parameters"). Subjects are destination names
+(the same ``*`` / ``>`` grammar): an import entry is a :class:`~transports.rv.transport.Listener` on
 its pattern, an export sends on the destination's name. Messages cross by the RV mapping
 (:mod:`mappings.rv`, EMS's "Message Translation"), with the section's ``export_headers`` /
 ``export_properties`` deciding the ``JMSHeaders`` / ``JMSProperties`` submessages.
