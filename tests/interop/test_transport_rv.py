@@ -126,11 +126,10 @@ class MqttClient:
         self.c.disconnect()
 
 
-def test_rv_map_message_reaches_an_mqtt_subscriber_field_by_field(tmp_path, bus):
-    g = gateway(tmp_path / "gw", bus, 'plant.> import="bus"\n>\n')
+def test_rv_map_message_reaches_an_mqtt_subscriber_field_by_field(start_gateway, bus):
+    g = start_gateway('plant.> import="bus"\n>\n')
     mq = MqttClient(g.port("mqtt"))
     try:
-        wait_for(lambda: info(g)["state"] == "up", what="transport up")
         mq.subscribe("plant/#")
         wait_for(lambda: info(g)["imports"] == {"plant.>": ["plant.>"]}, what="import")
         nested = Message().add("site", "a").add("ids", [1, -2], RvType.I16ARRAY)
@@ -148,15 +147,13 @@ def test_rv_map_message_reaches_an_mqtt_subscriber_field_by_field(tmp_path, bus)
         assert user["JMS_GW_IMPORTED"] == "bus" and user["JMS_GW_MSG_EXT"] == "true"
     finally:
         mq.close()
-        g.stop()
 
 
-def test_an_mqtt_publish_reaches_rv_listeners_with_headers_and_loop_marker(tmp_path, bus):
-    g = gateway(tmp_path / "gw", bus, 'out.> export="bus"\n>\n')
+def test_an_mqtt_publish_reaches_rv_listeners_with_headers_and_loop_marker(start_gateway, bus):
+    g = start_gateway('out.> export="bus"\n>\n')
     got = bus.collect("out.>")
     mq = MqttClient(g.port("mqtt"))
     try:
-        wait_for(lambda: info(g)["state"] == "up", what="transport up")
         mq.c.publish("out/x", b"hello", 1).wait_for_publish(5)
         wait_for(lambda: got, what="the export")
         rv = got[0]
@@ -171,15 +168,13 @@ def test_an_mqtt_publish_reaches_rv_listeners_with_headers_and_loop_marker(tmp_p
         wait_for(lambda: info(g)["exported"] == 1, what="export counted")
     finally:
         mq.close()
-        g.stop()
 
 
-def test_never_bridges_the_bus_own_subjects_nor_its_own_exports(tmp_path, bus):
-    g = gateway(tmp_path / "gw", bus, 'both.> import="bus",export="bus"\n>\n')
+def test_never_bridges_the_bus_own_subjects_nor_its_own_exports(start_gateway, bus):
+    g = start_gateway('both.> import="bus",export="bus"\n>\n')
     mq = MqttClient(g.port("mqtt"))
     got = bus.collect("both.>")
     try:
-        wait_for(lambda: info(g)["state"] == "up", what="transport up")
         mq.subscribe("both/#")
         wait_for(lambda: info(g)["imports"] == {"both.>": ["both.>"]}, what="import")
         # an RV message with this gateway's origin marker is a loop: dropped, counted
@@ -194,7 +189,6 @@ def test_never_bridges_the_bus_own_subjects_nor_its_own_exports(tmp_path, bus):
         assert info(g)["imported"] == 0
     finally:
         mq.close()
-        g.stop()
 
 
 def bridge_of(g: GatewayThread) -> Any:
@@ -332,42 +326,32 @@ def test_an_rv_request_gets_an_amqp_reply_through_a_temporary_topic(start_gatewa
         conn.close()
 
 
-def test_dataloss_and_slow_consumer_advisories_are_logged_and_counted(tmp_path, bus):
+def test_dataloss_and_slow_consumer_advisories_are_logged_and_counted(start_gateway, bus):
     """The engine presents its advisories to every transport of the engine (``present``):
     the bridge counts them and writes them to the delivery log; nothing is replayed."""
-    g = gateway(tmp_path / "gw", bus, ">\n")
-    try:
-        wait_for(lambda: info(g)["state"] == "up", what="transport up")
-        bridge = g.gateway.transports.transports["bus"]  # type: ignore[union-attr]
-        loss = "_RV.ERROR.SYSTEM.DATALOSS.INBOUND.BCAST"
-        slow = "_RV.ERROR.SYSTEM.CLIENT.SLOWCONSUMER"
-        g.call(lambda: bridge.bus.present(advisory_message(loss, {"host": "127.0.0.1",
-                                                                  "lost": 3})))
-        g.call(lambda: bridge.bus.present(advisory_message(slow, {"waiting": 1, "dropped": 2})))
-        wait_for(lambda: info(g)["dataloss"] == 1 and info(g)["slowconsumer"] == 1,
-                 what="the advisories counted")
+    g = start_gateway(">\n")
+    bridge = bridge_of(g)
+    loss = "_RV.ERROR.SYSTEM.DATALOSS.INBOUND.BCAST"
+    slow = "_RV.ERROR.SYSTEM.CLIENT.SLOWCONSUMER"
+    g.call(lambda: bridge.bus.present(advisory_message(loss, {"host": "127.0.0.1",
+                                                              "lost": 3})))
+    g.call(lambda: bridge.bus.present(advisory_message(slow, {"waiting": 1, "dropped": 2})))
+    wait_for(lambda: info(g)["dataloss"] == 1 and info(g)["slowconsumer"] == 1,
+             what="the advisories counted")
 
-        def logged() -> list[dict[str, Any]]:
-            g.call(lambda: g.broker.dlog.flush())
-            out = []
-            for f in sorted(Path(g.broker.config.gateway.delivery_log_dir).iterdir()):
-                out += [json.loads(line) for line in f.read_text("utf-8").splitlines()]
-            return [r for r in out if r["event"] == "drop" and r["reason"] in (loss, slow)]
+    def logged() -> list[dict[str, Any]]:
+        return [r for r in log_records(g) if r["event"] == "drop" and r["reason"] in (loss, slow)]
 
-        records = wait_for(lambda: len(logged()) == 2 and logged(), what="the log records")
-        assert [r["reason"] for r in records] == [loss, slow]
-    finally:
-        g.stop()
+    records = wait_for(lambda: len(logged()) == 2 and logged(), what="the log records")
+    assert [r["reason"] for r in records] == [loss, slow]
 
 
-def test_two_gateways_bridged_by_the_bus_deliver_once_and_do_not_loop(tmp_path, bus):
+def test_two_gateways_bridged_by_the_bus_deliver_once_and_do_not_loop(start_gateway, bus):
     topics = 'x.> import="bus",export="bus"\n>\n'
-    a = gateway(tmp_path / "a", bus, topics)
-    b = gateway(tmp_path / "b", bus, topics)
+    a = start_gateway(topics, name="a")
+    b = start_gateway(topics, name="b")
     ma, mb = MqttClient(a.port("mqtt")), MqttClient(b.port("mqtt"))
     try:
-        for g in (a, b):
-            wait_for(lambda g=g: info(g)["state"] == "up", what="transport up")
         ma.subscribe("x/#")
         mb.subscribe("x/#")
         for g in (a, b):
@@ -391,54 +375,44 @@ def test_two_gateways_bridged_by_the_bus_deliver_once_and_do_not_loop(tmp_path, 
     finally:
         ma.close()
         mb.close()
-        a.stop()
-        b.stop()
 
 
-def test_a_temporary_reply_to_is_an_inbox_an_rv_responder_answers(tmp_path, bus):
+def test_a_temporary_reply_to_is_an_inbox_an_rv_responder_answers(start_gateway, bus):
     """EMS User's Guide, "Export Issues": a temporary JMSReplyTo is arranged across the
     transport; here it goes out as an inbox of the bridge, and the reply comes back to it."""
-    g = gateway(tmp_path / "gw", bus, 'svc.> export="bus"\n>\n')
+    g = start_gateway('svc.> export="bus"\n>\n')
     requests = bus.collect("svc.>")
     replies: list[Any] = []
-    try:
-        wait_for(lambda: info(g)["state"] == "up", what="transport up")
 
-        def request() -> str:
-            conn = g.broker.connect()
-            s = conn.session()
-            temp = conn.temporary_queue()
-            s.consumer(temp, listener=replies.append)
-            s.producer(GwDestination.topic("svc.echo")).send(
-                GwMessage.text("ping", reply_to=temp, correlation_id="c-1"))
-            return str(temp.name)
+    def request() -> str:
+        conn = g.broker.connect()
+        s = conn.session()
+        temp = conn.temporary_queue()
+        s.consumer(temp, listener=replies.append)
+        s.producer(GwDestination.topic("svc.echo")).send(
+            GwMessage.text("ping", reply_to=temp, correlation_id="c-1"))
+        return str(temp.name)
 
-        temp_name = g.call(request)
-        wait_for(lambda: requests, what="the request")
-        req = requests[0]
-        assert req["JMSText"] == "ping" and req.reply_subject.startswith("_INBOX.")
-        assert req["JMSHeaders"]["JMSCorrelationID"] == "c-1"
-        reply = Message().add("JMSText", "pong")
-        reply.add("JMSHeaders", Message().add("JMSCorrelationID", "c-1"))
-        bus.t.send_reply(reply, req)
-        wait_for(lambda: replies, what="the reply")
-        got = replies[0].msg
-        assert got.body == "pong" and got.correlation_id == "c-1"
-        assert got.destination.name == temp_name
-    finally:
-        g.stop()
+    temp_name = g.call(request)
+    wait_for(lambda: requests, what="the request")
+    req = requests[0]
+    assert req["JMSText"] == "ping" and req.reply_subject.startswith("_INBOX.")
+    assert req["JMSHeaders"]["JMSCorrelationID"] == "c-1"
+    reply = Message().add("JMSText", "pong")
+    reply.add("JMSHeaders", Message().add("JMSCorrelationID", "c-1"))
+    bus.t.send_reply(reply, req)
+    wait_for(lambda: replies, what="the reply")
+    got = replies[0].msg
+    assert got.body == "pong" and got.correlation_id == "c-1"
+    assert got.destination.name == temp_name
 
 
-def test_the_bus_own_and_process_local_subjects_are_never_exported(tmp_path, bus):
-    g = gateway(tmp_path / "gw", bus, '_LOCAL.> export="bus"\n>\n')
-    try:
-        wait_for(lambda: info(g)["state"] == "up", what="transport up")
-        g.call(lambda: g.broker.connect().session().producer(
-            GwDestination.topic("_LOCAL.x")).send(GwMessage.text("no")))
-        wait_for(lambda: info(g)["failed"] == 1, what="the export refused")
-        assert info(g)["exported"] == 0
-    finally:
-        g.stop()
+def test_the_bus_own_and_process_local_subjects_are_never_exported(start_gateway, bus):
+    g = start_gateway('_LOCAL.> export="bus"\n>\n')
+    g.call(lambda: g.broker.connect().session().producer(
+        GwDestination.topic("_LOCAL.x")).send(GwMessage.text("no")))
+    wait_for(lambda: info(g)["failed"] == 1, what="the export refused")
+    assert info(g)["exported"] == 0
 
 
 class StompClient:
