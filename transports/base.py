@@ -84,6 +84,7 @@ DEDUP_WINDOW = 100_000  # recent imports remembered for duplicate detection
 CLIENT_PREFIX = "$transport:"
 EXPORT_SELECTOR = "JMS_GW_IMPORTED IS NULL"
 MAX_REPLY_ROUTES = 10_000  # temporary reply destinations with a far-side name, per transport
+MAX_REPLY_TEMPORARIES = 10_000  # far-side reply names standing as temporary topics, per transport
 STOP_WAIT = 5.0  # seconds stop() waits for imports still being stored
 REPLY_SWEEP = 5.0  # seconds between checks that the routes' temporary destinations exist
 
@@ -225,8 +226,10 @@ class ReplyTemporaries:
     a consumer of the transport takes what is published to it (by any client or route the
     gateway allows to reply to a temporary destination) and hands each message to the
     transport's :meth:`~Transport.send_reply` for that far-side name. Both a request and a
-    reply count as a use; one timer, set for the oldest use, deletes the temporary topics
-    unused for the timeout, and :meth:`close` (at disconnect) deletes them all.
+    reply count as a use. The names are kept in the order of their last use, so one timer,
+    set for the least recently used, deletes the temporary topics unused for the timeout;
+    at most :data:`MAX_REPLY_TEMPORARIES` are kept (the least recently used deleted first),
+    and :meth:`close` (at disconnect) deletes them all.
     """
 
     __slots__ = ("transport", "timeout", "by_name", "last_use", "timer")
@@ -236,7 +239,8 @@ class ReplyTemporaries:
         self.timeout = timeout
         # far-side name → (temporary topic, its consumer)
         self.by_name: dict[str, tuple[Destination, Any]] = {}
-        self.last_use: dict[str, float] = {}  # far-side name → loop time of its last use
+        # far-side name → loop time of its last use, least recently used first
+        self.last_use: dict[str, float] = {}
         self.timer: asyncio.TimerHandle | None = None
 
     def temporary(self, name: str) -> Destination:
@@ -248,8 +252,12 @@ class ReplyTemporaries:
             dest = t.broker.create_temporary(t.core, TOPIC)
             consumer = t.session.consumer(dest, listener=lambda d: self._reply(d, name))
             entry = self.by_name[name] = (dest, consumer)
+            if len(self.by_name) > MAX_REPLY_TEMPORARIES:
+                self.delete(next(iter(self.last_use)))
             if self.timer is None:
                 self.timer = loop.call_later(self.timeout, self.sweep)
+        else:
+            del self.last_use[name]  # to the end: the most recently used
         self.last_use[name] = loop.time()
         return entry[0]
 
@@ -258,7 +266,8 @@ class ReplyTemporaries:
 
     def _reply(self, d: Delivery, name: str) -> None:
         t = self.transport
-        self.last_use[name] = t.broker.loop.time()
+        if self.last_use.pop(name, None) is not None:
+            self.last_use[name] = t.broker.loop.time()
         try:
             t.send_reply(d.msg, name)
         except Exception as exc:  # noqa: BLE001 - a reply the far side cannot take
@@ -277,14 +286,11 @@ class ReplyTemporaries:
         self.timer = None
         loop = self.transport.broker.loop
         now = loop.time()
-        oldest = None
         for name, used in list(self.last_use.items()):
-            if now - used >= self.timeout:
-                self.delete(name)
-            elif oldest is None or used < oldest:
-                oldest = used
-        if oldest is not None:
-            self.timer = loop.call_later(oldest + self.timeout - now, self.sweep)
+            if now - used < self.timeout:
+                self.timer = loop.call_later(used + self.timeout - now, self.sweep)
+                return
+            self.delete(name)
 
     def delete(self, name: str) -> None:
         entry = self.by_name.pop(name, None)

@@ -26,6 +26,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+import transports.base
 from gateway.message import Destination as GwDestination
 from gateway.message import Message as GwMessage
 from transports.rv import Listener, Message, RequestTimeout, RvType, Transport
@@ -540,6 +541,14 @@ def test_rv_messages_imported_to_a_queue_reach_an_amqp_consumer(start_gateway, b
         conn.close()
 
 
+def arrive_at_once(g: GatewayThread, msgs: list[Message]) -> None:
+    """``msgs`` reach the gateway's engine host as one read of its sockets does: encoded,
+    handed over together on the gateway's loop (``EngineHost.on_events``)."""
+    host = bridge_of(g).bus.host
+    burst = [Delivered(encode(m), None, False) for m in msgs]  # type: ignore[arg-type]
+    g.call(lambda: host.on_events(burst))
+
+
 def test_rv_queue_policy_is_the_limit_policy_of_the_bridge_bus_queue(start_gateway, bus):
     """EMS User's Guide, "Configuring Transports for Rendezvous", rv_queue_policy: the
     transport's Rendezvous queue keeps max_msgs; DISCARD_FIRST drops the oldest. One burst of
@@ -547,10 +556,7 @@ def test_rv_queue_policy_is_the_limit_policy_of_the_bridge_bus_queue(start_gatew
     g = start_gateway(">\n", listen=("stomp",), queues='burst import="bus"\n>\n',
                       transport="rv_queue_policy = TIBRVQUEUE_DISCARD_FIRST:10:1\n")
     wait_for(lambda: info(g)["imports"] == {"burst": ["burst"]}, what="the queue import")
-    bridge = bridge_of(g)
-    burst = [Delivered(encode(Message("burst").add("n", n)), None, False)  # type: ignore[arg-type]
-             for n in range(30)]
-    g.call(lambda: bridge.bus.host.on_events(burst))
+    arrive_at_once(g, [Message("burst").add("n", n) for n in range(30)])
     wait_for(lambda: info(g)["imported"] == 10, what="the imports")
     assert info(g)["discarded"] == 20
     st = StompClient(g.port("stomp"))
@@ -625,3 +631,26 @@ def test_a_service_name_opens_the_bus_on_its_udp_port(tmp_path, bus, monkeypatch
         assert got[0]["JMSText"] == "by name"
     finally:
         g.stop()
+
+
+def test_the_least_recently_used_inbox_temporary_goes_first_past_the_limit(
+        start_gateway, bus, monkeypatch):
+    """At most MAX_REPLY_TEMPORARIES inboxes stand as temporary topics (here 2): a request
+    from a third inbox deletes the temporary topic of the one used longest ago."""
+    monkeypatch.setattr(transports.base, "MAX_REPLY_TEMPORARIES", 2)
+    g = start_gateway(">\n", listen=(), queues='req import="bus"\n>\n')
+    wait_for(lambda: info(g)["imports"] == {"req": ["req"]}, what="the queue import")
+    bridge = bridge_of(g)
+    first, second, third = (bus.t.create_inbox() for _ in range(3))
+
+    def requests(*inboxes: str) -> None:
+        arrive_at_once(g, [Message("req", inbox).add("q", 1) for inbox in inboxes])
+
+    requests(first, second)
+    wait_for(lambda: info(g)["imported"] == 2, what="two requests")
+    dest_of_second = g.call(lambda: bridge.reply_temporaries.by_name[second][0].name)
+    requests(first)  # first is now the most recently used
+    requests(third)
+    wait_for(lambda: info(g)["imported"] == 4, what="four requests")
+    assert g.call(lambda: list(bridge.reply_temporaries.by_name)) == [first, third]
+    assert gone(g, [dest_of_second])

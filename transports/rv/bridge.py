@@ -6,8 +6,9 @@ queue, loop markers and counters are base.py's) whose far side is an
 section's ``service`` (a port, or a udp service name that transports.conf's reader looked up
 as :mod:`transports.rv.net` does), ``network`` and ``daemon`` (TIBCO EMS User's Guide,
 "Working With TIBCO Rendezvous", "Rendezvous Parameters"). Subjects are destination names
-(the same ``*`` / ``>`` grammar): an import entry is a :class:`~transports.rv.transport.Listener` on
-its pattern, an export sends on the destination's name. Messages cross by the RV mapping
+(the same ``*`` / ``>`` grammar): an import entry is a
+:class:`~transports.rv.transport.Listener` on its pattern, an export sends on the
+destination's name. Messages cross by the RV mapping
 (:mod:`mappings.rv`, EMS's "Message Translation"), with the section's ``export_headers`` /
 ``export_properties`` deciding the ``JMSHeaders`` / ``JMSProperties`` submessages.
 
@@ -259,7 +260,6 @@ class RvTransport(Transport):
                                            "host": str(adv.get("host", ""))})
         record.destination = Destination.topic(name)
         self._record("drop", record, name)
-
 
     def info(self) -> dict[str, Any]:
         out = super().info()
