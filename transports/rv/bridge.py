@@ -29,8 +29,8 @@ destination's name. Messages cross by the RV mapping
   name. An import whose reply subject is an inbox gets ``JMSReplyTo`` = a temporary topic of
   the gateway standing for that inbox (EMS User's Guide, "JMSReplyTo"; one per inbox, so
   several requests from one inbox share it; :class:`~transports.base.ReplyTemporaries`):
-  whatever is published to it (an MQTT, AMQP or STOMP responder, or a reply route of another
-  transport) goes point to point to the inbox. It is deleted ``temp_destination_timeout``
+  whatever is published to it (by an MQTT, AMQP or STOMP responder, or a client of the
+  core) goes point to point to the inbox. It is deleted ``temp_destination_timeout``
   seconds after its last use (a request or a reply), and when the bridge disconnects. Any
   other reply subject becomes the topic of that name.
 * ``rv_queue_policy`` (``inbound_queue_policy``) is also the limit policy of the bus queue
