@@ -84,6 +84,7 @@ DEDUP_WINDOW = 100_000  # recent imports remembered for duplicate detection
 CLIENT_PREFIX = "$transport:"
 EXPORT_SELECTOR = "JMS_GW_IMPORTED IS NULL"
 MAX_REPLY_ROUTES = 10_000  # temporary reply destinations with a far-side name, per transport
+MAX_REPLY_TEMPORARIES = 10_000  # far-side reply names standing as temporary topics, per transport
 STOP_WAIT = 5.0  # seconds stop() waits for imports still being stored
 REPLY_SWEEP = 5.0  # seconds between checks that the routes' temporary destinations exist
 
@@ -213,6 +214,101 @@ class ReplyRoutes:
             self.unsubscribe(name)
 
 
+class ReplyTemporaries:
+    """Far-side reply names of imported messages, standing as temporary topics of the gateway.
+
+    The other direction of :class:`ReplyRoutes`. EMS imports a Rendezvous reply subject that
+    is an inbox as a temporary destination, and keeps it ``temp_destination_timeout`` seconds
+    after its last use (TIBCO EMS User's Guide, chapter "Working With TIBCO Rendezvous",
+    "JMSReplyTo" and "Configuring Transports for Rendezvous", temp_destination_timeout).
+    :meth:`temporary` gives the temporary topic of a far-side name (made on first use, owned
+    by the transport's core connection, then the same one for every import with that name);
+    a consumer of the transport takes what is published to it (by any client or route the
+    gateway allows to reply to a temporary destination) and hands each message to the
+    transport's :meth:`~Transport.send_reply` for that far-side name. Both a request and a
+    reply count as a use. The names are kept in the order of their last use, so one timer,
+    set for the least recently used, deletes the temporary topics unused for the timeout;
+    at most :data:`MAX_REPLY_TEMPORARIES` are kept (the least recently used deleted first),
+    and :meth:`close` (at disconnect) deletes them all.
+    """
+
+    __slots__ = ("transport", "timeout", "by_name", "last_use", "timer")
+
+    def __init__(self, transport: Transport, timeout: float) -> None:
+        self.transport = transport
+        self.timeout = timeout
+        # far-side name → (temporary topic, its consumer)
+        self.by_name: dict[str, tuple[Destination, Any]] = {}
+        # far-side name → loop time of its last use, least recently used first
+        self.last_use: dict[str, float] = {}
+        self.timer: asyncio.TimerHandle | None = None
+
+    def temporary(self, name: str) -> Destination:
+        """The temporary topic standing for far-side reply name ``name`` (a use of it)."""
+        t = self.transport
+        loop = t.broker.loop
+        entry = self.by_name.get(name)
+        if entry is None:
+            dest = t.broker.create_temporary(t.core, TOPIC)
+            consumer = t.session.consumer(dest, listener=lambda d: self._reply(d, name))
+            entry = self.by_name[name] = (dest, consumer)
+            if len(self.by_name) > MAX_REPLY_TEMPORARIES:
+                self.delete(next(iter(self.last_use)))
+            if self.timer is None:
+                self.timer = loop.call_later(self.timeout, self.sweep)
+        else:
+            del self.last_use[name]  # to the end: the most recently used
+        self.last_use[name] = loop.time()
+        return entry[0]
+
+    def __len__(self) -> int:
+        return len(self.by_name)
+
+    def _reply(self, d: Delivery, name: str) -> None:
+        t = self.transport
+        if self.last_use.pop(name, None) is not None:
+            self.last_use[name] = t.broker.loop.time()
+        try:
+            t.send_reply(d.msg, name)
+        except Exception as exc:  # noqa: BLE001 - a reply the far side cannot take
+            t.stats["failed"] += 1
+            log.warning("transport %s: cannot send the reply %s to %s: %s", t.name,
+                        d.msg.message_id, name, exc)
+            t.session.reject(d, "reply failed")
+            return
+        t.stats["exported"] += 1
+        t._record("export", d.msg)
+        t.session.ack(d)
+
+    def sweep(self) -> None:
+        """Delete the temporary topics unused for :attr:`timeout` seconds; set the timer for
+        the next one due."""
+        self.timer = None
+        loop = self.transport.broker.loop
+        now = loop.time()
+        for name, used in list(self.last_use.items()):
+            if now - used < self.timeout:
+                self.timer = loop.call_later(used + self.timeout - now, self.sweep)
+                return
+            self.delete(name)
+
+    def delete(self, name: str) -> None:
+        entry = self.by_name.pop(name, None)
+        self.last_use.pop(name, None)
+        if entry is not None:
+            dest, consumer = entry
+            consumer.close()
+            self.transport.broker.delete_temporary(dest)
+
+    def close(self) -> None:
+        """Delete every temporary topic (the far side's names mean nothing any more)."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        for name in list(self.by_name):
+            self.delete(name)
+
+
 class Transport:
     """The shared part of a client transport; subclasses talk to the far side.
 
@@ -260,6 +356,10 @@ class Transport:
         # Temporary reply destinations of exports, as far-side names (subclasses that
         # export reply-to override reply_subscribe / reply_unsubscribe).
         self.replies = ReplyRoutes(self.broker, self.reply_subscribe, self.reply_unsubscribe)
+        # Far-side reply names of imports, as temporary topics (transports whose far side
+        # has reply names that live no longer than their requester, as RV inboxes).
+        self.reply_temporaries = ReplyTemporaries(
+            self, float(self.params.get("temp_destination_timeout", 60.0)))
 
     # -- far side (subclasses) ----------------------------------------------------------------
 
@@ -284,6 +384,11 @@ class Transport:
 
     def reply_unsubscribe(self, name: str) -> None:
         """End the far-side subscription of a dropped reply route."""
+
+    def send_reply(self, msg: Message, name: str) -> None:
+        """Send ``msg``, published to the temporary topic of far-side reply name ``name``
+        (see :class:`ReplyTemporaries`), to that name; raises when it cannot."""
+        raise NotImplementedError
 
     def seed_duplicate(self, msg: Message) -> None:
         """A stored message this transport imported before a restart (see
@@ -391,6 +496,7 @@ class Transport:
             await asyncio.sleep(0.01)
         self.stopping = True
         self.replies.close()
+        self.reply_temporaries.close()
         self._down.set()
         if self.task is not None:
             self.task.cancel()

@@ -51,7 +51,9 @@ unlimited; ``spool_policy`` (``block`` | ``reject``) when the spool is full; ``t
           ``receipts`` (true), ``topic_prefix`` (``/topic/``), ``queue_prefix``
           (``/queue/``), ``client_id``, ``durable_subscriptions`` (false; topic imports).
           ``params["url"]``, ``["host"]`` and ``["port"]`` are always set
-``rv``    ``service`` (UDP port; 7500), ``network`` (""), ``daemon`` (""),
+``rv``    ``service`` (a UDP port, or a udp service name looked up in the services
+          database when the file is read, an empty one as ``rendezvous``; 7500; the
+          parameter holds the port), ``network`` (""), ``daemon`` (""),
           ``temp_destination_timeout`` (60 s; EMS User's Guide,
           "Configuring Transports for Rendezvous", temp_destination_timeout)
 ========  ===========================================================================
@@ -62,6 +64,7 @@ from __future__ import annotations
 import enum
 import os
 import re
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -177,6 +180,29 @@ def _choice(*options: str) -> Callable[[str], str]:
     return parse
 
 
+RV_DEFAULT_SERVICE = 7500  # TIBCO Rendezvous Concepts, "Service Parameter": the default port
+RV_SERVICE_NAME = "rendezvous"  # the services-database name an empty service looks up
+
+
+def _rv_service(v: str) -> int:
+    """The RV ``service``: a UDP port number, or a service name looked up in the services
+    database (``getservbyname``, udp); empty looks up ``rendezvous`` and falls back to 7500
+    (TIBCO Rendezvous Concepts, Transports, "Service Parameter"; as transports/rv/net.py)."""
+    text = v.strip()
+    if not text:
+        try:
+            return socket.getservbyname(RV_SERVICE_NAME, "udp")
+        except OSError:
+            return RV_DEFAULT_SERVICE
+    if text.isdigit():
+        return parse_int(text, minimum=1, maximum=65535)
+    try:
+        return socket.getservbyname(text, "udp")
+    except OSError:
+        raise ValueError(f"{text!r} is neither a port number nor a udp service name in the "
+                         "services database") from None
+
+
 def _int_range(lo: int, hi: int | None = None) -> Callable[[str], int]:
     return lambda v: parse_int(v, minimum=lo, maximum=hi)
 
@@ -279,7 +305,7 @@ SPECS: dict[str, Spec] = {
     },
     "rv": {
         **_COMMON,
-        "service": (_int_range(1, 65535), 7500),
+        "service": (_rv_service, RV_DEFAULT_SERVICE),
         "network": (_any_text, ""),
         "daemon": (_any_text, ""),
         "temp_destination_timeout": (_seconds, 60.0),

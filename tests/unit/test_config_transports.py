@@ -5,6 +5,7 @@ rv_queue_policy) and the warnings about unused or disabled transports."""
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,24 @@ def test_amqp_and_rv_defaults(tmp_path: Path) -> None:
     assert "url" not in r.params and "spool_policy" not in r.params
 
 
+def test_rv_service_by_name_is_its_udp_port(tmp_path: Path) -> None:
+    """TIBCO Rendezvous Concepts, "Service Parameter": a name is looked up with
+    getservbyname (udp); an empty service looks up ``rendezvous``, else 7500."""
+    try:
+        ntp = socket.getservbyname("ntp", "udp")
+    except OSError:
+        pytest.skip("no ntp/udp in this machine's services database")
+    try:
+        empty = socket.getservbyname("rendezvous", "udp")
+    except OSError:
+        empty = 7500
+    ts, _ = load(tmp_path, "[a]\ntype = rv\nservice = ntp\n\n[b]\ntype = rv\nservice =\n\n"
+                 "[c]\ntype = rv\n", topics=uses("a", "b", "c"))
+    assert ts["a"].params["service"] == ntp == 123
+    assert ts["b"].params["service"] == empty
+    assert ts["c"].params["service"] == 7500
+
+
 def test_stomp_host_port_or_url(tmp_path: Path) -> None:
     ts, _ = load(
         tmp_path,
@@ -142,7 +161,9 @@ def test_stomp_host_port_or_url(tmp_path: Path) -> None:
         ("type = rv\nservice = 1\nservice = 2", 4, "duplicate specification of parameter 'service'"),
         ("type = rv\nrv_queue_policy = DISCARD_NONE\ninbound_queue_policy = DISCARD_NONE", 4,
          "duplicate specification of parameter 'inbound_queue_policy'"),
-        ("type = rv\nservice = port", 3, "not an integer"),
+        ("type = rv\nservice = no-such-service-x", 3,
+         "'no-such-service-x' is neither a port number nor a udp service name"),
+        ("type = rv\nservice = 70000", 3, "too large"),
         ("type = rv\nmax_hops = 0", 3, "too small"),
         ("type = mqtt", 1, "needs 'url'"),
         ("type = mqtt\nurl = amqp://h", 3, "the scheme must be mqtt or mqtts"),

@@ -3,10 +3,12 @@
 How this works. The bridge is a :class:`~transports.base.Transport` (bindings, spool, inbound
 queue, loop markers and counters are base.py's) whose far side is an
 :class:`~transports.rv.transport.AsyncTransport` on the gateway's own loop, opened with the
-section's ``service``, ``network`` and ``daemon`` (TIBCO EMS User's Guide, "Working With
-TIBCO Rendezvous", "Rendezvous Parameters"). Subjects are destination names (the same
-``*`` / ``>`` grammar): an import entry is a :class:`~transports.rv.transport.Listener` on
-its pattern, an export sends on the destination's name. Messages cross by the RV mapping
+section's ``service`` (a port, or a udp service name that transports.conf's reader looked up
+as :mod:`transports.rv.net` does), ``network`` and ``daemon`` (TIBCO EMS User's Guide,
+"Working With TIBCO Rendezvous", "Rendezvous Parameters"). Subjects are destination names
+(the same ``*`` / ``>`` grammar): an import entry is a
+:class:`~transports.rv.transport.Listener` on its pattern, an export sends on the
+destination's name. Messages cross by the RV mapping
 (:mod:`mappings.rv`, EMS's "Message Translation"), with the section's ``export_headers`` /
 ``export_properties`` deciding the ``JMSHeaders`` / ``JMSProperties`` submessages.
 
@@ -15,12 +17,27 @@ its pattern, an export sends on the destination's name. Messages cross by the RV
 * Loop prevention: every export carries the envelope's origin marker (the gateway id that
   first accepted the message and its hop count, :class:`~transports.rv.message.Origin`);
   base.py drops an import whose origin is this gateway or that crossed ``max_hops``.
+* Trace ids: the origin marker's id is ``<gateway id> <trace id>`` (:func:`origin_marker`;
+  a gateway id has no blank), so a gateway importing the message keeps its trace id, and
+  the delivery logs of both gateways carry one trace (base.py's duplicate check uses it
+  too). The envelope is the bus's, not the message's: plain RV listeners see no extra field,
+  and ``export_headers`` / ``export_properties`` do not remove it. A marker without a blank
+  (another bus program's, or an older gateway's) is a gateway id alone.
 * Replies: an export whose ``JMSReplyTo`` is a temporary destination gets an inbox of this
   bridge as its reply subject (:class:`~transports.base.ReplyRoutes`: what comes to the inbox
   goes to the temporary destination while it exists); a named ``JMSReplyTo`` is sent as its
-  name. An import whose reply subject is an inbox gets ``JMSReplyTo`` = the topic of that
-  name (``_INBOX.…``), and the bridge exports ``_INBOX.>`` always, so a reply published
-  there goes back point to point to the requester.
+  name. An import whose reply subject is an inbox gets ``JMSReplyTo`` = a temporary topic of
+  the gateway standing for that inbox (EMS User's Guide, "JMSReplyTo"; one per inbox, so
+  several requests from one inbox share it; :class:`~transports.base.ReplyTemporaries`):
+  whatever is published to it (by an MQTT, AMQP or STOMP responder, or a client of the
+  core) goes point to point to the inbox. It is deleted ``temp_destination_timeout``
+  seconds after its last use (a request or a reply), and when the bridge disconnects. Any
+  other reply subject becomes the topic of that name.
+* ``rv_queue_policy`` (``inbound_queue_policy``) is also the limit policy of the bus queue
+  the bridge's listeners wait in (EMS User's Guide, "How Rendezvous Messages are Imported":
+  one Rendezvous queue per transport): a burst the loop has not dispatched yet is cut to
+  ``max_msgs`` as the policy says, counted in ``discarded`` (``bus_queue`` in :meth:`info`:
+  the events waiting there). With ``DISCARD_NONE`` the listeners use the bus's own queue.
 * Advisories: ``DATALOSS`` and ``CLIENT.SLOWCONSUMER`` of the bus are written to the
   delivery log (event ``drop``, reason the advisory's name, with the lost packet count) and
   counted (``dataloss``, ``slowconsumer`` in :meth:`info`); nothing is replayed (the bus
@@ -32,12 +49,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from gateway.config.transports import DiscardPolicy
 from gateway.errors import GatewayError
 from gateway.message import DeliveryMode, Destination, Message
 from mappings.rv import message_to_rv, rv_to_message
 from transports.base import ExportBinding, RetryLater, Transport
 from transports.rv.message import Message as RvMessage
 from transports.rv.message import Origin
+from transports.rv.queue import DISCARD_FIRST, DISCARD_LAST, Queue
 from transports.rv.transport import AsyncTransport, Listener
 
 if TYPE_CHECKING:
@@ -47,9 +66,20 @@ log = logging.getLogger("transports")
 
 NOT_BRIDGED = ("_RV.", "_LOCAL.")  # the bus's own subjects and this process's
 INBOX_PREFIX = "_INBOX."
-INBOX_EXPORT = "_INBOX.>"  # replies to RV requesters go back through this export
 DATALOSS_ADVISORIES = "_RV.*.SYSTEM.DATALOSS.>"
 SLOWCONSUMER_ADVISORY = "_RV.ERROR.SYSTEM.CLIENT.SLOWCONSUMER"
+MAX_ORIGIN_ID = 255  # bytes of the envelope's origin id (transports/rv/README.md, "Bytes")
+
+
+def origin_marker(origin: str, trace_id: str | None, hops: int) -> Origin:
+    """The envelope's origin marker of an export: ``<gateway id> <trace id>`` (a gateway id
+    has no blank, :mod:`gateway.config.gateway_conf`, ``server``), or the gateway id alone
+    when there is no trace id or the two do not fit the envelope's 255 bytes."""
+    if trace_id is not None:
+        marker = origin + " " + trace_id
+        if len(marker.encode()) <= MAX_ORIGIN_ID:
+            return Origin(marker, hops)
+    return Origin(origin, hops)
 
 
 class RvTransport(Transport):
@@ -67,7 +97,16 @@ class RvTransport(Transport):
         self.stats["slowconsumer"] = 0
         self.export_headers = bool(self.params.get("export_headers", True))
         self.export_properties = bool(self.params.get("export_properties", True))
-        self.bind_export(INBOX_EXPORT)
+        # rv_queue_policy is the limit policy of the bus queue the imports wait in (EMS
+        # User's Guide, "How Rendezvous Messages are Imported": each transport has its own
+        # Rendezvous queue); DISCARD_NONE: the bus's own queue of this transport, unlimited.
+        policy = self.params.get("inbound_queue_policy")
+        self.queue: Queue | None = None
+        if policy is not None and policy.policy is not DiscardPolicy.NONE:
+            self.queue = Queue(
+                f"transport {self.name}", max_events=policy.max_msgs,
+                policy=DISCARD_FIRST if policy.policy is DiscardPolicy.FIRST else DISCARD_LAST,
+                discard_amount=policy.qty_discard)
 
     # -- far side -----------------------------------------------------------------------------
 
@@ -77,6 +116,8 @@ class RvTransport(Transport):
                                         p.get("daemon") or None,
                                         description=f"gateway transport {self.name}")
         self.bus = bus
+        if self.queue is not None:
+            self.queue.bind_loop(self.broker.loop)
         self.advisory_listeners = [
             Listener(bus, DATALOSS_ADVISORIES, self._on_advisory),
             Listener(bus, SLOWCONSUMER_ADVISORY, self._on_advisory),
@@ -85,6 +126,7 @@ class RvTransport(Transport):
     def disconnect(self) -> None:
         bus = self.bus
         self.bus = None
+        self.reply_temporaries.close()  # the inboxes they stand for are gone with the bus
         for listener in [*self.listeners.values(), *self.reply_listeners.values(),
                          *self.advisory_listeners]:
             listener.destroy()
@@ -98,7 +140,7 @@ class RvTransport(Transport):
         if self.bus is None or pattern.startswith(NOT_BRIDGED) or pattern in self.listeners:
             return
         self.listeners[pattern] = Listener(
-            self.bus, pattern, lambda m, _l: self._on_message(m, pattern, kind))
+            self.bus, pattern, lambda m, _l: self._on_message(m, pattern, kind), self.queue)
 
     def remote_unsubscribe(self, pattern: str, kind: Any) -> None:
         listener = self.listeners.pop(pattern, None)
@@ -115,25 +157,36 @@ class RvTransport(Transport):
     def export(self, d: Delivery, binding: ExportBinding) -> bool:
         """Send one message on the bus (reliable multicast, or point to point to an inbox):
         done once handed to the engine, as the bus acknowledges nothing."""
+        self._send(d.msg, None)
+        return True
+
+    def send_reply(self, msg: Message, name: str) -> None:
+        """A message published to the temporary topic of inbox ``name``: point to point to
+        that inbox (EMS User's Guide, "Working With TIBCO Rendezvous", "JMSReplyTo")."""
+        self._send(msg, name)
+
+    def _send(self, msg: Message, inbox: str | None) -> None:
+        """``msg`` through the mappings to the bus: to ``inbox``, or else to the subject of
+        its (mapped) destination."""
         bus = self.bus
         if bus is None:
             raise RetryLater("not connected")
-        msg = self.mapped_out(d.msg)
+        msg = self.mapped_out(msg)
         dest = msg.destination
         assert dest is not None
-        if dest.name.startswith(NOT_BRIDGED):
-            raise GatewayError(f"{dest.name!r} is never bridged")
+        send_subject = inbox if inbox is not None else dest.name
+        if send_subject.startswith(NOT_BRIDGED):
+            raise GatewayError(f"{send_subject!r} is never bridged")
         rt = msg.reply_to
         reply = None
         if rt is not None:
             reply = self.replies.route(rt, self._inbox) if rt.is_temporary else rt.name
         to_rv = self.wire_mapping(dest, "out", message_to_rv)
-        rv: RvMessage = to_rv(msg, send_subject=dest.name, reply_subject=reply,
+        rv: RvMessage = to_rv(msg, send_subject=send_subject, reply_subject=reply,
                               export_headers=self.export_headers,
                               export_properties=self.export_properties)
-        rv.origin = Origin(msg.origin or self.broker.id, msg.hops)
+        rv.origin = origin_marker(msg.origin or self.broker.id, msg.trace_id, msg.hops)
         bus.send(rv)
-        return True
 
     def mapped_out(self, msg: Message) -> Message:
         """The message through the declarative mappings of this transport (direction out);
@@ -151,7 +204,7 @@ class RvTransport(Transport):
     def reply_subscribe(self, name: str) -> None:
         if self.bus is not None and name not in self.reply_listeners:
             self.reply_listeners[name] = Listener(
-                self.bus, name, lambda m, _l: self._on_message(m, name, None))
+                self.bus, name, lambda m, _l: self._on_message(m, name, None), self.queue)
 
     def reply_unsubscribe(self, name: str) -> None:
         listener = self.reply_listeners.pop(name, None)
@@ -172,7 +225,12 @@ class RvTransport(Transport):
             else:
                 dest = Destination(kind, subject or pattern)
             rs = rv.reply_subject
-            reply = Destination.topic(rs) if rs and not rs.startswith(NOT_BRIDGED) else None
+            reply = None
+            if rs:
+                if rs.startswith(INBOX_PREFIX):
+                    reply = self.reply_temporaries.temporary(rs)
+                elif not rs.startswith(NOT_BRIDGED):
+                    reply = Destination.topic(rs)
             to_message = self.wire_mapping(dest, "in", rv_to_message)
             mode = self.params.get("queue_import_dm" if dest.is_queue else "topic_import_dm",
                                    DeliveryMode.NON_PERSISTENT)
@@ -183,8 +241,13 @@ class RvTransport(Transport):
             log.warning("transport %s: cannot import from %r: %s", self.name, subject, exc)
             return
         origin = rv.origin
-        self.imported(msg, origin.origin_id if origin is not None else None,
-                      origin.hops if origin is not None else 0, None)
+        if origin is None:
+            self.imported(msg, None, 0, None)
+            return
+        origin_id, _, trace_id = origin.origin_id.partition(" ")
+        if trace_id:
+            msg.trace_id = trace_id  # the far gateway's: one trace across the bus
+        self.imported(msg, origin_id, origin.hops, None)
 
     def _on_advisory(self, adv: RvMessage, _listener: Listener) -> None:
         """DATALOSS / SLOWCONSUMER of the bus: counted and written to the delivery log."""
@@ -197,6 +260,13 @@ class RvTransport(Transport):
                                            "host": str(adv.get("host", ""))})
         record.destination = Destination.topic(name)
         self._record("drop", record, name)
+
+    def info(self) -> dict[str, Any]:
+        out = super().info()
+        if self.queue is not None:  # imports the bus queue's limit policy dropped
+            out["discarded"] += self.queue.discarded
+            out["bus_queue"] = self.queue.count
+        return out
 
 
 def start(manager: Any, tdef: Any) -> RvTransport:
