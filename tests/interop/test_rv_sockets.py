@@ -18,6 +18,7 @@ import asyncio
 import errno
 import functools
 import json
+import os
 import queue
 import random
 import shutil
@@ -574,3 +575,42 @@ def test_defaults_in_a_network_namespace() -> None:
     assert result["broadcast"] is True
     assert result["child_got"] == [result["inbox"]]
     assert result["own_got"] is True
+
+
+NETEM_LOSS = "5%"
+
+
+def _netem_reason() -> str | None:
+    reason = _namespace_reason()
+    if reason:
+        return reason
+    if shutil.which("tc") is None:
+        return "tc is not installed"
+    probe = subprocess.run(
+        ["unshare", "-rn", "sh", "-c",
+         f"ip link set lo up && tc qdisc add dev lo root netem loss {NETEM_LOSS}"],
+        capture_output=True, text=True)
+    if probe.returncode != 0:
+        return (f"tc netem is not available here (a kernel without sch_netem?): "
+                f"{probe.stderr.strip()}")
+    return None
+
+
+def test_two_processes_lose_nothing_under_netem_loss_in_a_network_namespace() -> None:
+    """Two processes on the bus inside a network namespace of their own, whose loopback
+    interface drops 5% of every packet (``tc netem``: data, NAKs and retransmissions alike):
+    every message arrives, once and in order, and the sender did resend."""
+    reason = _netem_reason()
+    if reason:
+        pytest.skip(reason)
+    n = 3000
+    child = Path(__file__).resolve().parent / "rvbus_child.py"
+    script = (f"ip link set lo up && tc qdisc add dev lo root netem loss {NETEM_LOSS} && "
+              f"exec {sys.executable} {child} 7533 '127.0.0.1;239.192.75.9' pair {n}")
+    out = subprocess.run(["unshare", "-rn", "sh", "-c", script], capture_output=True,
+                         text=True, cwd=ROOT, timeout=110,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["got"] == list(range(n))
+    assert result["retransmitted"] > 0
