@@ -108,18 +108,22 @@ def _rv_put(m: Any, name: str, v: Any) -> None:
         _rv.add(m.w.rv, name, tv[1], tv[0])
 
 
+def _field_name(rest: str, prefix: str) -> str:
+    """The field name after ``prefix`` in ``wire.<rest>``; ValueError when there is none."""
+    name = rest[len(prefix):]
+    if not name:
+        raise ValueError("empty field name")
+    return name
+
+
 def rv_in_field(rest: str) -> _Field:
     """Parse ``wire.<rest>`` of an RV message received."""
     text = "wire." + rest
     if rest.startswith("field."):
-        name = rest[6:]
-        if not name:
-            raise ValueError("empty field name")
+        name = _field_name(rest, "field.")
         return _read_only(text, lambda m: _rv_read(m, name), _IN_READ_ONLY, ("field", name))
     if rest.startswith("datetime."):
-        name = rest[9:]
-        if not name:
-            raise ValueError("empty field name")
+        name = _field_name(rest, "datetime.")
         return _read_only(text, lambda m: _rv_date(m, name), _IN_READ_ONLY, ("datetime", name))
     simple: dict[str, Callable[[Any], Any]] = {
         "message": lambda m: m.w.rv,
@@ -143,9 +147,7 @@ def rv_out_field(rest: str) -> _Field:
     """Parse ``wire.<rest>`` of an RV message being sent."""
     text = "wire." + rest
     if rest.startswith("field."):
-        name = rest[6:]
-        if not name:
-            raise ValueError("empty field name")
+        name = _field_name(rest, "field.")
 
         def write(m: Any, v: Any) -> None:
             rv = m.w.rv
@@ -170,9 +172,7 @@ def rv_out_field(rest: str) -> _Field:
         return _Field(text, "wire", ("field", name), lambda m: _rv_read(m, name), write,
                       delete, lambda m: _w(m).rv.get_field(name) is None)  # fmt: skip
     if rest.startswith("datetime."):
-        dname = rest[9:]
-        if not dname:
-            raise ValueError("empty field name")
+        dname = _field_name(rest, "datetime.")
 
         def write_date(m: Any, v: Any) -> None:
             rv = m.w.rv

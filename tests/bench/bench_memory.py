@@ -231,12 +231,17 @@ def mqtt_session(args: argparse.Namespace) -> int:
             back.disconnect()
             back.loop_stop()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     return 0
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the gateway process: terminate, then kill after 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,11 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"resident {rss_mb(proc.pid):.0f} MB")
         client.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     return 0
 
 

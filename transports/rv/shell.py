@@ -112,11 +112,11 @@ class _Reader:
     """Reads one socket when the loop says it is readable: up to :data:`READ_BATCH`
     datagrams, each to the engine, then one pass for the lot."""
 
-    __slots__ = ("_shell", "_sock", "_recvfrom", "_engine", "_time")
+    __slots__ = ("_shell", "sock", "_recvfrom", "_engine", "_time")
 
     def __init__(self, shell: Shell, sock: socket.socket) -> None:
         self._shell = shell
-        self._sock = sock
+        self.sock = sock
         self._recvfrom = sock.recvfrom
         self._engine = shell.engine
         self._time = shell.loop.time
@@ -223,7 +223,7 @@ class Shell:
 
     def _detach(self) -> None:
         for reader in self._readers:
-            self.loop.remove_reader(reader._sock)
+            self.loop.remove_reader(reader.sock)
         self._readers.clear()
 
     @property

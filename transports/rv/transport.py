@@ -197,22 +197,20 @@ class _Consumer:
         """Account for ``events`` (one message of ``size`` bytes for several listeners),
         after making room as :meth:`admit` does; one lock when nothing has to go."""
         pending = self.pending
-        with self.lock:
-            while pending and pending[0].state:
-                pending.popleft()
-            room = not pending or (
-                (not self.max_bytes or self.bytes + size <= self.max_bytes)
-                and now - pending[0].since <= self.max_age)
-            if room:
-                pending.extend(events)
-                self.bytes += size * len(events)
-                self.waiting += len(events)
-                return
-        self.admit(size, now)
-        with self.lock:
-            pending.extend(events)
-            self.bytes += size * len(events)
-            self.waiting += len(events)
+        admitted = False
+        while True:
+            with self.lock:
+                while pending and pending[0].state:
+                    pending.popleft()
+                if admitted or not pending or (
+                        (not self.max_bytes or self.bytes + size <= self.max_bytes)
+                        and now - pending[0].since <= self.max_age):
+                    pending.extend(events)
+                    self.bytes += size * len(events)
+                    self.waiting += len(events)
+                    return
+            self.admit(size, now)  # drops and advises outside the lock
+            admitted = True
 
 
 class _BaseTransport:
