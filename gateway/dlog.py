@@ -62,6 +62,7 @@ serialise with the writer.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import marshal
 import os
@@ -73,7 +74,8 @@ from collections.abc import Callable
 from json.encoder import encode_basestring_ascii
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.message import DeliveryMode
+from gateway.message import BodyKind, DeliveryMode
+from gateway.serial import write_value
 
 if TYPE_CHECKING:
     from gateway.dlog_writer import WriterProcess
@@ -81,7 +83,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 EVENTS = (
     "publish",  # a local producer's message was accepted into a destination
@@ -105,14 +107,19 @@ EVENTS = (
 FIELDS = (
     "v", "ts", "gw", "event", "trace_id", "msg_id", "dest", "client", "count", "mode",
     "size", "reason",
+    # version 2, after every key of version 1:
+    "body_hash", "props_hash", "rules", "far_id", "far_dest", "lost",
 )  # fmt: skip
 """The keys of every record, in the order they are written."""
+
+HASH_BYTES = 8  # blake2b digest size: 16 hex digits, a collision once in 2**64 pairs
+SHIP_LIMIT = 4096  # body bytes (or characters) up to which the writer hashes a body
 
 CHUNK_RECORDS = 500  # the recording thread seals (marshals) the pending list this often
 BATCH_RECORDS = 10_000  # wake the writer early past this many sealed records
 DEFAULT_FLUSH_INTERVAL = 0.2  # seconds; bounds how stale the file is behind the gateway
 DEFAULT_MAX_FILE_BYTES = 64 << 20  # rotate past 64 MiB: one Spark input split per file or so
-WIDTH = 7  # values per record in the pending list (see "The hot path" above)
+WIDTH = 8  # values per record in the pending list (see "The hot path" above)
 CHUNK_ITEMS = CHUNK_RECORDS * WIDTH
 MAX_PENDING = 1_000_000  # sealing waits past this many sealed records (~50 MB, ~3 s at
 #                          full speed: far more than a healthy writer ever lets pile up)
@@ -125,10 +132,87 @@ _BYTES = (bytes, bytearray, memoryview)
 _PLAIN = frozenset({str, int, float, bool, bytes, type(None)})  # what marshal takes as is
 _time = time.time
 
-# One record: (time.time(), event, head, dest, client, count, reason), where head is the
-# message's (trace_id, message_id, delivery_mode, size), shared by all its records.
-_Head = tuple[Any, Any, Any, Any]
-_Record = tuple[float, str, _Head, Any, Any, int, Any]
+# One record: (time.time(), event, head, dest, client, count, reason, extra), where head is
+# the message's (trace_id, message_id, delivery_mode, size, body, properties), shared by all
+# its records (body and properties as :func:`content` gives them), and extra is None or
+# (rules, far_id, far_dest, lost).
+_Head = tuple[Any, Any, Any, Any, Any, Any]
+_Record = tuple[float, str, _Head, Any, Any, int, Any, Any]
+_blake2b = hashlib.blake2b
+_STR_BODY = (str, bytes)
+_CANONICAL = (BodyKind.MAP, BodyKind.STREAM)
+
+
+def content(msg: Message) -> tuple[Any, Any]:
+    """What the log's ``body_hash`` and ``props_hash`` are computed from, as the head holds it.
+
+    The body: ``None`` (no body: the hash is null), the body itself when it is text or bytes
+    of at most :data:`SHIP_LIMIT` (the writer hashes it, off the event loop), otherwise its
+    hash already made, as an ``int`` (a long body is hashed here rather than copied to the
+    writer). The properties: ``None`` when there are none, else their canonical encoding
+    (bytes; the writer hashes it). ``docs/delivery-log.md`` ("Hashes") defines the bytes.
+    """
+    body = msg.body
+    if body is not None:
+        if type(body) in _STR_BODY:
+            if len(body) > SHIP_LIMIT:
+                body = _int_hash(_body_bytes(body))
+        elif msg.body_kind in _CANONICAL or type(body) in (dict, list):
+            data = canonical_value(body)
+            body = data if len(data) <= SHIP_LIMIT else _int_hash(data)
+        else:
+            body = _int_hash(_body_bytes(body))
+    props = msg.properties
+    return body, (canonical_properties(props) if props else None)
+
+
+def _body_bytes(body: Any) -> bytes:
+    if type(body) is str:
+        return str(body).encode("utf-8", "surrogatepass")
+    return bytes(body)
+
+
+def _int_hash(data: bytes) -> int:
+    return int.from_bytes(_blake2b(data, digest_size=HASH_BYTES).digest(), "big")
+
+
+def _sorted(v: Any) -> Any:
+    """``v`` with the entries of every map in it sorted by name (maps nest in streams)."""
+    t = type(v)
+    if t is dict:
+        return {k: _sorted(v[k]) for k in sorted(v)}
+    if t is list:
+        return [_sorted(x) for x in v]
+    return v
+
+
+def canonical_value(v: Any) -> bytes:
+    """A map or stream body as the store's tagged value encoding (``gateway/serial.py``,
+    without its version byte), every map's entries in name order."""
+    out = bytearray()
+    write_value(out, _sorted(v))
+    return bytes(out)
+
+
+def canonical_properties(props: dict[str, Any]) -> bytes:
+    """The properties in name order, each its name as a value, then its tagged value
+    (``gateway/serial.py``): the same set of names, values and types gives the same bytes."""
+    out = bytearray()
+    for name in sorted(props):
+        write_value(out, name)
+        write_value(out, props[name])
+    return bytes(out)
+
+
+def hash_json(v: Any) -> str:
+    """The JSON of a hash slot of a head (see :func:`content`): a quoted hex string or null."""
+    if v is None:
+        return "null"
+    if type(v) is int:
+        return '"' + v.to_bytes(HASH_BYTES, "big").hex() + '"'
+    if type(v) is str:
+        v = v.encode("utf-8", "surrogatepass")
+    return '"' + _blake2b(v, digest_size=HASH_BYTES).hexdigest() + '"'
 
 
 def _s(value: Any) -> str:
@@ -161,14 +245,24 @@ def format_records(flat: list[Any], gateway_id: str) -> bytes:
 
 def _coerce(r: Any) -> _Record:
     """The record with every value of a type the fast formatter cannot take made safe."""
-    t, event, head, dest, client, count, reason = _fields(r, WIDTH)
-    trace_id, msg_id, mode, size = _fields(head, 4)
+    t, event, head, dest, client, count, reason, extra = _fields(r, WIDTH)
+    trace_id, msg_id, mode, size, body, props = _fields(head, 6)
+    if extra is not None:
+        rules, far_id, far_dest, lost = _fields(extra, 4)
+        extra = (_str(rules), _str(far_id), _str(far_dest), None if lost is None else _int(lost))
     return (
         _float(t), _str(event) or "",
         (_str(trace_id), _str(msg_id), int(mode) if isinstance(mode, int) else _str(mode),
-         _int(size)),
-        _str(dest), _str(client), _int(count), _str(reason),
+         _int(size), _hashable(body), _hashable(props)),
+        _str(dest), _str(client), _int(count), _str(reason), extra,
     )  # fmt: skip
+
+
+def _hashable(v: Any) -> Any:
+    """A hash slot of a head as :func:`content` makes it, or None."""
+    if v is None or type(v) in (str, bytes, int):
+        return v
+    return bytes(v) if isinstance(v, _BYTES) else None
 
 
 def _fields(v: Any, n: int) -> tuple[Any, ...]:
@@ -208,6 +302,7 @@ def _float(v: Any) -> float:
 
 _FRACTIONS = tuple(f".{i:03d}" for i in range(1000))  # the ts after its milliseconds
 _COUNTS = {i: str(i) for i in range(100)}
+_NO_EXTRA = ',"rules":null,"far_id":null,"far_dest":null,"lost":null}\n'
 
 
 def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
@@ -224,13 +319,13 @@ def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
     events = {e: gw + j + "," for e, j in _EVENT_JSON.items()}
     mode_json, fractions, counts = _MODE_JSON, _FRACTIONS, _COUNTS
     start = '{"v":' + str(SCHEMA_VERSION) + ',"ts":'
-    heads: dict[int, tuple[str, str]] = {}  # id(head) -> its two parts (heads live in flat)
+    heads: dict[int, tuple[str, str, str]] = {}  # id(head) -> its three parts (heads live in flat)
     places: dict[Any, dict[Any, str]] = {}  # dest -> client -> '"dest":..,"client":..,"count":'
     last_ms, ts = -1, ""
     out: list[str] = []
     it = iter(flat)
-    rows = zip(it, it, it, it, it, it, it, strict=False)  # WIDTH; one tuple, reused by zip
-    for t, event, head, dest, client, count, reason in rows:
+    rows = zip(it, it, it, it, it, it, it, it, strict=False)  # WIDTH; one tuple, reused by zip
+    for t, event, head, dest, client, count, reason, extra in rows:
         us = round(t * 1_000_000.0)
         ms = us // 1000
         if ms != last_ms:
@@ -242,11 +337,12 @@ def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
             ev = gw + enc(str(event)) + ","
         h = heads.get(id(head))
         if h is None:
-            trace_id, msg_id, mode, size = head
+            trace_id, msg_id, mode, size, body, props = head
             h = heads[id(head)] = (
                 f'"trace_id":{enc(trace_id) if type(trace_id) is str else _s(trace_id)},'
                 f'"msg_id":{enc(msg_id) if type(msg_id) is str else _s(msg_id)},',
                 f',"mode":{mode_json.get(mode) or _s(mode)},"size":{size or 0:d},"reason":',
+                f',"body_hash":{hash_json(body)},"props_hash":{hash_json(props)}',
             )
         by_client = places.get(dest)
         if by_client is None:
@@ -262,9 +358,18 @@ def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
             c = f"{count:d}"
         out += (
             ts, fractions[us - ms * 1000], ev, h[0], place, c, h[1],
-            "null}\n" if reason is None else _s(reason) + "}\n",
+            "null" if reason is None else _s(reason), h[2],
+            _NO_EXTRA if extra is None else _extra_json(extra),
         )  # fmt: skip
     return "".join(out).encode("ascii")
+
+
+def _extra_json(extra: Any) -> str:
+    rules, far_id, far_dest, lost = extra
+    return (
+        f',"rules":{_s(rules)},"far_id":{_s(far_id)},"far_dest":{_s(far_dest)},'
+        f'"lost":{"null" if lost is None else f"{lost:d}"}}}\n'
+    )
 
 
 def encode_batch(flat: list[Any]) -> bytes:
@@ -284,12 +389,14 @@ def encode_batch(flat: list[Any]) -> bytes:
 
 
 def _plain(r: _Record) -> _Record:
-    t, event, head, dest, client, count, reason = r
-    if type(head) is not tuple or len(head) != 4 or not all(type(v) in _PLAIN for v in head):
+    t, event, head, dest, client, count, reason, extra = r
+    if (type(head) is not tuple or len(head) != 6 or not all(type(v) in _PLAIN for v in head)
+            or not (extra is None or (type(extra) is tuple and len(extra) == 4
+                                      and all(type(v) in _PLAIN for v in extra)))):
         return _coerce(r)
     return (
         t if type(t) is float else _float(t), _text(event), head, _text(dest), _text(client),
-        count if type(count) in _PLAIN else _int(count), _text(reason),
+        count if type(count) in _PLAIN else _int(count), _text(reason), extra,
     )  # fmt: skip
 
 
@@ -511,13 +618,17 @@ class DeliveryLog:
         client: str | None,
         count: int = 0,
         reason: str | None = None,
+        extra: tuple[str | None, str | None, str | None, int | None] | None = None,
     ) -> None:
         """Log one event for ``msg`` on ``dest`` (``topic:a.b`` or a Destination).
 
-        Runs on the hot path: seven values added to a list (see "The hot path" above).
+        Runs on the hot path: eight values added to a list (see "The hot path" above).
         ``client`` is the connection or transport id involved (producer, consumer or
         transport), ``count`` the delivery count (JMSXDeliveryCount) where there is one,
-        ``reason`` a short word for drops, discards, rejections and dead-lettering. See
+        ``reason`` a short word for drops, discards, rejections and dead-lettering;
+        ``extra``, for the few records that have them, ``(rules, far_id, far_dest, lost)``:
+        the mapping rules that changed the message on its way out, the far side's message
+        id and destination (import, export), the messages a bus reported lost. See
         ``docs/delivery-log.md``.
 
         Pass ``dest`` as a string the caller keeps (e.g. computed once per destination),
@@ -531,13 +642,24 @@ class DeliveryLog:
         if self.enabled:
             head = msg.log_head
             if head is None:
+                body, props = content(msg)
                 head = msg.log_head = (
-                    msg.trace_id, msg.message_id, int(msg.delivery_mode), msg.size
+                    msg.trace_id, msg.message_id, int(msg.delivery_mode), msg.size, body, props
                 )  # fmt: skip
             p = self._pending
-            p += (_time(), event, head, dest, client, count, reason)
+            p += (_time(), event, head, dest, client, count, reason, extra)
             if len(p) >= CHUNK_ITEMS:
                 self._seal()
+
+    def head(self, msg: Message) -> None:
+        """Make ``msg``'s head (its hashes, see :func:`content`) now, if it has none: for a
+        message that is changed after this (a transport adds its markers to what it exports)
+        and is logged later."""
+        if self.enabled and msg.log_head is None:
+            body, props = content(msg)
+            msg.log_head = (
+                msg.trace_id, msg.message_id, int(msg.delivery_mode), msg.size, body, props
+            )  # fmt: skip
 
     def _seal(self, wait: bool = True) -> None:
         """Marshal the pending records into a chunk for the writer (see "Sealing" above);
@@ -754,7 +876,11 @@ class NullLog(DeliveryLog):
         client: str | None,
         count: int = 0,
         reason: str | None = None,
+        extra: tuple[str | None, str | None, str | None, int | None] | None = None,
     ) -> None:
+        pass
+
+    def head(self, msg: Message) -> None:
         pass
 
     def start(self) -> None:
