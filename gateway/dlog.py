@@ -26,14 +26,23 @@ pyarrow a runtime dependency of the gateway.
 
 The hot path. The pending list is flat, ``WIDTH`` values a record, not a list of tuples:
 the values are numbers, strings and one small tuple per *message*, its *head* (trace id,
-message id, delivery mode, size: what every record of the message repeats), made at its
-first record and kept on the message (``Message.log_head``; ``Broker.publish`` makes it
-anew, as a producer may send the same object again). So a record costs one attribute read
-instead of four and an ``int()``, and the writer sends and formats a head once per message
-(``marshal`` keeps the sharing). A tuple per *record* was a tracked allocation that stayed
+message id, delivery mode, size, and what its body and properties hashes are made from:
+what every record of the message repeats), made at its first record and kept on the message
+(``Message.log_head``; ``Broker.publish`` makes it anew, as a producer may send the same
+object again). So a record costs one attribute read instead of six, and the writer sends,
+hashes and formats a head once per message (``marshal`` keeps the sharing). The hashes
+(``body_hash``, ``props_hash``: BLAKE2b, 8 bytes) are made by the writer, not here: a head
+holds a text or bytes body itself (up to :data:`SHIP_LIMIT`, a reference, copied only when
+the chunk is marshalled) and the properties' canonical encoding, which is the only
+per-message work the loop does for them, and none for a message without properties (see
+:func:`content`). Hashing 64 bytes on the loop cost about 0.5 µs, a tenth of what a
+publish and its delivery cost in all. The few records with more to say (an import's or
+export's far-side names, the rules that changed an export, a bus's count of lost messages)
+carry it in their reason's place, as one tuple with the reason: an eighth value would cost
+every record. A tuple per *record* was a tracked allocation that stayed
 alive until the writer took it; ten thousand of them made the cyclic collector run every
 few hundred messages and cost the gateway about 15% of its throughput. A head holds only
-strings and numbers, so the first collection that sees it stops tracking it: measured,
+strings, bytes and numbers, so the first collection that sees it stops tracking it: measured,
 the collector costs the gateway under 0.5% more with the log on than off. The writer
 process reads the records straight from the flat list.
 
@@ -50,9 +59,11 @@ while the pipe is full). A sealed record costs about 50 bytes instead of its Pyt
 
 Bounded memory. If records come faster than they can be written (a slow or stuck disk: the
 writer process falls behind, its pipe fills, and the thread blocks writing to it), sealed
-chunks pile up. Past ``max_pending`` sealed records (default 1,000,000, some 50 MB), the
-thread that seals waits, until the writer has sent what was sealed: the gateway slows to
-the speed of its log rather than dropping records or running out of memory. Each such wait
+chunks pile up. Past ``max_pending`` sealed records (default 1,000,000, some 50 MB, and up
+to 256 MB more where every record is of another message with a body: a head carries up to
+:data:`SHIP_LIMIT` bytes of it), the thread that seals waits, until the writer has sent
+what was sealed: the gateway slows to the speed of its log rather than dropping records or
+running out of memory. Each such wait
 counts in ``stalls``; the first is logged as a warning.
 
 Threads: :meth:`record` may be called from any thread; the writer thread (or the writer
@@ -113,13 +124,15 @@ FIELDS = (
 """The keys of every record, in the order they are written."""
 
 HASH_BYTES = 8  # blake2b digest size: 16 hex digits, a collision once in 2**64 pairs
-SHIP_LIMIT = 4096  # body bytes (or characters) up to which the writer hashes a body
+SHIP_LIMIT = 256  # body bytes (or characters) up to which the writer hashes a body: a
+#                   longer one is hashed on the loop, so what waits for the writer (at most
+#                   MAX_PENDING records) holds no more than 256 bytes of body a record
 
 CHUNK_RECORDS = 500  # the recording thread seals (marshals) the pending list this often
 BATCH_RECORDS = 10_000  # wake the writer early past this many sealed records
 DEFAULT_FLUSH_INTERVAL = 0.2  # seconds; bounds how stale the file is behind the gateway
 DEFAULT_MAX_FILE_BYTES = 64 << 20  # rotate past 64 MiB: one Spark input split per file or so
-WIDTH = 8  # values per record in the pending list (see "The hot path" above)
+WIDTH = 7  # values per record in the pending list (see "The hot path" above)
 CHUNK_ITEMS = CHUNK_RECORDS * WIDTH
 MAX_PENDING = 1_000_000  # sealing waits past this many sealed records (~50 MB, ~3 s at
 #                          full speed: far more than a healthy writer ever lets pile up)
@@ -132,12 +145,13 @@ _BYTES = (bytes, bytearray, memoryview)
 _PLAIN = frozenset({str, int, float, bool, bytes, type(None)})  # what marshal takes as is
 _time = time.time
 
-# One record: (time.time(), event, head, dest, client, count, reason, extra), where head is
-# the message's (trace_id, message_id, delivery_mode, size, body, properties), shared by all
-# its records (body and properties as :func:`content` gives them), and extra is None or
-# (rules, far_id, far_dest, lost).
+# One record: (time.time(), event, head, dest, client, count, reason), where head is the
+# message's (trace_id, message_id, delivery_mode, size, body, properties), shared by all its
+# records (body and properties as :func:`content` gives them), and reason is the reason, or
+# for the few records with version 2's other values, (reason, rules, far_id, far_dest, lost):
+# an eighth value a record would cost every record more than these few.
 _Head = tuple[Any, Any, Any, Any, Any, Any]
-_Record = tuple[float, str, _Head, Any, Any, int, Any, Any]
+_Record = tuple[float, str, _Head, Any, Any, int, Any]
 _blake2b = hashlib.blake2b
 _STR_BODY = (str, bytes)
 _CANONICAL = (BodyKind.MAP, BodyKind.STREAM)
@@ -245,16 +259,19 @@ def format_records(flat: list[Any], gateway_id: str) -> bytes:
 
 def _coerce(r: Any) -> _Record:
     """The record with every value of a type the fast formatter cannot take made safe."""
-    t, event, head, dest, client, count, reason, extra = _fields(r, WIDTH)
+    t, event, head, dest, client, count, reason = _fields(r, WIDTH)
     trace_id, msg_id, mode, size, body, props = _fields(head, 6)
-    if extra is not None:
-        rules, far_id, far_dest, lost = _fields(extra, 4)
-        extra = (_str(rules), _str(far_id), _str(far_dest), None if lost is None else _int(lost))
+    if type(reason) is tuple:
+        why, rules, far_id, far_dest, lost = _fields(reason, 5)
+        reason = (_str(why), _str(rules), _str(far_id), _str(far_dest),
+                  None if lost is None else _int(lost))
+    else:
+        reason = _str(reason)
     return (
         _float(t), _str(event) or "",
         (_str(trace_id), _str(msg_id), int(mode) if isinstance(mode, int) else _str(mode),
          _int(size), _hashable(body), _hashable(props)),
-        _str(dest), _str(client), _int(count), _str(reason), extra,
+        _str(dest), _str(client), _int(count), reason,
     )  # fmt: skip
 
 
@@ -324,8 +341,8 @@ def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
     last_ms, ts = -1, ""
     out: list[str] = []
     it = iter(flat)
-    rows = zip(it, it, it, it, it, it, it, it, strict=False)  # WIDTH; one tuple, reused by zip
-    for t, event, head, dest, client, count, reason, extra in rows:
+    rows = zip(it, it, it, it, it, it, it, strict=False)  # WIDTH; one tuple, reused by zip
+    for t, event, head, dest, client, count, reason in rows:
         us = round(t * 1_000_000.0)
         ms = us // 1000
         if ms != last_ms:
@@ -358,14 +375,14 @@ def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
             c = f"{count:d}"
         out += (
             ts, fractions[us - ms * 1000], ev, h[0], place, c, h[1],
-            "null" if reason is None else _s(reason), h[2],
-            _NO_EXTRA if extra is None else _extra_json(extra),
+            "null" if reason is None else _s(reason[0] if type(reason) is tuple else reason),
+            h[2], _extra_json(reason) if type(reason) is tuple else _NO_EXTRA,
         )  # fmt: skip
     return "".join(out).encode("ascii")
 
 
-def _extra_json(extra: Any) -> str:
-    rules, far_id, far_dest, lost = extra
+def _extra_json(tail: Any) -> str:
+    _, rules, far_id, far_dest, lost = tail
     return (
         f',"rules":{_s(rules)},"far_id":{_s(far_id)},"far_dest":{_s(far_dest)},'
         f'"lost":{"null" if lost is None else f"{lost:d}"}}}\n'
@@ -389,14 +406,15 @@ def encode_batch(flat: list[Any]) -> bytes:
 
 
 def _plain(r: _Record) -> _Record:
-    t, event, head, dest, client, count, reason, extra = r
+    t, event, head, dest, client, count, reason = r
     if (type(head) is not tuple or len(head) != 6 or not all(type(v) in _PLAIN for v in head)
-            or not (extra is None or (type(extra) is tuple and len(extra) == 4
-                                      and all(type(v) in _PLAIN for v in extra)))):
+            or (type(reason) is tuple
+                and (len(reason) != 5 or not all(type(v) in _PLAIN for v in reason)))):
         return _coerce(r)
     return (
         t if type(t) is float else _float(t), _text(event), head, _text(dest), _text(client),
-        count if type(count) in _PLAIN else _int(count), _text(reason), extra,
+        count if type(count) in _PLAIN else _int(count),
+        reason if type(reason) is tuple else _text(reason),
     )  # fmt: skip
 
 
@@ -618,11 +636,11 @@ class DeliveryLog:
         client: str | None,
         count: int = 0,
         reason: str | None = None,
-        extra: tuple[str | None, str | None, str | None, int | None] | None = None,
+        extra: tuple[Any, Any, Any, Any] | None = None,
     ) -> None:
         """Log one event for ``msg`` on ``dest`` (``topic:a.b`` or a Destination).
 
-        Runs on the hot path: eight values added to a list (see "The hot path" above).
+        Runs on the hot path: seven values added to a list (see "The hot path" above).
         ``client`` is the connection or transport id involved (producer, consumer or
         transport), ``count`` the delivery count (JMSXDeliveryCount) where there is one,
         ``reason`` a short word for drops, discards, rejections and dead-lettering;
@@ -642,12 +660,17 @@ class DeliveryLog:
         if self.enabled:
             head = msg.log_head
             if head is None:
-                body, props = content(msg)
+                body = msg.body
+                if msg.properties or not (type(body) in _STR_BODY and len(body) <= SHIP_LIMIT):
+                    body, props = content(msg)  # inline below: the common case, in short
+                else:
+                    props = None
                 head = msg.log_head = (
                     msg.trace_id, msg.message_id, int(msg.delivery_mode), msg.size, body, props
                 )  # fmt: skip
             p = self._pending
-            p += (_time(), event, head, dest, client, count, reason, extra)
+            p += (_time(), event, head, dest, client, count,
+                  reason if extra is None else (reason, *extra))
             if len(p) >= CHUNK_ITEMS:
                 self._seal()
 
@@ -876,7 +899,7 @@ class NullLog(DeliveryLog):
         client: str | None,
         count: int = 0,
         reason: str | None = None,
-        extra: tuple[str | None, str | None, str | None, int | None] | None = None,
+        extra: tuple[Any, Any, Any, Any] | None = None,
     ) -> None:
         pass
 

@@ -168,7 +168,8 @@ def test_format_records_matches_json_for_every_line() -> None:
         dest, client = f"topic:d{i % 4}", (None if i % 5 == 0 else f"c{i % 3}")
         count, reason = i % 4, (None if i % 6 else "why")
         extra = None if i % 7 else ("rules-a", f"far-{i}", None, i if i % 2 else None)
-        flat += (t, event, head, dest, client, count, reason, extra)
+        flat += (t, event, head, dest, client, count,
+                 reason if extra is None else (reason, *extra))
         expected.append({
             "v": 2, "ts": round(t * 1000, 3), "gw": "gw9", "event": event, "trace_id": head[0],
             "msg_id": head[1], "dest": dest, "client": client, "count": count,
