@@ -33,10 +33,13 @@ object again). So a record costs one attribute read instead of six, and the writ
 hashes and formats a head once per message (``marshal`` keeps the sharing). The hashes
 (``body_hash``, ``props_hash``: BLAKE2b, 8 bytes) are made by the writer, not here: a head
 holds a text or bytes body itself (up to :data:`SHIP_LIMIT`, a reference, copied only when
-the chunk is marshalled) and the properties' canonical encoding, which is the only
-per-message work the loop does for them, and none for a message without properties (see
+the chunk is marshalled) and a shallow copy of the properties dict (about 0.06 µs), which
+the writer sorts and encodes (:func:`canonical_properties`) before hashing (see
 :func:`content`). Hashing 64 bytes on the loop cost about 0.5 µs, a tenth of what a
-publish and its delivery cost in all. The few records with more to say (an import's or
+publish and its delivery cost in all; sorting and encoding two properties on the loop cost
+1.3 µs, and a quarter of the throughput of messages that carry them (every MQTT publish
+does). ``marshal`` takes no typed value (``Int8`` ...), so a chunk with properties is
+sealed with ``pickle`` instead (as fast, in C; see :func:`encode_batch`). The few records with more to say (an import's or
 export's far-side names, the rules that changed an export, a bus's count of lost messages)
 carry it in their reason's place, as one tuple with the reason: an eighth value would cost
 every record. A tuple per *record* was a tracked allocation that stayed
@@ -74,19 +77,25 @@ serialise with the writer.
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import marshal
 import os
+import pickle
 import re
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
+
+from mypy_extensions import mypyc_attr
 
 from gateway.message import BodyKind, DeliveryMode
 from gateway.serial import write_value
+from gateway.types import ARRAY_TYPES, SCALAR_TYPES
 
 if TYPE_CHECKING:
     from gateway.dlog_writer import WriterProcess
@@ -155,6 +164,10 @@ _Record = tuple[float, str, _Head, Any, Any, int, Any]
 _blake2b = hashlib.blake2b
 _STR_BODY = (str, bytes)
 _CANONICAL = (BodyKind.MAP, BodyKind.STREAM)
+_PROPS_OF = itemgetter(5)  # a head's properties
+# The typed values (gateway/types.py) a chunk may carry to the writer in its properties.
+_TYPED: frozenset[type] = frozenset({*SCALAR_TYPES.values(), *ARRAY_TYPES})
+_PICKLED = b"\x80"  # what a chunk in pickle's format begins with (PROTO); never marshal's
 
 
 def content(msg: Message) -> tuple[Any, Any]:
@@ -163,9 +176,17 @@ def content(msg: Message) -> tuple[Any, Any]:
     The body: ``None`` (no body: the hash is null), the body itself when it is text or bytes
     of at most :data:`SHIP_LIMIT` (the writer hashes it, off the event loop), otherwise its
     hash already made, as an ``int`` (a long body is hashed here rather than copied to the
-    writer). The properties: ``None`` when there are none, else their canonical encoding
-    (bytes; the writer hashes it). ``docs/delivery-log.md`` ("Hashes") defines the bytes.
+    writer). The properties: ``None`` when there are none, else a copy of the dict (the
+    writer encodes and hashes it, :func:`canonical_properties`; a copy, as a property set
+    after this record is not this record's). ``docs/delivery-log.md`` ("Hashes") defines the
+    bytes.
     """
+    props = msg.properties
+    return content_body(msg), (dict(props) if props else None)
+
+
+def content_body(msg: Message) -> Any:
+    """The body's part of :func:`content`."""
     body = msg.body
     if body is not None:
         if type(body) in _STR_BODY:
@@ -176,8 +197,7 @@ def content(msg: Message) -> tuple[Any, Any]:
             body = data if len(data) <= SHIP_LIMIT else _int_hash(data)
         else:
             body = _int_hash(_body_bytes(body))
-    props = msg.properties
-    return body, (canonical_properties(props) if props else None)
+    return body
 
 
 def _body_bytes(body: Any) -> bytes:
@@ -224,7 +244,9 @@ def hash_json(v: Any) -> str:
         return "null"
     if type(v) is int:
         return '"' + v.to_bytes(HASH_BYTES, "big").hex() + '"'
-    if type(v) is str:
+    if type(v) is dict:
+        v = canonical_properties(v)
+    elif type(v) is str:
         v = v.encode("utf-8", "surrogatepass")
     return '"' + _blake2b(v, digest_size=HASH_BYTES).hexdigest() + '"'
 
@@ -276,9 +298,15 @@ def _coerce(r: Any) -> _Record:
 
 
 def _hashable(v: Any) -> Any:
-    """A hash slot of a head as :func:`content` makes it, or None."""
+    """A hash slot of a head as :func:`content` makes it (properties as their canonical
+    bytes, which ``marshal`` takes), or None."""
     if v is None or type(v) in (str, bytes, int):
         return v
+    if type(v) is dict:
+        try:
+            return canonical_properties(v)
+        except Exception:
+            return None
     return bytes(v) if isinstance(v, _BYTES) else None
 
 
@@ -326,8 +354,8 @@ def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
     """The JSON lines of ``flat``; raises on a value of the wrong type.
 
     Most of a line repeats, so it is joined from pieces, each made once: a message's head
-    is shared by all its records (by the same object within a batch, as ``marshal`` keeps
-    shared references), a destination meets few clients, and the time changes its
+    is shared by all its records (by the same object within a batch, as ``marshal`` and
+    ``pickle`` keep shared references), a destination meets few clients, and the time changes its
     millisecond a few hundred records apart. A line then costs a few lookups and the
     join (a fifth of an f-string with a float in it).
     """
@@ -390,19 +418,65 @@ def _extra_json(tail: Any) -> str:
 
 
 def encode_batch(flat: list[Any]) -> bytes:
-    """A flat batch (``WIDTH`` values a record) as ``marshal`` bytes, formatted as it would be.
+    """A flat batch (``WIDTH`` values a record) as bytes for the writer (:func:`decode_batch`),
+    formatted as it would be.
 
-    ``marshal`` takes exact str, int, float, bytes, None and containers of them. A value it
-    does not take (a Destination object, an enum member, a caller's bug) is replaced, in
-    that record only, by what the formatter would have written for it.
+    ``marshal`` takes exact str, int, float, bytes, None and containers of them. A batch
+    with properties (a head's dict, whose values may be typed: ``Int8`` ...) goes in
+    ``pickle``'s format instead, which takes the typed values of ``gateway/types.py`` and
+    nothing else that is not plain (:class:`_ChunkPickler`). A value neither takes (a
+    Destination object, an enum member, a caller's bug) is replaced, in that record only, by
+    what the formatter would have written for it.
     """
     try:
+        if any(map(_PROPS_OF, flat[2::WIDTH])):
+            buf = io.BytesIO()
+            _ChunkPickler(buf, pickle.HIGHEST_PROTOCOL).dump(flat)
+            return buf.getvalue()
         return marshal.dumps(flat)
-    except ValueError:
+    except Exception:  # a value of a type neither format takes (or a head not a tuple)
         out: list[Any] = []
         for r in records(flat):
             out += _plain(r)
         return marshal.dumps(out)
+
+
+def decode_batch(payload: bytes) -> list[Any]:
+    """The flat batch :func:`encode_batch` made."""
+    if payload[:1] == _PICKLED:
+        return _ChunkUnpickler(io.BytesIO(payload)).load()  # type: ignore[no-any-return]
+    return marshal.loads(payload)  # type: ignore[no-any-return]
+
+
+@mypyc_attr(native_class=False)
+class _ChunkPickler(pickle.Pickler):
+    """Pickles a batch whose values are plain or typed values of ``gateway/types.py`` (so
+    the writer process unpickles nothing but those); raises for any other object.
+
+    Why pickle: ``marshal`` takes no subclass (``Int8``), and the properties' types are
+    what ``props_hash`` must see; converting them here, message by message, would cost the
+    event loop what hashing them in the writer saves. ``pickle`` handles exact str, int,
+    float, bytes, tuples, lists and dicts in C without calling this; a typed value reaches
+    :meth:`reducer_override` once a batch (after that, pickle's memo has it), as do the
+    classes its reduction names."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if obj in _TYPED:
+            return NotImplemented  # a class of gateway/types.py: pickled by its name
+        if type(obj) in _TYPED:
+            return obj.__reduce__()
+        raise pickle.PicklingError(f"not a value of the delivery log: {type(obj).__name__}")
+
+
+@mypyc_attr(native_class=False)
+class _ChunkUnpickler(pickle.Unpickler):
+    """Unpickles what :class:`_ChunkPickler` pickles: no class but the typed values'."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        cls = super().find_class(module, name)
+        if module != "gateway.types" or cls not in _TYPED:
+            raise pickle.UnpicklingError(f"not a class of the delivery log: {module}.{name}")
+        return cls
 
 
 def _plain(r: _Record) -> _Record:
@@ -659,14 +733,14 @@ class DeliveryLog:
         """
         if self.enabled:
             head = msg.log_head
-            if head is None:
+            if head is None:  # content(msg), the common case inline
                 body = msg.body
-                if msg.properties or not (type(body) in _STR_BODY and len(body) <= SHIP_LIMIT):
-                    body, props = content(msg)  # inline below: the common case, in short
-                else:
-                    props = None
+                if not (type(body) in _STR_BODY and len(body) <= SHIP_LIMIT):
+                    body = content_body(msg)
+                props = msg.properties
                 head = msg.log_head = (
-                    msg.trace_id, msg.message_id, int(msg.delivery_mode), msg.size, body, props
+                    msg.trace_id, msg.message_id, int(msg.delivery_mode), msg.size, body,
+                    dict(props) if props else None,
                 )  # fmt: skip
             p = self._pending
             p += (_time(), event, head, dest, client, count,
@@ -836,7 +910,7 @@ class DeliveryLog:
         flat: list[Any] = []  # written here: the chunks back into records, in order
         while chunks:
             for _, payload in self._take_chunks():
-                flat += marshal.loads(payload)
+                flat += decode_batch(payload)
         if flat or files.unwritten:
             files.write(flat)
 
