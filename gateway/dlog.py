@@ -76,6 +76,7 @@ serialise with the writer.
 
 from __future__ import annotations
 
+import _pickle  # the C pickler, subclassed below by its own module's name (for mypyc)
 import hashlib
 import io
 import logging
@@ -449,7 +450,7 @@ def decode_batch(payload: bytes) -> list[Any]:
 
 
 @mypyc_attr(native_class=False)
-class _ChunkPickler(pickle.Pickler):
+class _ChunkPickler(_pickle.Pickler):
     """Pickles a batch whose values are plain or typed values of ``gateway/types.py`` (so
     the writer process unpickles nothing but those); raises for any other object.
 
@@ -469,7 +470,7 @@ class _ChunkPickler(pickle.Pickler):
 
 
 @mypyc_attr(native_class=False)
-class _ChunkUnpickler(pickle.Unpickler):
+class _ChunkUnpickler(_pickle.Unpickler):
     """Unpickles what :class:`_ChunkPickler` pickles: no class but the typed values'."""
 
     def find_class(self, module: str, name: str) -> Any:
