@@ -280,6 +280,7 @@ class MappingSet:
         self._wire = tuple(r for r in self._rules if r.target is not None or r.wire)
         self._cache: dict[tuple[Destination, str, str, str | None], Any] = {}
         self._wire_cache: dict[tuple[Destination, str, str, str | None], Any] = {}
+        self._names: dict[tuple[Destination, str, str, str | None], Any] = {}
         self._cache_size = cache_size
 
     @classmethod
@@ -342,6 +343,23 @@ class MappingSet:
         fn = _run_steps(steps, any(r.into_body for r in rules)) if steps else None
         self._remember(self._cache, key, fn)
         return fn
+
+    def rule_names(self, destination: Destination | None, *, protocol: str, direction: str,
+                   transport: str | None = None) -> str | None:
+        """The names of the core-side rules :meth:`compile_for` runs for this key, in the
+        order they run, joined by ``,`` (a rule without a ``name`` is named ``file:line``);
+        None when none matches. The delivery log's ``rules`` (docs/delivery-log.md). Cached
+        per key."""
+        if destination is None:
+            return None
+        key = (destination, protocol, direction, transport)
+        names = self._names.get(key, _MISSING)
+        if names is _MISSING:
+            found = [str(r.info["name"]) for r in self._core
+                     if r.matches(destination, protocol, direction, transport)]
+            names = ",".join(found) if found else None
+            self._remember(self._names, key, names)
+        return names  # type: ignore[no-any-return]
 
     def wire_for(self, destination: Destination, *, protocol: str, direction: str,
                  transport: str | None = None, fast: bool = True) -> Callable[..., Any]:

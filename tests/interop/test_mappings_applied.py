@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import time
@@ -356,3 +357,53 @@ def test_an_amqp_browser_gets_messages_as_a_consumer_would(tmp_path):
         c.close()
     finally:
         g.stop()
+
+
+def test_the_delivery_log_names_the_rules_that_changed_an_export(tmp_path):
+    """An export changed by mapping rules: its record names them (``rules``) and hashes the
+    message as changed; the publish record hashes it as it was (docs/delivery-log.md)."""
+    rules = RULES + """\
+  - name: json out
+    match: {destination: "topic:out.json", direction: out, transport: far}
+    steps:
+      - decode_json: {}
+      - set: {field: body.via, value: far}
+      - encode_json: {}
+"""
+    with start_mosquitto(tmp_path / "mosq") as mosq:
+        g = with_mappings(
+            tmp_path / "gw", rules,
+            gateway="listen = http://127.0.0.1:0\nmqtt_transports = enabled\n",
+            transports=transports_conf(mosq.port), topics='out.> export="far"\n>\n').start()
+        remote = Remote(mosq.port)
+        try:
+            remote.subscribe("out/#")
+            wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+            g.call(lambda: g.broker.connect().session().producer(Destination.topic("out.json"))
+                   .send(Message.text('{"a": 1}')))
+            wait_for(lambda: remote.got, what="the export")
+            assert json.loads(remote.got[0].payload) == {"a": 1, "via": "far"}
+
+            def records() -> dict[str, dict[str, Any]]:
+                g.call(lambda: g.broker.dlog.flush())
+                out = {}
+                for f in sorted(Path(g.broker.config.gateway.delivery_log_dir).iterdir()):
+                    for line in f.read_text("utf-8").splitlines():
+                        r = json.loads(line)
+                        if r["dest"] == "topic:out.json":
+                            out[r["event"]] = r
+                return out
+
+            got = wait_for(lambda: {"publish", "export"} <= set(records()) and records(),
+                           what="the publish and export records")
+            pub, exp = got["publish"], got["export"]
+            assert pub["rules"] is None and pub["body_hash"] == hashlib.blake2b(
+                b'{"a": 1}', digest_size=8).hexdigest()
+            # every rule that ran on it, in order ("no secrets out" found nothing to drop)
+            assert exp["rules"] == "no secrets out,export as text,json out"
+            assert exp["trace_id"] == pub["trace_id"]
+            assert exp["body_hash"] is not None and exp["body_hash"] != pub["body_hash"]
+            assert exp["far_dest"] == "out/json"
+        finally:
+            remote.close()
+            g.stop()

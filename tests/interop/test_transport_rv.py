@@ -345,6 +345,7 @@ def test_dataloss_and_slow_consumer_advisories_are_logged_and_counted(start_gate
 
     records = wait_for(lambda: len(logged()) == 2 and logged(), what="the log records")
     assert [r["reason"] for r in records] == [loss, slow]
+    assert [r["lost"] for r in records] == [3, None]  # the DATALOSS count, its own column
 
 
 def test_two_gateways_bridged_by_the_bus_deliver_once_and_do_not_loop(start_gateway, bus):

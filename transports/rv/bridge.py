@@ -259,7 +259,8 @@ class RvTransport(Transport):
         record = Message(None, properties={"lost": int(lost or 0),
                                            "host": str(adv.get("host", ""))})
         record.destination = Destination.topic(name)
-        self._record("drop", record, name)
+        self._record("drop", record, name,
+                     lost=int(adv.get("lost", 0) or 0) if key == "dataloss" else None)
 
     def info(self) -> dict[str, Any]:
         out = super().info()
