@@ -1,0 +1,84 @@
+"""Reading delivery logs: many directories, the explicit schema, what the reader leaves out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from chispa import assert_df_equality
+from dlogrecords import frame, rec, write_log
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StringType, StructField, StructType
+
+from spark.read import between, read_dlog
+from spark.schema import DLOG_SCHEMA, SUPPORTED_VERSIONS, schema_for
+
+pytestmark = pytest.mark.spark
+
+
+def test_schema_v1_has_every_field_of_the_document_with_its_spark_type():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "delivery-log.md").read_text()
+    rows = [line.split("|") for line in doc.splitlines() if line.startswith("| `")]
+    # The "Fields" table: | `key` | JSON type | Spark type | meaning |
+    documented = [(r[1].strip().strip("`"), r[3].strip().strip("`")) for r in rows
+                  if len(r) == 6 and r[3].strip().startswith("`")]
+    assert documented, "no field table found in docs/delivery-log.md"
+    spark_names = {"INT": "int", "DOUBLE": "double", "STRING": "string", "LONG": "bigint"}
+    ours = [(f.name, f.dataType.simpleString()) for f in schema_for(1).fields]
+    assert ours == [(k, spark_names[t]) for k, t in documented]
+    assert schema_for(SUPPORTED_VERSIONS[-1]) == DLOG_SCHEMA
+
+
+def test_many_directories_nested_days_cut_lines_unknown_versions_and_keys(
+        spark: SparkSession, tmp_path: Path):
+    a = rec(1000.0, "gw-a", "publish", "t1", client="mqtt:p")
+    b = rec(1001.5, "gw-b", "import", "t1", client="from-a")
+    c = rec(1002.0, "gw-b", "deliver", "t1", client="stomp:s", count=1)
+    unknown_key = dict(rec(1003.0, "gw-a", "ack", "t1", client="amqp:c", count=1), extra="x")
+    future = dict(rec(1004.0, "gw-a", "publish", "t2"), v=99)
+    write_log(tmp_path / "a" / "dlog-gw-a-20260514T093012-0001.jsonl", [a, unknown_key],
+              tail='{"v":1,"ts":1005.0,"gw":"gw-a","event":"pub')  # cut short by a crash
+    write_log(tmp_path / "a" / "dlog-gw-a-20260514T093013-0002.jsonl", [future])
+    write_log(tmp_path / "b" / "2026-05-14" / "dlog-gw-b-20260514T000000-0001.jsonl", [b])
+    write_log(tmp_path / "b" / "2026-05-15" / "dlog-gw-b-20260515T000000-0001.jsonl", [c])
+    # Not a delivery-log file by its name: never read.
+    (tmp_path / "a" / "notes.json").write_text(json.dumps(rec(9.0, "x", "publish", "z")) + "\n")
+
+    df = read_dlog(spark, [str(tmp_path / "a"), str(tmp_path / "b")])
+
+    assert df.schema == DLOG_SCHEMA
+    unknown_key.pop("extra")
+    assert_df_equality(df, frame(spark, [a, b, c, unknown_key]), ignore_row_order=True)
+
+
+def test_a_v1_record_read_with_a_later_schema_has_nulls_in_the_added_columns(
+        spark: SparkSession, tmp_path: Path):
+    later = StructType([*DLOG_SCHEMA.fields, StructField("body_hash", StringType(), True)])
+    r = rec(1000.0, "gw-a", "publish", "t1", client="mqtt:p")
+    write_log(tmp_path / "dlog-gw-a-20260514T093012-0001.jsonl", [r])
+
+    df = read_dlog(spark, [str(tmp_path)], schema=later)
+
+    assert df.schema == later
+    row = df.collect()[0].asDict()
+    assert row.pop("body_hash") is None
+    assert row == r
+
+
+def test_between_keeps_since_inclusive_until_exclusive(spark: SparkSession):
+    records = [rec(float(ts), "gw-a", "publish", f"t{ts}") for ts in (10, 20, 30, 40)]
+    df = frame(spark, records)
+
+    assert_df_equality(between(df, since_ms=20, until_ms=40),
+                       frame(spark, records[1:3]), ignore_row_order=True)
+    assert_df_equality(between(df, since_ms=30), frame(spark, records[2:]),
+                       ignore_row_order=True)
+    assert_df_equality(between(df, until_ms=20), frame(spark, records[:1]),
+                       ignore_row_order=True)
+    assert between(df).count() == 4
+
+
+def test_no_path_is_an_error(spark: SparkSession):
+    with pytest.raises(ValueError, match="no delivery log path"):
+        read_dlog(spark, [])
