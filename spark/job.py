@@ -59,7 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     spark = session()
-    records = between(read_dlog(spark, args.logdirs), args.since, args.until)
+    # Every verdict reads the records again (entries, exits, decisions, the watermark): the
+    # files are parsed once.
+    records = between(read_dlog(spark, args.logdirs), args.since, args.until).cache()
     out = verdicts(records, args.grace_ms).cache()
     writer = out.write.mode("overwrite")
     if args.format == "csv":
@@ -68,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in out.groupBy("verdict").count().orderBy("verdict").collect():
         print(f"{row['verdict']}\t{row['count']}")
     out.unpersist()
+    records.unpersist()
     return 0
 
 

@@ -1,5 +1,6 @@
 """Verdicts, route by route (routes: ``spark.routes``): delivered (with its latency),
-duplicated, and lost (or still pending) after a grace period.
+duplicated, lost (or still pending) after a grace period, and lost in transit between two
+gateways.
 
 Time is event time: the records' own ``ts`` (epoch milliseconds). The *watermark* is the
 latest ``ts`` in the records minus the grace period; an entry at or before the watermark has
@@ -19,12 +20,13 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark.routes import ENTRY_KEY, decisions, routes
-from spark.schema import DELIVER
+from spark.routes import ENTRY_KEY, ROUTE_KEY, decisions, routes
+from spark.schema import DELIVER, EXPORT, IMPORT
 
 DELIVERED = "delivered"
 DUPLICATED = "duplicated"
 LOST = "lost"
+LOST_IN_TRANSIT = "lost_in_transit"
 PENDING = "pending"
 
 VERDICT_COLUMNS = [
@@ -86,13 +88,47 @@ def lost(records: DataFrame, route_rows: DataFrame, grace_ms: float) -> DataFram
     return judged.select(verdict.alias("verdict"), *_route_columns(), "watermark")
 
 
+def lost_in_transit(records: DataFrame, route_rows: DataFrame, grace_ms: float) -> DataFrame:
+    """A ``lost_in_transit`` row per export through a transport that leads to another
+    gateway whose log was read, when no gateway at the far end imported the message and the
+    export is at or before the watermark; ``pending`` when it is after it.
+
+    Which gateways a transport leads to is learnt from the logs themselves: transport T of
+    gateway G leads to gateway H when some message exported through T was imported at H (the
+    trace id is the same on both sides; the transport names on the two sides need not be).
+    An export through a transport that leads to no gateway read (a cloud broker, a bus with
+    no gateway listening) gets no verdict here: nothing could have written the import."""
+    exported = route_rows.where(F.col("exit") == F.lit(EXPORT))
+    imports = (records
+               .where((F.col("event") == F.lit(IMPORT)) & F.col("trace_id").isNotNull())
+               .select("trace_id", F.col("gw").alias("import_gw"))
+               .distinct())
+    elsewhere = ((exported["trace_id"] == imports["trace_id"])
+                 & (exported["gw"] != imports["import_gw"]))
+    links = (exported.join(imports, elsewhere, "inner")
+             .select("gw", "exit_client", "import_gw").distinct())
+    # The exports through linked transports, each with every gateway its transport leads to;
+    # an export is missing when none of those imported its trace id.
+    expected = exported.join(links, on=["gw", "exit_client"], how="inner")
+    arrived = expected.join(imports, on=["trace_id", "import_gw"], how="left_semi")
+    missing = (expected.select(*ROUTE_KEY).distinct()
+               .join(arrived.select(*ROUTE_KEY).distinct(), on=ROUTE_KEY, how="left_anti"))
+    judged = (exported.join(missing, on=ROUTE_KEY, how="left_semi")
+              .crossJoin(watermark(records, grace_ms)))
+    verdict = (F.when(F.col("exit_ts") <= F.col("watermark"), F.lit(LOST_IN_TRANSIT))
+               .otherwise(F.lit(PENDING)))
+    return judged.select(verdict.alias("verdict"), *_route_columns(), "watermark")
+
+
 def verdicts(records: DataFrame, grace_ms: float) -> DataFrame:
     """Every verdict above for the records of one or many gateways, in one DataFrame with
     ``VERDICT_COLUMNS`` (a column a verdict does not set is null)."""
     route_rows = routes(records)
     out = (delivered(route_rows, grace_ms)
            .unionByName(duplicated(route_rows), allowMissingColumns=True)
-           .unionByName(lost(records, route_rows, grace_ms), allowMissingColumns=True))
+           .unionByName(lost(records, route_rows, grace_ms), allowMissingColumns=True)
+           .unionByName(lost_in_transit(records, route_rows, grace_ms),
+                        allowMissingColumns=True))
     return out.select(*VERDICT_COLUMNS)
 
 

@@ -155,3 +155,37 @@ def test_verdicts_puts_every_verdict_in_one_frame(spark: SparkSession):
          ("lost", "l", None, None, None), ("pending", "y", None, None, None)],
         got.schema)
     assert_df_equality(got, want, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_an_export_the_next_gateway_never_imported_is_lost_in_transit(spark: SparkSession):
+    records = frame(spark, [
+        # to-b leads to gw-b (t1 crossed); t2 never arrived; t4 arrived late (still arrived).
+        rec(1000.0, "gw-a", "publish", "t1", client="p"),
+        rec(1001.0, "gw-a", "export", "t1", client="to-b"),
+        rec(1010.0, "gw-b", "import", "t1", client="from-a"),
+        rec(1100.0, "gw-a", "publish", "t2", client="p"),
+        rec(1101.0, "gw-a", "export", "t2", client="to-b"),
+        rec(1200.0, "gw-a", "publish", "t4", client="p"),
+        rec(1201.0, "gw-a", "export", "t4", client="to-b"),
+        rec(4500.0, "gw-b", "import", "t4", client="from-a"),
+        # Exported after the watermark and not imported yet: pending.
+        rec(4800.0, "gw-a", "publish", "t5", client="p"),
+        rec(4801.0, "gw-a", "export", "t5", client="to-b"),
+        # to-cloud leads to no gateway read: no verdict for t3.
+        rec(1300.0, "gw-a", "publish", "t3", client="p"),
+        rec(1301.0, "gw-a", "export", "t3", client="to-cloud"),
+        # Imported back at the gateway that exported it (a loop) does not count as arrived.
+        rec(1400.0, "gw-a", "publish", "t6", client="p"),
+        rec(1401.0, "gw-a", "export", "t6", client="to-b"),
+        rec(1402.0, "gw-a", "import", "t6", client="from-b"),
+        rec(5000.0, "gw-b", "publish", "z", client="p"),
+        rec(5001.0, "gw-b", "deliver", "z", client="c", count=1),
+    ])
+
+    got = verdicts(records, GRACE).where("exit = 'export' and verdict != 'delivered'")
+
+    assert pick(got, "verdict", "trace_id", "gw", "exit_client", "exit_ts", "watermark") == [
+        ("lost_in_transit", "t2", "gw-a", "to-b", 1101.0, 4001.0),
+        ("lost_in_transit", "t6", "gw-a", "to-b", 1401.0, 4001.0),
+        ("pending", "t5", "gw-a", "to-b", 4801.0, 4001.0),
+    ]
