@@ -4,10 +4,19 @@ driver bound to the loopback address so no test listens on another interface."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
+
+# tests/ is on sys.path (tests/conftest.py), and this directory is named spark/ too: with the
+# repository root on sys.path as well, ``import spark`` finds the job's package (a package
+# with an __init__.py wins over a plain directory) however pytest was started.
+ROOT = str(Path(__file__).resolve().parents[2])
+if ROOT not in sys.path:
+    sys.path.append(ROOT)
 
 
 @pytest.fixture(scope="session")
