@@ -17,7 +17,7 @@ from spark.schema import DLOG_SCHEMA, SUPPORTED_VERSIONS, schema_for
 pytestmark = pytest.mark.spark
 
 
-def test_schema_v1_has_every_field_of_the_document_with_its_spark_type():
+def test_the_schema_has_every_field_of_the_document_with_its_spark_type():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "delivery-log.md").read_text()
     rows = [line.split("|") for line in doc.splitlines() if line.startswith("| `")]
     # The "Fields" table: | `key` | JSON type | Spark type | meaning |
@@ -25,9 +25,15 @@ def test_schema_v1_has_every_field_of_the_document_with_its_spark_type():
                   if len(r) == 6 and r[3].strip().startswith("`")]
     assert documented, "no field table found in docs/delivery-log.md"
     spark_names = {"INT": "int", "DOUBLE": "double", "STRING": "string", "LONG": "bigint"}
-    ours = [(f.name, f.dataType.simpleString()) for f in schema_for(1).fields]
-    assert ours == [(k, spark_names[t]) for k, t in documented]
-    assert schema_for(SUPPORTED_VERSIONS[-1]) == DLOG_SCHEMA
+    ours = [(f.name, f.dataType.simpleString()) for f in DLOG_SCHEMA.fields]
+    assert ours == [(k, spark_names.get(t, t)) for k, t in documented]
+    assert DLOG_SCHEMA == schema_for(SUPPORTED_VERSIONS[-1])
+    # An older version's schema is the start of a newer one's: its records read with the
+    # newer schema lose nothing.
+    v1 = schema_for(1).fields
+    assert DLOG_SCHEMA.fields[:len(v1)] == v1
+    with pytest.raises(ValueError, match="not known"):
+        schema_for(SUPPORTED_VERSIONS[-1] + 1)
 
 
 def test_many_directories_nested_days_cut_lines_unknown_versions_and_keys(
