@@ -4,8 +4,8 @@ Each schema version lists only the keys it adds, in ``FIELDS_BY_VERSION``; ``DLO
 the union of every version's keys in order, and the reader reads every file with it. A key
 unknown to an older record's version is simply absent from its line, so Spark's JSON reader
 gives it null: a version 1 record read with a later schema has nulls in the later columns,
-and the transforms treat those as "not known" (never as a value). Version 2 is added here by
-one new entry in ``FIELDS_BY_VERSION`` and the number in ``SUPPORTED_VERSIONS``.
+and the transforms treat those as "not known" (never as a value): a version 1 record has no
+hashes, so whether its message changed is unknown, not "unchanged".
 
 Events and their groups are named here too, so the transforms never spell event names.
 """
@@ -38,10 +38,24 @@ _V1: tuple[tuple[str, DataType], ...] = (
     ("reason", StringType()),
 )
 
+# Version 2 adds, after version 1's keys: the hashes of the message's body and properties
+# (BLAKE2b, 8-byte digest, 16 hex digits; docs/delivery-log.md, "Hashes"), the mapping rules
+# that ran on an export, the far side's id and name of the message and destination on an
+# import or export, and the count of messages a bus DATALOSS advisory reported lost.
+_V2: tuple[tuple[str, DataType], ...] = (
+    ("body_hash", StringType()),
+    ("props_hash", StringType()),
+    ("rules", StringType()),
+    ("far_id", StringType()),
+    ("far_dest", StringType()),
+    ("lost", LongType()),
+)
+
 # The keys each version adds after the previous version's (a version keeps every older key:
 # docs/delivery-log.md, "Versioning").
 FIELDS_BY_VERSION: dict[int, tuple[tuple[str, DataType], ...]] = {
     1: _V1,
+    2: _V2,
 }
 
 SUPPORTED_VERSIONS: tuple[int, ...] = tuple(sorted(FIELDS_BY_VERSION))
