@@ -1,6 +1,7 @@
 """Verdicts on small hand-made logs: delivered (latency, across two gateways), late but not
 lost, lost and pending around the watermark, a drop that is no loss, duplicates flagged and
-not."""
+not, the gateway's own decisions with their reasons, changed by nothing or by mapping rules,
+reordered, and clock skew within the tolerance."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ from dlogrecords import frame, rec
 from pyspark.sql import DataFrame, SparkSession
 
 from spark.routes import routes
-from spark.verdicts import delivered, duplicated, lost, verdicts, watermark
+from spark.verdicts import (
+    changed,
+    decided,
+    delivered,
+    duplicated,
+    lost,
+    reordered,
+    verdicts,
+    watermark,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -18,7 +28,9 @@ GRACE = 1000.0
 
 
 def pick(df: DataFrame, *cols: str) -> list[tuple[object, ...]]:
-    return sorted(tuple(r) for r in df.select(*cols).collect())
+    """The rows' values of ``cols``, sorted (a null before any value)."""
+    return sorted((tuple(r) for r in df.select(*cols).collect()),
+                  key=lambda row: tuple((v is not None, v) for v in row))
 
 
 def test_delivered_with_latency_across_two_gateways(spark: SparkSession):
@@ -189,3 +201,151 @@ def test_an_export_the_next_gateway_never_imported_is_lost_in_transit(spark: Spa
         ("lost_in_transit", "t6", "gw-a", "to-b", 1401.0, 4001.0),
         ("pending", "t5", "gw-a", "to-b", 4801.0, 4001.0),
     ]
+
+
+def test_expired_dead_lettered_dropped_discarded_with_the_gateways_reason(
+        spark: SparkSession):
+    records = frame(spark, [
+        rec(1000.0, "gw-a", "publish", "x", dest="queue:q", client="p"),
+        rec(1500.0, "gw-a", "expire", "x", dest="queue:q", reason="expired"),
+        # Delivered, redelivered, then moved to $sys.undelivered.
+        rec(1100.0, "gw-a", "publish", "u", dest="queue:q", client="p"),
+        rec(1101.0, "gw-a", "deliver", "u", dest="queue:q", client="c1", count=1),
+        rec(1102.0, "gw-a", "redeliver", "u", dest="queue:q", client="c1", count=2),
+        rec(1103.0, "gw-a", "undeliverable", "u", dest="queue:q", count=2,
+            reason="maxredelivery_exceeded"),
+        # A topic message delivered to one subscriber and dropped for another.
+        rec(1200.0, "gw-a", "publish", "d", client="p"),
+        rec(1201.0, "gw-a", "deliver", "d", client="c1", count=1),
+        rec(1202.0, "gw-a", "drop", "d", client="mqtt:c2", reason="packet_too_large"),
+        rec(1300.0, "gw-a", "publish", "o", dest="queue:q", client="p"),
+        rec(1310.0, "gw-a", "discard", "o", dest="queue:q", reason="discarded"),
+        # A bus DATALOSS advisory: no trace id, a count of messages lost.
+        rec(1400.0, "gw-a", "drop", None, dest="topic:_RV.ERROR.SYSTEM.DATALOSS.INBOUND.BCAST",
+            reason="_RV.ERROR.SYSTEM.DATALOSS.INBOUND.BCAST", lost=7),
+    ])
+
+    got = decided(records)
+
+    assert pick(got, "verdict", "trace_id", "exit", "exit_client", "reason", "delivery_count",
+                "latency_ms", "lost_count") == [
+        ("dead_lettered", "u", "undeliverable", None, "maxredelivery_exceeded", 2, 3.0, None),
+        ("discarded", "o", "discard", None, "discarded", 0, 10.0, None),
+        ("dropped", None, "drop", None, "_RV.ERROR.SYSTEM.DATALOSS.INBOUND.BCAST", 0, None, 7),
+        ("dropped", "d", "drop", "mqtt:c2", "packet_too_large", 0, 2.0, None),
+        ("expired", "x", "expire", None, "expired", 0, 500.0, None),
+    ]
+    assert pick(got.where("trace_id = 'u'"), "msg_id", "entry_event", "origin_gw") == [
+        ("ID:gw-a.u", "publish", "gw-a")]
+    # None of them is lost: the gateway let each go on purpose.
+    assert lost(records, routes(records), GRACE).count() == 0
+
+
+H1, H2, P1, P2 = "56dc6a7c472f5a8f", "072f4cc475f62963", "1f7a181c96fc7cc3", "9e1d0b2c3a4f5e6d"
+
+
+def test_changed_by_nothing_is_a_verdict_by_mapping_rules_is_not_v1_is_unknown(
+        spark: SparkSession):
+    records = frame(spark, [
+        # Left as it entered.
+        rec(1000.0, "gw-a", "publish", "same", client="p", body_hash=H1, props_hash=P1),
+        rec(1001.0, "gw-a", "deliver", "same", client="c", count=1, body_hash=H1,
+            props_hash=P1),
+        # The body changed on the way to a consumer, and no rule says why.
+        rec(1100.0, "gw-a", "publish", "body", client="p", body_hash=H1, props_hash=P1),
+        rec(1101.0, "gw-a", "deliver", "body", client="c", count=1, body_hash=H2,
+            props_hash=P1),
+        # Exported through mapping rules that changed body and properties: no verdict.
+        rec(1200.0, "gw-a", "publish", "ruled", client="p", body_hash=H1, props_hash=P1),
+        rec(1201.0, "gw-a", "export", "ruled", client="to-b", body_hash=H2, props_hash=P2,
+            rules="json-out,export_properties=false"),
+        # Exported with no rule and both changed; properties where there were none counts.
+        rec(1300.0, "gw-a", "publish", "both", client="p", body_hash=H1),
+        rec(1301.0, "gw-a", "export", "both", client="to-b", body_hash=H2, props_hash=P2),
+        # The second copy to the same consumer differs from the first.
+        rec(1400.0, "gw-a", "publish", "second", client="p", body_hash=H1, props_hash=P1),
+        rec(1401.0, "gw-a", "deliver", "second", client="c", count=1, body_hash=H1,
+            props_hash=P1),
+        rec(1402.0, "gw-a", "redeliver", "second", client="c", count=2, body_hash=H1,
+            props_hash=P2),
+        # Version 1: no hashes, so unknown (never "unchanged").
+        rec(1500.0, "gw-a", "publish", "old", client="p"),
+        rec(1501.0, "gw-a", "deliver", "old", client="c", count=1),
+        # No body and no properties on both sides: the same.
+        rec(1600.0, "gw-a", "publish", "empty", client="p", rules=None),
+        rec(1601.0, "gw-a", "deliver", "empty", client="c", count=1, rules=None),
+    ])
+    route_rows = routes(records)
+
+    assert pick(changed(route_rows), "verdict", "trace_id", "exit", "changed_parts") == [
+        ("changed", "body", "deliver", "body"),
+        ("changed", "both", "export", "body,properties"),
+        ("changed", "second", "deliver", "properties"),
+    ]
+    assert pick(delivered(route_rows, GRACE), "trace_id", "changed", "rules") == [
+        ("body", True, None), ("both", True, None), ("empty", False, None),
+        ("old", None, None), ("ruled", True, "json-out,export_properties=false"),
+        ("same", False, None), ("second", True, None),
+    ]
+
+
+def test_reordered_per_sender_and_route_not_across_senders_or_consumers(spark: SparkSession):
+    records = frame(spark, [
+        # p sends m1, m2, m3; c gets m1, m3, m2: m3 left before m2, sent before it.
+        rec(1000.0, "gw-a", "publish", "m1", client="p"),
+        rec(1010.0, "gw-a", "publish", "m2", client="p"),
+        rec(1020.0, "gw-a", "publish", "m3", client="p"),
+        rec(1030.0, "gw-a", "deliver", "m1", client="c", count=1),
+        rec(1031.0, "gw-a", "deliver", "m3", client="c", count=1),
+        rec(1032.0, "gw-a", "deliver", "m2", client="c", count=1),
+        # c2 gets them in order: nothing for that route.
+        rec(1040.0, "gw-a", "deliver", "m1", client="c2", count=1),
+        rec(1041.0, "gw-a", "deliver", "m2", client="c2", count=1),
+        rec(1042.0, "gw-a", "deliver", "m3", client="c2", count=1),
+        # Another sender's message, sent earlier and left later: no order between senders.
+        rec(1005.0, "gw-a", "publish", "n1", client="q"),
+        rec(1050.0, "gw-a", "deliver", "n1", client="c", count=1),
+        # Two sends at the same instant have no order.
+        rec(1100.0, "gw-a", "publish", "s1", client="r"),
+        rec(1100.0, "gw-a", "publish", "s2", client="r"),
+        rec(1102.0, "gw-a", "deliver", "s2", client="c", count=1),
+        rec(1103.0, "gw-a", "deliver", "s1", client="c", count=1),
+    ])
+
+    got = reordered(routes(records))
+
+    assert pick(got, "verdict", "trace_id", "exit_client", "origin_client") == [
+        ("reordered", "m3", "c", "p")]
+
+
+def test_clock_skew_within_the_tolerance_is_neither_reordering_nor_negative_latency(
+        spark: SparkSession):
+    # gw-b's clock is 300 ms behind gw-a's. The device mqtt:dev publishes s1 through gw-a,
+    # which exports it to gw-b, then fails over and publishes s2 through gw-b; consumer c at
+    # gw-b gets s1 then s2, in the order they were sent.
+    records = frame(spark, [
+        rec(2000.0, "gw-a", "publish", "s1", client="mqtt:dev"),
+        rec(2001.0, "gw-a", "export", "s1", client="to-b"),
+        rec(1710.0, "gw-b", "import", "s1", client="from-a"),
+        rec(1711.0, "gw-b", "deliver", "s1", client="c", count=1),
+        rec(1800.0, "gw-b", "publish", "s2", client="mqtt:dev"),
+        rec(1801.0, "gw-b", "deliver", "s2", client="c", count=1),
+    ])
+    route_rows = routes(records)
+
+    def e2e(skew_ms: float) -> list[tuple[object, ...]]:
+        return pick(delivered(route_rows, GRACE, skew_ms).where("gw = 'gw-b'"),
+                    "trace_id", "latency_ms", "e2e_latency_ms")
+
+    # Beyond the tolerance the clocks' difference shows as a negative latency.
+    assert e2e(500.0) == [("s1", 1.0, 0.0), ("s2", 1.0, 1.0)]
+    assert e2e(100.0) == [("s1", 1.0, -289.0), ("s2", 1.0, 1.0)]
+    # One sender on two gateways: its sends 200 ms apart on the two clocks have no known
+    # order within a 500 ms tolerance; with none, gw-b's clock makes s2 look sent first.
+    assert reordered(route_rows, 500.0, sender_spans_gateways=True).count() == 0
+    assert pick(reordered(route_rows, 0.0, sender_spans_gateways=True), "trace_id") == [
+        ("s1",)]
+    # Known per gateway, they are two senders: never compared.
+    assert reordered(route_rows, 0.0).count() == 0
+    with pytest.raises(ValueError, match="negative"):
+        reordered(route_rows, -1.0)
