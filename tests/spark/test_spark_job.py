@@ -33,7 +33,7 @@ def test_job_writes_the_verdicts_of_two_gateways_within_since_until(
 
     rc = main([str(tmp_path / "logs" / "a"), str(tmp_path / "logs" / "b"),
                "--out", str(out), "--grace-ms", "1000", "--since", "1000",
-               "--until", "9000", "--format", "json"])
+               "--until", "9000", "--skew-ms", "500", "--format", "json"])
 
     assert rc == 0
     rows = [json.loads(line) for part in sorted(out.glob("part-*.json"))
