@@ -238,17 +238,23 @@ class SparkProgress:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         if self._thread is None:
             return
         self._stop.set()
         self._thread.join()
-        self._update()  # the last poll: every job of the run has been started by now
-        self._progress.stop()
+        try:
+            if exc_type is None:  # (after a failure Spark itself may be gone)
+                self._update()  # the last poll: every job of the run has been started
+        finally:
+            self._progress.stop()
 
     def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
-            self._update()
+        try:
+            while not self._stop.wait(POLL_S):
+                self._update()
+        except Exception:  # Spark stopping under it (a failed run): the bar stops, the run
+            return         # goes on to report its own error
 
     def _update(self) -> None:
         snap = poll(self._sc, self._group, self._snap)

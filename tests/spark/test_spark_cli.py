@@ -39,11 +39,11 @@ def cli_env() -> dict[str, str]:
 
 
 def run_cli(args: list[str], stderr_tty: bool = False, python_args: list[str] | None = None,
-            ) -> tuple[int, str, str]:
+            timeout_s: float = RUN_TIMEOUT_S) -> tuple[int, str, str]:
     """Runs ``python -m gateway reconcile ARGS`` from the repository root (so the checkout's
     packages are imported); stdout is a pipe, stderr a pipe or a pseudo-terminal. Returns
     (exit status, stdout, stderr without terminal escapes). The run is a process group of
-    its own, killed whole (its JVMs too) if it outlives ``RUN_TIMEOUT_S`` or the test."""
+    its own, killed whole (its JVMs too) if it outlives ``timeout_s`` or the test."""
     cmd = [sys.executable, *(python_args or ["-m", "gateway", "reconcile"]), *args]
     master = slave = -1
     if stderr_tty:
@@ -69,7 +69,7 @@ def run_cli(args: list[str], stderr_tty: bool = False, python_args: list[str] | 
         if stderr_tty:
             os.close(slave)
             reader.start()
-        out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+        out, err = proc.communicate(timeout=timeout_s)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
