@@ -6,18 +6,25 @@ transform is in ``spark.read``, ``spark.link``, ``spark.routes`` and ``spark.ver
                         [--since TIME] [--until TIME] [--format parquet|json|csv]
 
 runs locally (``local[*]``) when started with ``python``, and unchanged under
-``spark-submit`` (the master given there is kept). It writes the verdict rows to DIR and
-prints the number of rows of each verdict.
+``spark-submit`` (the master given there is kept). It writes the verdict rows to
+DIR/verdicts and prints the number of rows of each verdict.
+
+``reconcile`` is the job itself, for this entry point and for ``gateway reconcile``
+(``spark.cli``): both parse the same options (``add_options``) and hand them over as they are
+(``reconcile_options``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from spark.link import link_by_content
 from spark.read import between, read_dlog
@@ -26,6 +33,8 @@ from spark.verdicts import verdicts
 
 DEFAULT_GRACE_MS = 30_000.0  # longer than a transport's reconnect and spool replay usually takes
 DEFAULT_SKEW_MS = 500.0  # NTP keeps the clocks of a site's hosts well within this
+FORMATS = ("parquet", "json", "csv")
+VERDICTS_DIR = "verdicts"  # DIR/verdicts: the verdict rows
 
 
 def parse_time(text: str) -> float:
@@ -41,17 +50,43 @@ def parse_time(text: str) -> float:
     return when.timestamp() * 1000.0
 
 
-def session() -> SparkSession:
+def time_arg(text: str) -> float:
+    """``parse_time`` for argparse: a time it cannot read is a usage error saying what it
+    takes, not a traceback."""
+    try:
+        return parse_time(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not epoch milliseconds or an ISO 8601 time: {text!r}") from None
+
+
+def missing_paths(paths: Iterable[str]) -> list[str]:
+    """The local paths of ``paths`` that do not exist (a URL, ``hdfs://…``, ``s3a://…``, is
+    Spark's to find)."""
+    return [p for p in paths if "://" not in p and not os.path.exists(p)]
+
+
+def session(master: str | None = None, driver_memory: str | None = None,
+            conf: Iterable[tuple[str, str]] = ()) -> SparkSession:
     """The running session (spark-submit's, or a caller's), else a new one; with no master
-    given, Spark's default is local[*]."""
-    return SparkSession.builder.appName("gateway-reconcile").getOrCreate()
+    given, Spark's default is local[*] (spark-submit's when it started this process). The
+    driver's memory takes effect only when this starts the JVM, i.e. not under spark-submit."""
+    builder = SparkSession.builder.appName("gateway-reconcile")
+    if master:
+        builder = builder.master(master)
+    if driver_memory:
+        builder = builder.config("spark.driver.memory", driver_memory)
+    for key, value in conf:
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="spark.job", description=__doc__.splitlines()[0])
+def add_options(ap: argparse.ArgumentParser) -> None:
+    """The job's options, the same for ``python -m spark.job`` and ``gateway reconcile``."""
     ap.add_argument("logdirs", nargs="+", metavar="LOGDIR",
                     help="delivery-log directories (searched recursively) or files")
-    ap.add_argument("--out", required=True, help="directory the verdicts are written to")
+    ap.add_argument("--out", required=True, metavar="DIR",
+                    help="directory the results are written to (DIR/verdicts)")
     ap.add_argument("--grace-ms", type=float, default=DEFAULT_GRACE_MS,
                     help="how long after entering a message may still leave before it "
                          "counts as lost (default %(default)s)")
@@ -65,33 +100,81 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sender-spans-gateways", action="store_true",
                     help="a client id names one sender on every gateway (for reordering; "
                          "sends within --skew-ms on two gateways have no known order)")
-    ap.add_argument("--since", type=parse_time, default=None,
+    ap.add_argument("--since", type=time_arg, default=None,
                     help="only records at or after this time (epoch ms or ISO 8601)")
-    ap.add_argument("--until", type=parse_time, default=None,
+    ap.add_argument("--until", type=time_arg, default=None,
                     help="only records before this time (epoch ms or ISO 8601)")
-    ap.add_argument("--format", choices=("parquet", "json", "csv"), default="parquet")
-    args = ap.parse_args(argv)
+    ap.add_argument("--format", choices=FORMATS, default="parquet",
+                    help="of the verdict rows (default %(default)s)")
 
-    spark = session()
+
+def reconcile_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``reconcile``'s keyword arguments from the options of ``add_options``."""
+    return {"out": args.out, "grace_ms": args.grace_ms, "skew_ms": args.skew_ms,
+            "link_window_ms": args.link_window_ms,
+            "sender_spans_gateways": args.sender_spans_gateways,
+            "since_ms": args.since, "until_ms": args.until, "fmt": args.format}
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """What one run made, cached: the records read (within since/until, relinked), their
+    routes and the verdict rows. ``unpersist`` when done with them."""
+
+    records: DataFrame
+    routes: DataFrame
+    verdicts: DataFrame
+
+    def unpersist(self) -> None:
+        for df in (self.verdicts, self.routes, self.records):
+            df.unpersist()
+
+
+def reconcile(spark: SparkSession, paths: Sequence[str], *, out: str,
+              grace_ms: float = DEFAULT_GRACE_MS, skew_ms: float = DEFAULT_SKEW_MS,
+              link_window_ms: float | None = None, sender_spans_gateways: bool = False,
+              since_ms: float | None = None, until_ms: float | None = None,
+              fmt: str = "parquet") -> Reconciled:
+    """Reads the delivery logs under ``paths`` (``since_ms <= ts < until_ms``), links the
+    hops that lost their trace id (within ``link_window_ms``, default the grace period; 0
+    links nothing), gives the verdicts and writes them to ``out``/verdicts in ``fmt``
+    (replacing what was there)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"not an output format: {fmt!r}")
     # Every verdict reads the records again (entries, exits, decisions, the watermark) and
     # most read the routes: the files are parsed, and the routes joined, once.
-    records = between(read_dlog(spark, args.logdirs), args.since, args.until)
-    window = args.grace_ms if args.link_window_ms is None else args.link_window_ms
+    records = between(read_dlog(spark, paths), since_ms, until_ms)
+    window = grace_ms if link_window_ms is None else link_window_ms
     if window > 0:
-        records = link_by_content(records, window, args.skew_ms)
+        records = link_by_content(records, window, skew_ms)
     records = records.cache()
     route_rows = routes(records).cache()
-    out = verdicts(records, args.grace_ms, args.skew_ms, args.sender_spans_gateways,
-                   route_rows).cache()
-    writer = out.write.mode("overwrite")
-    if args.format == "csv":
+    out_df = verdicts(records, grace_ms, skew_ms, sender_spans_gateways, route_rows).cache()
+    writer = out_df.write.mode("overwrite")
+    if fmt == "csv":
         writer = writer.option("header", "true")
-    writer.format(args.format).save(args.out)
-    for row in out.groupBy("verdict").count().orderBy("verdict").collect():
-        print(f"{row['verdict']}\t{row['count']}")
-    out.unpersist()
-    route_rows.unpersist()
-    records.unpersist()
+    writer.format(fmt).save(os.path.join(out, VERDICTS_DIR))
+    return Reconciled(records, route_rows, out_df)
+
+
+def verdict_counts(verdict_rows: DataFrame) -> dict[str, int]:
+    """The number of rows of each verdict, by verdict name."""
+    return {row["verdict"]: int(row["count"])
+            for row in verdict_rows.groupBy("verdict").count().orderBy("verdict").collect()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="spark.job", description=__doc__.splitlines()[0])
+    add_options(ap)
+    args = ap.parse_args(argv)
+    missing = missing_paths(args.logdirs)
+    if missing:
+        ap.error(f"no such delivery-log path: {missing[0]}")
+
+    done = reconcile(session(), args.logdirs, **reconcile_options(args))
+    for verdict, count in verdict_counts(done.verdicts).items():
+        print(f"{verdict}\t{count}")
+    done.unpersist()
     return 0
 
 

@@ -36,7 +36,7 @@ def test_job_writes_the_verdicts_of_two_gateways_within_since_until(
                "--until", "9000", "--skew-ms", "500", "--format", "json"])
 
     assert rc == 0
-    rows = [json.loads(line) for part in sorted(out.glob("part-*.json"))
+    rows = [json.loads(line) for part in sorted((out / "verdicts").glob("part-*.json"))
             for line in part.read_text().splitlines()]
     got = sorted((r["verdict"], r["trace_id"], r["gw"], r.get("exit_client")) for r in rows)
     assert got == [
