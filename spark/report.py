@@ -42,7 +42,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 
-from spark.schema import DELIVER, EXPORT, IMPORT
+from spark.schema import DELIVER, ENTRY_EVENTS, EXPORT, IMPORT
 from spark.verdicts import (
     CHANGED,
     DEAD_LETTERED,
@@ -114,6 +114,7 @@ def write_report(path: str | Path, verdicts: DataFrame, summary: DataFrame,
     hours = hourly(summary)
     routes, route_count = route_totals(summary)
     hops = gateway_hops(records)
+    entered = entries_per_destination(records)
     worst_rows = worst_messages(verdicts, records, worst)
     span = records.agg(F.count(F.lit(1)).alias("n"), F.min("ts").alias("first"),
                        F.max("ts").alias("last")).first()
@@ -127,7 +128,7 @@ def write_report(path: str | Path, verdicts: DataFrame, summary: DataFrame,
            if span["first"] is not None else "") + "</p>",
         "<h2>Verdicts</h2>", _totals_table(totals),
         "<h2>Routes</h2>",
-        figures.add("routes", "Route diagram", _route_diagram(routes, hops)),
+        figures.add("routes", "Route diagram", _route_diagram(routes, hops, entered)),
         _routes_table(routes, route_count),
         "<h2>Loss and duplicates by hour</h2>",
         figures.add("hours", "Loss and duplicates by hour", _hours_figure(hours))
@@ -241,6 +242,15 @@ def gateway_hops(records: DataFrame) -> list[dict[str, Any]]:
             .orderBy(F.desc("imported"), "gw", "dest", "via", "to_gw")
             .limit(MAX_ROUTES * 4))
     return [r.asDict() for r in hops.collect()]
+
+
+def entries_per_destination(records: DataFrame) -> dict[tuple[str, str], int]:
+    """The number of trace ids that entered each (gw, dest) (publish or import), for the
+    ``MAX_ROUTES * 4`` busiest."""
+    got = (records.where(F.col("event").isin(list(ENTRY_EVENTS)) & F.col("trace_id").isNotNull())
+           .groupBy("gw", "dest").agg(F.countDistinct("trace_id").alias("n"))
+           .orderBy(F.desc("n"), "gw", "dest").limit(MAX_ROUTES * 4).collect())
+    return {(r["gw"], r["dest"]): r["n"] for r in got}
 
 
 def worst_messages(verdicts: DataFrame, records: DataFrame, n: int) -> list[WorstMessage]:
@@ -374,7 +384,8 @@ def _hours_figure(hours: list[dict[str, Any]]) -> Any:
     return fig
 
 
-def _route_diagram(routes: list[dict[str, Any]], hops: list[dict[str, Any]]) -> Any:
+def _route_diagram(routes: list[dict[str, Any]], hops: list[dict[str, Any]],
+                   entered: dict[tuple[str, str], int]) -> Any:
     """Gateway → destination → exit (→ the gateway a transport's exports were imported at),
     one band per gateway, gateways that import after those that export to them."""
     gateways = _gateway_order({r["gw"] for r in routes} | {h["to_gw"] for h in hops},
@@ -439,8 +450,9 @@ def _route_diagram(routes: list[dict[str, Any]], hops: list[dict[str, Any]]) -> 
                     arrow(x_node, hop)
                 xnodes.append(x_node)
                 y -= n_rows
-            entered = max((r["messages"] for r in rs), default=0)
-            dn = node(col[1], (dtop + y + 1) / 2, f"{_short(d)}\n{entered} messages", "#eeeeee")
+            n = entered.get((g, d))
+            dn = node(col[1], (dtop + y + 1) / 2,
+                      _short(d) + ("" if n is None else f"\n{n} entered"), "#eeeeee")
             for x_node in xnodes:
                 arrow(dn, x_node)
             dnodes.append(dn)

@@ -17,7 +17,13 @@ from pyspark.sql import DataFrame, SparkSession
 from report_demo import summary_of
 
 from spark.read import read_dlog
-from spark.report import latency_histograms, worst_messages, write_report
+from spark.report import (
+    entries_per_destination,
+    gateway_hops,
+    latency_histograms,
+    worst_messages,
+    write_report,
+)
 from spark.routes import routes
 from spark.verdicts import verdicts
 
@@ -73,7 +79,7 @@ def test_worst_messages_come_by_verdict_then_latency_with_their_history(run: Run
     assert [(m.trace_id, m.severity, m.latency_ms) for m in got] == [
         ("t2-lost", "lost", None),
         ("t3", "lost_in_transit", 5.0),
-        ("t1", "duplicated", 11.0),
+        ("t1", "duplicated", 10.0),  # gw-b: import 1010, first copy 1020
         ("t4", None, 50.0),
         ("t5", None, 1.0),
     ]
@@ -110,6 +116,14 @@ def test_latency_histograms_bin_every_delivered_row_of_each_route(run: Run):
         assert local.counts[i] >= 1
     assert list(latency_histograms(run.verdicts, bins=8, max_routes=1)[0].route) == [
         "gw-a", "topic:t", "deliver", None]
+
+
+def test_route_diagram_counts_entries_and_gateway_to_gateway_hops(run: Run):
+    assert entries_per_destination(run.records) == {
+        ("gw-a", "topic:t"): 4, ("gw-a", EVIL): 1, ("gw-b", "topic:t"): 1}
+    # t1 exported through to-b and imported at gw-b; t3 exported, never imported.
+    assert gateway_hops(run.records) == [
+        {"gw": "gw-a", "dest": "topic:t", "via": "to-b", "to_gw": "gw-b", "imported": 1}]
 
 
 def test_strings_from_the_logs_are_escaped_and_nothing_is_fetched(run: Run):
