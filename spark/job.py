@@ -1,9 +1,11 @@
 """The reconciliation job: read delivery logs, give verdicts, write them. Wiring only; every
-transform is in ``spark.read``, ``spark.link``, ``spark.routes`` and ``spark.verdicts``.
+transform is in ``spark.read``, ``spark.link``, ``spark.routes``, ``spark.verdicts`` and
+``spark.external``.
 
     python -m spark.job LOGDIR [LOGDIR ...] --out DIR [--grace-ms MS] [--skew-ms MS]
                         [--link-window-ms MS] [--sender-spans-gateways]
                         [--since TIME] [--until TIME] [--format parquet|json|csv]
+                        [--external PATH=MAPPING.yaml ...]
 
 runs locally (``local[*]``) when started with ``python``, and unchanged under
 ``spark-submit`` (the master given there is kept). It writes the verdict rows to DIR and
@@ -19,6 +21,7 @@ from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 
+from spark.external import MappingError, link_senders, load_mapping, read_external
 from spark.link import link_by_content
 from spark.read import between, read_dlog
 from spark.routes import routes
@@ -70,15 +73,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--until", type=parse_time, default=None,
                     help="only records before this time (epoch ms or ISO 8601)")
     ap.add_argument("--format", choices=("parquet", "json", "csv"), default="parquet")
+    ap.add_argument("--external", action="append", default=[], metavar="PATH=MAPPING.yaml",
+                    help="another system's records (CSV or JSON Lines at PATH) read as a "
+                         "pseudo-gateway's by the mapping (spark/README.md, \"External "
+                         "records\"); repeatable")
     args = ap.parse_args(argv)
+    externals = []
+    for spec in args.external:
+        path, sep, mapping_file = spec.rpartition("=")
+        if not sep or not path:
+            ap.error(f"--external {spec}: expected PATH=MAPPING.yaml")
+        try:
+            externals.append((path, load_mapping(mapping_file)))
+        except MappingError as e:
+            ap.error(str(e))
 
     spark = session()
     # Every verdict reads the records again (entries, exits, decisions, the watermark) and
     # most read the routes: the files are parsed, and the routes joined, once.
     records = between(read_dlog(spark, args.logdirs), args.since, args.until)
+    for path, mapping in externals:
+        try:
+            ext = read_external(spark, path, mapping)
+        except MappingError as e:
+            ap.error(str(e))
+        records = records.unionByName(between(ext, args.since, args.until))
     window = args.grace_ms if args.link_window_ms is None else args.link_window_ms
     if window > 0:
         records = link_by_content(records, window, args.skew_ms)
+    if externals:  # after the gateway-to-gateway links: a relayed import is no sender's hop
+        records = link_senders(records, [m.gw for _, m in externals], window, args.skew_ms)
     records = records.cache()
     route_rows = routes(records).cache()
     out = verdicts(records, args.grace_ms, args.skew_ms, args.sender_spans_gateways,
