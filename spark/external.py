@@ -543,6 +543,11 @@ def link_senders(records: DataFrame, external_gws: Iterable[str], window_ms: flo
     gateway-to-gateway hop a relay (not a first-hand entry) when the hop lost the trace id.
     """
     gws = list(external_gws)
+    # The records are read several times below, and their plan (the logs and the external
+    # files, linked by content) is large already: without a checkpoint every verdict's plan
+    # holds it a dozen times over, and analysing that takes Spark minutes. A checkpoint also
+    # fixes the external rows' own trace ids (``monotonically_increasing_id``) once.
+    records = records.localCheckpoint()
     if window_ms > 0:
         records = relink(records, sender_links(records, gws, window_ms, skew_ms))
     _, firsthand = _sends_and_entries(records, gws)
