@@ -85,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         print(MISSING_PYSPARK, file=sys.stderr)
         return 2
+    from spark.external import MappingError
     from spark.job import missing_paths, reconcile, reconcile_options, session, verdict_counts
 
     ap = parser()
@@ -108,7 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sc.setLogLevel("ERROR")  # a warning would tear the bar; without a bar they stay
     sc.setJobGroup(JOB_GROUP, PROG)
     with SparkProgress(sc, JOB_GROUP, show):
-        done = reconcile(spark, args.logdirs, **reconcile_options(args))
+        try:
+            done = reconcile(spark, args.logdirs, **reconcile_options(args))
+        except MappingError as e:  # a mapped column the external file does not have
+            ap.error(str(e))
         counts = verdict_counts(done.verdicts)
         result = json_result(args.out, done.records.count(), counts,
                              done.verdicts) if args.json else None

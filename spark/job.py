@@ -4,6 +4,7 @@ transform is in ``spark.read``, ``spark.link``, ``spark.routes`` and ``spark.ver
     python -m spark.job LOGDIR [LOGDIR ...] --out DIR [--grace-ms MS] [--skew-ms MS]
                         [--link-window-ms MS] [--sender-spans-gateways]
                         [--since TIME] [--until TIME] [--format parquet|json|csv]
+                        [--external PATH=MAPPING.yaml ...]
 
 runs locally (``local[*]``) when started with ``python``, and unchanged under
 ``spark-submit`` (the master given there is kept). It writes the verdict rows to
@@ -26,6 +27,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
+from spark.external import ExternalMapping, MappingError, link_senders, load_mapping, read_external
 from spark.link import link_by_content
 from spark.read import between, read_dlog
 from spark.routes import routes
@@ -106,6 +108,22 @@ def add_options(ap: argparse.ArgumentParser) -> None:
                     help="only records before this time (epoch ms or ISO 8601)")
     ap.add_argument("--format", choices=FORMATS, default="parquet",
                     help="of the verdict rows (default %(default)s)")
+    ap.add_argument("--external", type=external_arg, action="append", default=[],
+                    metavar="PATH=MAPPING.yaml",
+                    help="another system's records (CSV or JSON Lines at PATH) read as a "
+                         "pseudo-gateway's by the mapping (spark/README.md, \"External "
+                         "records\"); repeatable")
+
+
+def external_arg(spec: str) -> tuple[str, ExternalMapping]:
+    """``--external PATH=MAPPING.yaml``: the path and its mapping, loaded and checked."""
+    path, sep, mapping_file = spec.rpartition("=")
+    if not sep or not path:
+        raise argparse.ArgumentTypeError(f"{spec}: expected PATH=MAPPING.yaml")
+    try:
+        return path, load_mapping(mapping_file)
+    except MappingError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def reconcile_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -113,7 +131,8 @@ def reconcile_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"out": args.out, "grace_ms": args.grace_ms, "skew_ms": args.skew_ms,
             "link_window_ms": args.link_window_ms,
             "sender_spans_gateways": args.sender_spans_gateways,
-            "since_ms": args.since, "until_ms": args.until, "fmt": args.format}
+            "since_ms": args.since, "until_ms": args.until, "fmt": args.format,
+            "externals": args.external}
 
 
 @dataclass(frozen=True)
@@ -134,19 +153,26 @@ def reconcile(spark: SparkSession, paths: Sequence[str], *, out: str,
               grace_ms: float = DEFAULT_GRACE_MS, skew_ms: float = DEFAULT_SKEW_MS,
               link_window_ms: float | None = None, sender_spans_gateways: bool = False,
               since_ms: float | None = None, until_ms: float | None = None,
-              fmt: str = "parquet") -> Reconciled:
+              fmt: str = "parquet",
+              externals: Sequence[tuple[str, ExternalMapping]] = ()) -> Reconciled:
     """Reads the delivery logs under ``paths`` (``since_ms <= ts < until_ms``), links the
     hops that lost their trace id (within ``link_window_ms``, default the grace period; 0
     links nothing), gives the verdicts and writes them to ``out``/verdicts in ``fmt``
-    (replacing what was there)."""
+    (replacing what was there). ``externals`` are other systems' records, each a path and
+    its mapping (``spark.external``); a mapped column a file lacks raises ``MappingError``."""
     if fmt not in FORMATS:
         raise ValueError(f"not an output format: {fmt!r}")
     # Every verdict reads the records again (entries, exits, decisions, the watermark) and
     # most read the routes: the files are parsed, and the routes joined, once.
     records = between(read_dlog(spark, paths), since_ms, until_ms)
+    for path, mapping in externals:
+        records = records.unionByName(between(read_external(spark, path, mapping),
+                                              since_ms, until_ms))
     window = grace_ms if link_window_ms is None else link_window_ms
     if window > 0:
         records = link_by_content(records, window, skew_ms)
+    if externals:  # after the gateway-to-gateway links: a relayed import is no sender's hop
+        records = link_senders(records, [m.gw for _, m in externals], window, skew_ms)
     records = records.cache()
     route_rows = routes(records).cache()
     out_df = verdicts(records, grace_ms, skew_ms, sender_spans_gateways, route_rows).cache()
@@ -171,7 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         ap.error(f"no such delivery-log path: {missing[0]}")
 
-    done = reconcile(session(), args.logdirs, **reconcile_options(args))
+    try:
+        done = reconcile(session(), args.logdirs, **reconcile_options(args))
+    except MappingError as e:
+        ap.error(str(e))
     for verdict, count in verdict_counts(done.verdicts).items():
         print(f"{verdict}\t{count}")
     done.unpersist()
