@@ -4,10 +4,12 @@ transform is in ``spark.read``, ``spark.link``, ``spark.routes`` and ``spark.ver
     python -m spark.job LOGDIR [LOGDIR ...] --out DIR [--grace-ms MS] [--skew-ms MS]
                         [--link-window-ms MS] [--sender-spans-gateways]
                         [--since TIME] [--until TIME] [--format parquet|json|csv]
+                        [--follow [--trigger-ms MS] [--checkpoint DIR]]
 
 runs locally (``local[*]``) when started with ``python``, and unchanged under
 ``spark-submit`` (the master given there is kept). It writes the verdict rows to DIR and
-prints the number of rows of each verdict.
+prints the number of rows of each verdict. With ``--follow`` it keeps running instead
+(``spark.follow``) until stopped with Ctrl-C.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 
+from spark.follow import DEFAULT_TRIGGER_MS, follow, run
 from spark.link import link_by_content
 from spark.read import between, read_dlog
 from spark.routes import routes
@@ -70,9 +73,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--until", type=parse_time, default=None,
                     help="only records before this time (epoch ms or ISO 8601)")
     ap.add_argument("--format", choices=("parquet", "json", "csv"), default="parquet")
+    ap.add_argument("--follow", action="store_true",
+                    help="keep running: read the logs as they grow and append each "
+                         "message's verdicts to DIR/verdicts once the watermark has passed "
+                         "it (Parquet; Ctrl-C stops)")
+    ap.add_argument("--trigger-ms", type=float, default=DEFAULT_TRIGGER_MS,
+                    help="with --follow, how often the logs are read (default %(default)s)")
+    ap.add_argument("--checkpoint", default=None, metavar="DIR",
+                    help="with --follow, where its progress and state are kept (default "
+                         "OUT/_checkpoint); a restart with it goes on where it stopped")
     args = ap.parse_args(argv)
+    if args.follow and args.format != "parquet":
+        ap.error("--follow writes Parquet only")
 
     spark = session()
+    if args.follow:
+        return run(follow(spark, args.logdirs, args.out, args.grace_ms, args.skew_ms,
+                          args.sender_spans_gateways, args.link_window_ms, args.since,
+                          args.until, trigger_ms=args.trigger_ms,
+                          checkpoint=args.checkpoint))
     # Every verdict reads the records again (entries, exits, decisions, the watermark) and
     # most read the routes: the files are parsed, and the routes joined, once.
     records = between(read_dlog(spark, args.logdirs), args.since, args.until)
