@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from spark.follow import follow, tail
+from spark.job import main
 from spark.verdicts import VERDICT_COLUMNS
 
 # Every micro-batch runs the whole batch plan (routes, verdicts) and writes Parquet, and a
@@ -208,6 +209,7 @@ def test_a_restart_from_the_checkpoint_gives_nothing_twice(logs: Logs):
     commits = logs.out / "_checkpoint" / "stream" / "commits"
     last = max((p for p in commits.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     last.unlink()
+    (commits / f".{last.name}.crc").unlink()
 
     logs.start()
     assert logs.step() == first  # the replayed batch gave nothing again
@@ -231,3 +233,9 @@ def test_the_follow_thread_tails_the_logs_every_trigger(logs: Logs):
         assert time.monotonic() < deadline, "the thread never tailed the new file"
         query.processAllAvailable()
     assert logs.given() == [("delivered", "t", "gw-a", "c", False)]
+
+
+def test_the_job_follows_in_parquet_only(capsys: pytest.CaptureFixture[str], tmp_path: Path):
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--out", str(tmp_path / "out"), "--follow", "--format", "json"])
+    assert "--follow writes Parquet only" in capsys.readouterr().err
