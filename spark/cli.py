@@ -86,13 +86,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(MISSING_PYSPARK, file=sys.stderr)
         return 2
     from spark.external import MappingError
-    from spark.job import missing_paths, reconcile, reconcile_options, session, verdict_counts
+    from spark.job import (
+        follow_error,
+        follow_logs,
+        missing_paths,
+        reconcile,
+        reconcile_options,
+        session,
+        verdict_counts,
+    )
 
     ap = parser()
     args = ap.parse_args(argv)
     missing = missing_paths(args.logdirs)
     if missing:
         ap.error(f"no such delivery-log path: {missing[0]}")
+    why = follow_error(args)
+    if why:
+        ap.error(why)
     if args.driver_memory and "PYSPARK_GATEWAY_PORT" in os.environ:
         # spark-submit started the JVM (and this process): too late to size it
         print(f"{PROG}: --driver-memory has no effect under spark-submit; give it to "
@@ -104,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # no Java, a master that cannot be reached: say it in one line
         print(f"{PROG}: cannot start Spark: {_first_line(exc)}", file=sys.stderr)
         return 1
+    if args.follow:  # a stream has no end to count towards: no bar
+        return follow_logs(spark, args)
     sc = spark.sparkContext
     if show:
         sc.setLogLevel("ERROR")  # a warning would tear the bar; without a bar they stay

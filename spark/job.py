@@ -5,10 +5,12 @@ transform is in ``spark.read``, ``spark.link``, ``spark.routes`` and ``spark.ver
                         [--link-window-ms MS] [--sender-spans-gateways]
                         [--since TIME] [--until TIME] [--format parquet|json|csv]
                         [--external PATH=MAPPING.yaml ...]
+                        [--follow [--trigger-ms MS] [--checkpoint DIR]]
 
 runs locally (``local[*]``) when started with ``python``, and unchanged under
 ``spark-submit`` (the master given there is kept). It writes the verdict rows to
-DIR/verdicts and prints the number of rows of each verdict.
+DIR/verdicts and prints the number of rows of each verdict. With ``--follow`` it keeps running
+instead (``spark.follow``) until stopped with Ctrl-C.
 
 ``reconcile`` is the job itself, for this entry point and for ``gateway reconcile``
 (``spark.cli``): both parse the same options (``add_options``) and hand them over as they are
@@ -28,6 +30,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from spark.external import ExternalMapping, MappingError, link_senders, load_mapping, read_external
+from spark.follow import DEFAULT_TRIGGER_MS, follow, run
 from spark.link import link_by_content
 from spark.read import between, read_dlog
 from spark.routes import routes
@@ -113,6 +116,31 @@ def add_options(ap: argparse.ArgumentParser) -> None:
                     help="another system's records (CSV or JSON Lines at PATH) read as a "
                          "pseudo-gateway's by the mapping (spark/README.md, \"External "
                          "records\"); repeatable")
+    ap.add_argument("--follow", action="store_true",
+                    help="keep running: read the logs as they grow and append each "
+                         "message's verdicts to DIR/verdicts once the watermark has passed "
+                         "it (Parquet; Ctrl-C stops)")
+    ap.add_argument("--trigger-ms", type=float, default=DEFAULT_TRIGGER_MS,
+                    help="with --follow, how often the logs are read (default %(default)s)")
+    ap.add_argument("--checkpoint", default=None, metavar="DIR",
+                    help="with --follow, where its progress and state are kept (default "
+                         "OUT/_checkpoint); a restart with it goes on where it stopped")
+
+
+def follow_error(args: argparse.Namespace) -> str | None:
+    """Why the options cannot be followed, or None."""
+    if args.follow and args.format != "parquet":
+        return "--follow writes Parquet only"
+    if args.follow and args.external:
+        return "--follow reads delivery logs only, not --external files"
+    return None
+
+
+def follow_logs(spark: SparkSession, args: argparse.Namespace) -> int:
+    """``--follow``: the streaming query, run until Ctrl-C."""
+    return run(follow(spark, args.logdirs, args.out, args.grace_ms, args.skew_ms,
+                      args.sender_spans_gateways, args.link_window_ms, args.since,
+                      args.until, trigger_ms=args.trigger_ms, checkpoint=args.checkpoint))
 
 
 def external_arg(spec: str) -> tuple[str, ExternalMapping]:
@@ -196,7 +224,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing = missing_paths(args.logdirs)
     if missing:
         ap.error(f"no such delivery-log path: {missing[0]}")
-
+    why = follow_error(args)
+    if why:
+        ap.error(why)
+    if args.follow:
+        return follow_logs(session(), args)
     try:
         done = reconcile(session(), args.logdirs, **reconcile_options(args))
     except MappingError as e:
