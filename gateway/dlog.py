@@ -743,6 +743,12 @@ class DeliveryLog:
         self._writer_thread: threading.Thread | None = None
         self._files: LogFiles | None = None  # in-process writing
         self._child: WriterProcess | None = None  # the writer process, once started
+        # Set when adapters run mapping rules on their deliveries (mappings.engine
+        # log_deliveries): (message, consumer's connection id) -> (the copy the rules make
+        # of it for that consumer, the rules' names), or None when no rule runs.
+        self.delivered_as: Callable[[Message, str | None], tuple[Message, str] | None] | None = (
+            None
+        )
 
     # -- the hot path -------------------------------------------------------------------
 
@@ -765,7 +771,9 @@ class DeliveryLog:
         ``extra``, for the few records that have them, ``(rules, far_id, far_dest, lost)``:
         the mapping rules that changed the message on its way out, the far side's message
         id and destination (import, export), the messages a bus reported lost. See
-        ``docs/delivery-log.md``.
+        ``docs/delivery-log.md``. A ``deliver`` or ``redeliver`` to a consumer whose adapter
+        runs mapping rules on it (:attr:`delivered_as`) is logged with the copy the rules
+        make, and their names.
 
         The message's properties are hashed as they are when the writer gets to them, so
         they must not change after the message's first record (the core never changes
@@ -780,6 +788,12 @@ class DeliveryLog:
         thread to take a batch (see "Bounded memory" above).
         """
         if self.enabled:
+            if self.delivered_as is not None and (event == "deliver" or event == "redeliver"):
+                sent = self.delivered_as(msg, client)
+                if sent is not None:  # the consumer's copy, changed by its out rules
+                    msg = sent[0]
+                    rest = (None, None, None) if extra is None else extra[1:]
+                    extra = (sent[1], *rest)
             head = msg.log_head
             if head is None:  # content(msg), the common case inline
                 body = msg.body
