@@ -30,12 +30,16 @@ message id, delivery mode, size, and what its body and properties hashes are mad
 what every record of the message repeats), made at its first record and kept on the message
 (``Message.log_head``; ``Broker.publish`` makes it anew, as a producer may send the same
 object again). So a record costs one attribute read instead of six, and the writer sends,
-hashes and formats a head once per message (``marshal`` keeps the sharing). The hashes
-(``body_hash``, ``props_hash``: BLAKE2b, 8 bytes) are made by the writer, not here: a head
-holds a text or bytes body itself (up to :data:`SHIP_LIMIT`, a reference, copied only when
-the chunk is marshalled) and a shallow copy of the properties dict (about 0.06 µs), which
-the writer sorts and encodes (:func:`canonical_properties`) before hashing (see
-:func:`content`). Hashing 64 bytes on the loop cost about 0.5 µs, a tenth of what a
+hashes and formats a head once per message (``marshal`` keeps the sharing; a head that
+comes again in a later chunk finds its hashes in the writer's cache, :func:`hashes_json`).
+The hashes (``body_hash``, ``props_hash``: BLAKE2b, 8 bytes) are made by the writer, not
+here: a head holds a text or bytes body itself (up to :data:`SHIP_LIMIT`, a reference,
+copied only when the chunk is marshalled) and the message's own properties dict, which the
+writer sorts and encodes (:func:`canonical_properties`) before hashing (see
+:func:`content`). A reference, not a copy: the core never changes the properties of a
+message once it is published or imported (mapping rules work on copies, a transport adds
+its import marker before the publish, the in-process producer sends a copy to reuse a
+message), and a copy cost a dict, a tracked object, a message. Hashing 64 bytes on the loop cost about 0.5 µs, a tenth of what a
 publish and its delivery cost in all; sorting and encoding two properties on the loop cost
 1.3 µs, and a quarter of the throughput of messages that carry them (every MQTT publish
 does). ``marshal`` takes no typed value (``Int8`` ...), so a chunk with properties is
@@ -181,9 +185,9 @@ def content(msg: Message) -> tuple[Any, Any]:
     of at most :data:`SHIP_LIMIT` (the writer hashes it, off the event loop), otherwise its
     hash already made, as an ``int`` (a long body is hashed here rather than copied to the
     writer). The properties: ``None`` when there are none, else a copy of the dict (the
-    writer encodes and hashes it, :func:`canonical_properties`; a copy, as a property set
-    after this record is not this record's). ``docs/delivery-log.md`` ("Hashes") defines the
-    bytes.
+    writer encodes and hashes it, :func:`canonical_properties`; a copy, as this is for
+    :meth:`DeliveryLog.head`, whose message is changed after it; :meth:`DeliveryLog.record`
+    takes the dict itself). ``docs/delivery-log.md`` ("Hashes") defines the bytes.
     """
     props = msg.properties
     return content_body(msg), (dict(props) if props else None)
@@ -253,6 +257,42 @@ def hash_json(v: Any) -> str:
     elif type(v) is str:
         v = v.encode("utf-8", "surrogatepass")
     return '"' + _blake2b(v, digest_size=HASH_BYTES).hexdigest() + '"'
+
+
+HASH_CACHE = 4096  # contents whose hashes the formatter keeps (see hashes_json)
+_hashes: dict[Any, str] = {}
+# Property value types whose equality is their identity as hashed (not float: 0.0 == -0.0).
+_EXACT: frozenset[type] = frozenset(
+    {str, bytes, bool, int, *(t for t in SCALAR_TYPES.values() if issubclass(t, (int, str)))}
+)
+
+
+def hashes_json(body: Any, props: Any) -> str:
+    """``,"body_hash":..,"props_hash":..`` of a head's body and properties slots.
+
+    Made once per content, not per record: a message's records share one head within a
+    chunk, but its later records (a delivery from a backlog, its ack) come in later chunks
+    with a copy of the head, and the messages of one kind of producer tend to carry the same
+    properties (an MQTT publish's QoS and retain flag). So the result is kept, keyed by the
+    content itself -- the body and the property names, values *and their types*
+    (``Int8(1)`` equals ``True`` but hashes differently) -- for the last :data:`HASH_CACHE`
+    contents. Properties with a value of another type (a float: ``0.0`` equals ``-0.0``) are
+    hashed every time.
+    """
+    key: Any = props
+    if type(props) is dict:
+        types = tuple(map(type, props.values()))
+        if not _EXACT.issuperset(types):
+            return f',"body_hash":{hash_json(body)},"props_hash":{hash_json(props)}'
+        key = (tuple(props.items()), types)
+    key = (body, key)
+    done = _hashes.get(key)
+    if done is None:
+        done = f',"body_hash":{hash_json(body)},"props_hash":{hash_json(props)}'
+        if len(_hashes) >= HASH_CACHE:
+            _hashes.clear()
+        _hashes[key] = done
+    return done
 
 
 def _s(value: Any) -> str:
@@ -391,7 +431,7 @@ def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
                 f'"trace_id":{enc(trace_id) if type(trace_id) is str else _s(trace_id)},'
                 f'"msg_id":{enc(msg_id) if type(msg_id) is str else _s(msg_id)},',
                 f',"mode":{mode_json.get(mode) or _s(mode)},"size":{size or 0:d},"reason":',
-                f',"body_hash":{hash_json(body)},"props_hash":{hash_json(props)}',
+                hashes_json(body, props),
             )
         by_client = places.get(dest)
         if by_client is None:
@@ -703,6 +743,12 @@ class DeliveryLog:
         self._writer_thread: threading.Thread | None = None
         self._files: LogFiles | None = None  # in-process writing
         self._child: WriterProcess | None = None  # the writer process, once started
+        # Set when adapters run mapping rules on their deliveries (mappings.engine
+        # log_deliveries): (message, consumer's connection id) -> (the copy the rules make
+        # of it for that consumer, the rules' names), or None when no rule runs.
+        self.delivered_as: Callable[[Message, str | None], tuple[Message, str] | None] | None = (
+            None
+        )
 
     # -- the hot path -------------------------------------------------------------------
 
@@ -725,7 +771,13 @@ class DeliveryLog:
         ``extra``, for the few records that have them, ``(rules, far_id, far_dest, lost)``:
         the mapping rules that changed the message on its way out, the far side's message
         id and destination (import, export), the messages a bus reported lost. See
-        ``docs/delivery-log.md``.
+        ``docs/delivery-log.md``. A ``deliver`` or ``redeliver`` to a consumer whose adapter
+        runs mapping rules on it (:attr:`delivered_as`) is logged with the copy the rules
+        make, and their names.
+
+        The message's properties are hashed as they are when the writer gets to them, so
+        they must not change after the message's first record (the core never changes
+        them; call :meth:`head` first for a message that is changed after it).
 
         Pass ``dest`` as a string the caller keeps (e.g. computed once per destination),
         not a Destination object: the writer process is sent plain strings and numbers
@@ -736,6 +788,12 @@ class DeliveryLog:
         thread to take a batch (see "Bounded memory" above).
         """
         if self.enabled:
+            if self.delivered_as is not None and (event == "deliver" or event == "redeliver"):
+                sent = self.delivered_as(msg, client)
+                if sent is not None:  # the consumer's copy, changed by its out rules
+                    msg = sent[0]
+                    rest = (None, None, None) if extra is None else extra[1:]
+                    extra = (sent[1], *rest)
             head = msg.log_head
             if head is None:  # content(msg), the common case inline
                 body = msg.body
@@ -744,7 +802,7 @@ class DeliveryLog:
                 props = msg.properties
                 head = msg.log_head = (
                     msg.trace_id, msg.message_id, int(msg.delivery_mode), msg.size, body,
-                    dict(props) if props else None,
+                    props or None,
                 )  # fmt: skip
             p = self._pending
             p += (_time(), event, head, dest, client, count,

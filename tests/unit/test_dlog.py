@@ -970,23 +970,50 @@ def test_properties_are_encoded_and_hashed_in_the_writer_process(
     assert got == [want, want, None, None, want, want]
 
 
-def test_a_property_set_after_the_first_record_is_not_in_its_hash(
+def test_a_property_set_after_head_is_not_in_its_hash(
     tmp_path: Path, make_log: MakeLog
 ) -> None:
-    """The properties are hashed as they were at the message's first record, however
-    late the writer gets to them (an import's record, then the publish adds JMS_SENDER)."""
+    """``head()`` takes the properties as they are then, however late the writer gets to
+    them (a transport makes the head of an export changed by mapping rules, then adds its
+    own markers to it before sending it and logging its export)."""
     from gateway.types import Int8
 
     log = make_log(str(tmp_path), "gw1")
     m = make_msg(1)
     m.properties = {"a": Int8(1)}
-    log.record("import", m, "topic:a", "t1")
-    m.properties["JMS_SENDER"] = "user"
-    log.record("drop", m, "topic:a", "t1", 0, "duplicate")
+    log.head(m)
+    m.properties["JMS_GW_MARKER"] = "t1"
+    log.record("export", m, "topic:a", "t1")
     log.flush()
     got = [r["props_hash"] for r in read_lines(tmp_path)]
     log.close()
-    assert got == [hash_of(tagged_props({"a": Int8(1)}))] * 2
+    assert got == [hash_of(tagged_props({"a": Int8(1)}))]
+
+
+def test_records_share_the_message_properties_without_copying_them(
+    tmp_path: Path, make_log: MakeLog
+) -> None:
+    """``record()`` keeps a reference to the message's property dict, not a copy (the core
+    never changes the properties of a message it has logged), and every record of the
+    message, in this chunk or a later one, has the same hash."""
+    from gateway.types import Int8
+
+    log = make_log(str(tmp_path), "gw1")
+    m = make_msg(1)
+    m.properties = {"q": Int8(1), "r": True}
+    log.record("publish", m, "topic:a", "c1")
+    assert m.log_head is not None and m.log_head[5] is m.properties
+    log.flush()  # the deliver goes in a later chunk, with a copy of the head
+    log.record("deliver", m, "topic:a", "c2", 1)
+    other = make_msg(2)
+    other.properties = {"q": True, "r": True}  # equal values, another type: another hash
+    log.record("publish", other, "topic:a", "c1")
+    log.flush()
+    got = [r["props_hash"] for r in read_lines(tmp_path)]
+    log.close()
+    want = hash_of(tagged_props({"q": Int8(1), "r": True}))
+    assert got == [want, want, hash_of(tagged_props({"q": True, "r": True}))]
+    assert want != got[2]
 
 
 def test_batches_with_properties_carry_only_typed_values() -> None:
