@@ -75,11 +75,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = session()
     # Every verdict reads the records again (entries, exits, decisions, the watermark) and
     # most read the routes: the files are parsed, and the routes joined, once.
-    records = between(read_dlog(spark, args.logdirs), args.since, args.until)
+    # The fallback key reads them several times too: they are cached as read, then linked.
+    read = between(read_dlog(spark, args.logdirs), args.since, args.until).cache()
+    records = read
     window = args.grace_ms if args.link_window_ms is None else args.link_window_ms
     if window > 0:
-        records = link_by_content(records, window, args.skew_ms)
-    records = records.cache()
+        records = link_by_content(read, window, args.skew_ms).cache()
     route_rows = routes(records).cache()
     out = verdicts(records, args.grace_ms, args.skew_ms, args.sender_spans_gateways,
                    route_rows).cache()
@@ -92,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.unpersist()
     route_rows.unpersist()
     records.unpersist()
+    read.unpersist()
     return 0
 
 
