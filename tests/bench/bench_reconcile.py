@@ -7,7 +7,7 @@ memory, and whether it finds the verdicts planted in the logs.
 The logs are made by ``tests/bench/dloggen.py`` (three gateways, 2 to 4 records a message,
 0.1% lost, 0.1% duplicated; its docstring says what else) into ``--data`` (default
 ``<tmp>/dlog-bench-<records>-<seed>``), or reused from there when its ``manifest.json`` says
-it holds the same ``--records`` and ``--seed`` (``--regen`` makes them again). The generator's
+it holds the same ``--records``, ``--seed`` and ``--rate`` (``--regen`` makes them again). The generator's
 time is printed apart; it is not part of either measurement.
 
 Then, in one Spark session on ``local[2]`` with Spark's default driver memory (no setting is
@@ -172,16 +172,20 @@ def data(args: argparse.Namespace) -> tuple[Path, dict[str, Any], bool]:
     manifest_path = path / "manifest.json"
     if not args.regen and manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
-        if (manifest.get("requested_records"), manifest.get("seed")) == (args.records,
-                                                                          args.seed):
+        if ((manifest.get("requested_records"), manifest.get("seed"), manifest.get("rate"))
+                == (args.records, args.seed, args.rate)):
             return path, manifest, True
-    return path, dloggen.generate(args.records, path, args.seed), False
+    return path, dloggen.generate(args.records, path, args.seed, args.rate), False
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--records", type=int, default=10_000_000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--rate", type=float, default=1000.0,
+                    help="the generator's messages per second (below about 100,000 records, "
+                         "give less than 1000 for lost messages to be planted: they are only "
+                         "planted more than a minute before the end)")
     ap.add_argument("--data", help="the generated logs' directory (made when missing)")
     ap.add_argument("--regen", action="store_true", help="generate again even if present")
     ap.add_argument("--out", help="where the job writes (default: a temporary directory)")
