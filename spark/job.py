@@ -165,15 +165,16 @@ def reconcile_options(args: argparse.Namespace) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Reconciled:
-    """What one run made, cached: the records read (within since/until, relinked), their
-    routes and the verdict rows. ``unpersist`` when done with them."""
+    """What one run made, cached: the records as read (within since/until), the same
+    relinked, their routes and the verdict rows. ``unpersist`` when done with them."""
 
+    read: DataFrame
     records: DataFrame
     routes: DataFrame
     verdicts: DataFrame
 
     def unpersist(self) -> None:
-        for df in (self.verdicts, self.routes, self.records):
+        for df in (self.verdicts, self.routes, self.records, self.read):
             df.unpersist()
 
 
@@ -191,24 +192,28 @@ def reconcile(spark: SparkSession, paths: Sequence[str], *, out: str,
     if fmt not in FORMATS:
         raise ValueError(f"not an output format: {fmt!r}")
     # Every verdict reads the records again (entries, exits, decisions, the watermark) and
-    # most read the routes: the files are parsed, and the routes joined, once.
-    records = between(read_dlog(spark, paths), since_ms, until_ms)
+    # most read the routes: the files are parsed, and the routes joined, once. The fallback
+    # key reads them several times too: they are cached as read, then linked.
+    read = between(read_dlog(spark, paths), since_ms, until_ms)
     for path, mapping in externals:
-        records = records.unionByName(between(read_external(spark, path, mapping),
-                                              since_ms, until_ms))
+        read = read.unionByName(between(read_external(spark, path, mapping),
+                                        since_ms, until_ms))
+    read = read.cache()
+    records = read
     window = grace_ms if link_window_ms is None else link_window_ms
     if window > 0:
         records = link_by_content(records, window, skew_ms)
     if externals:  # after the gateway-to-gateway links: a relayed import is no sender's hop
         records = link_senders(records, [m.gw for _, m in externals], window, skew_ms)
-    records = records.cache()
+    if records is not read:
+        records = records.cache()
     route_rows = routes(records).cache()
     out_df = verdicts(records, grace_ms, skew_ms, sender_spans_gateways, route_rows).cache()
     writer = out_df.write.mode("overwrite")
     if fmt == "csv":
         writer = writer.option("header", "true")
     writer.format(fmt).save(os.path.join(out, VERDICTS_DIR))
-    return Reconciled(records, route_rows, out_df)
+    return Reconciled(read, records, route_rows, out_df)
 
 
 def verdict_counts(verdict_rows: DataFrame) -> dict[str, int]:

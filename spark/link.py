@@ -22,7 +22,7 @@ so routes, origins and verdicts see one message. A path with two such hops in a 
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from spark.schema import EXPORT, IMPORT
@@ -34,20 +34,30 @@ def content_links(records: DataFrame, window_ms: float, skew_ms: float = 0.0) ->
     if window_ms < 0 or skew_ms < 0:
         raise ValueError("the link window and the clock-skew tolerance cannot be negative")
     hashed = F.col("trace_id").isNotNull() & F.col("body_hash").isNotNull()
-    ex = (records.where((F.col("event") == F.lit(EXPORT)) & hashed)
-          .select(F.col("trace_id").alias("ex_trace"), F.col("gw").alias("ex_gw"),
-                  F.col("ts").alias("ex_ts"), F.col("dest").alias("ex_dest"),
-                  F.col("far_dest").alias("ex_far_dest"),
-                  F.col("body_hash").alias("ex_body")))
-    im = (records.where((F.col("event") == F.lit(IMPORT)) & hashed)
-          .select(F.col("trace_id").alias("im_trace"), F.col("gw").alias("im_gw"),
-                  F.col("ts").alias("im_ts"), F.col("dest").alias("im_dest"),
-                  F.col("far_dest").alias("im_far_dest"),
-                  F.col("body_hash").alias("im_body")))
-    # Traces that crossed with their id are not candidates on either side.
-    crossed = (F.col("ex_trace") == F.col("im_trace")) & (F.col("ex_gw") != F.col("im_gw"))
-    ex_open = ex.join(im, crossed, "left_anti")
-    im_open = im.join(ex, crossed, "left_anti")
+    ev = F.col("event")
+    # Traces that crossed with their id are not candidates on either side: an export whose
+    # trace another gateway imported, an import whose trace another gateway exported. The
+    # gateways that exported and imported each trace come from one window over the exports
+    # and imports together (one shuffle, one pass over the records).
+    by_trace = Window.partitionBy("trace_id")
+    ex_gws = F.collect_set(F.when(ev == F.lit(EXPORT), F.col("gw"))).over(by_trace)
+    im_gws = F.collect_set(F.when(ev == F.lit(IMPORT), F.col("gw"))).over(by_trace)
+    crossed = F.when(ev == F.lit(EXPORT), F.exists(im_gws, lambda g: g != F.col("gw"))) \
+        .otherwise(F.exists(ex_gws, lambda g: g != F.col("gw")))
+    hops = (records.where(ev.isin(EXPORT, IMPORT) & hashed)
+            .select("event", "trace_id", "gw", "ts", "dest", "far_dest", "body_hash",
+                    crossed.alias("crossed"))
+            .where(~F.col("crossed")))
+    ex_open = (hops.where(ev == F.lit(EXPORT))
+               .select(F.col("trace_id").alias("ex_trace"), F.col("gw").alias("ex_gw"),
+                       F.col("ts").alias("ex_ts"), F.col("dest").alias("ex_dest"),
+                       F.col("far_dest").alias("ex_far_dest"),
+                       F.col("body_hash").alias("ex_body")))
+    im_open = (hops.where(ev == F.lit(IMPORT))
+               .select(F.col("trace_id").alias("im_trace"), F.col("gw").alias("im_gw"),
+                       F.col("ts").alias("im_ts"), F.col("dest").alias("im_dest"),
+                       F.col("far_dest").alias("im_far_dest"),
+                       F.col("body_hash").alias("im_body")))
     same_dest = (F.when(F.col("ex_far_dest").isNotNull() & F.col("im_far_dest").isNotNull(),
                         F.col("ex_far_dest") == F.col("im_far_dest"))
                  .otherwise(F.col("ex_dest") == F.col("im_dest")))
@@ -58,13 +68,14 @@ def content_links(records: DataFrame, window_ms: float, skew_ms: float = 0.0) ->
                           & (gap >= F.lit(-float(skew_ms))) & (gap <= F.lit(float(window_ms))),
                           "inner")
              .select("ex_trace", "im_trace", "im_gw").distinct())
-    one_export = (pairs.groupBy("im_trace")
-                  .agg(F.count(F.lit(1)).alias("n")).where("n = 1").select("im_trace"))
-    one_import = (pairs.groupBy("ex_trace", "im_gw")
-                  .agg(F.count(F.lit(1)).alias("n")).where("n = 1")
-                  .select("ex_trace", "im_gw"))
-    return (pairs.join(one_export, "im_trace", "left_semi")
-            .join(one_import, ["ex_trace", "im_gw"], "left_semi")
+    # How many exports each import matches, and how many imports on one gateway each export
+    # matches, as windows over the pairs (computed once) rather than two aggregations joined
+    # back to them.
+    exports_matched = F.count(F.lit(1)).over(Window.partitionBy("im_trace"))
+    imports_matched = F.count(F.lit(1)).over(Window.partitionBy("ex_trace", "im_gw"))
+    return (pairs.select("ex_trace", "im_trace", exports_matched.alias("n_ex"),
+                         imports_matched.alias("n_im"))
+            .where((F.col("n_ex") == 1) & (F.col("n_im") == 1))
             .select(F.col("im_trace").alias("trace_id"),
                     F.col("ex_trace").alias("linked_trace_id")))
 
