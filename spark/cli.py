@@ -87,9 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from spark.external import MappingError
     from spark.job import (
-        follow_error,
         follow_logs,
         missing_paths,
+        options_error,
         reconcile,
         reconcile_options,
         session,
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing = missing_paths(args.logdirs)
     if missing:
         ap.error(f"no such delivery-log path: {missing[0]}")
-    why = follow_error(args)
+    why = options_error(args)
     if why:
         ap.error(why)
     if args.driver_memory and "PYSPARK_GATEWAY_PORT" in os.environ:

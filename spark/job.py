@@ -1,15 +1,18 @@
 """The reconciliation job: read delivery logs, give verdicts, write them. Wiring only; every
-transform is in ``spark.read``, ``spark.link``, ``spark.routes`` and ``spark.verdicts``.
+transform is in ``spark.read``, ``spark.external``, ``spark.incremental``, ``spark.link``,
+``spark.routes``, ``spark.verdicts`` and ``spark.summary``; the page in ``spark.report``.
 
     python -m spark.job LOGDIR [LOGDIR ...] --out DIR [--grace-ms MS] [--skew-ms MS]
                         [--link-window-ms MS] [--sender-spans-gateways]
                         [--since TIME] [--until TIME] [--format parquet|json|csv]
-                        [--external PATH=MAPPING.yaml ...]
+                        [--external PATH=MAPPING.yaml ...] [--previous DIR] [--no-report]
                         [--follow [--trigger-ms MS] [--checkpoint DIR]]
 
 runs locally (``local[*]``) when started with ``python``, and unchanged under
 ``spark-submit`` (the master given there is kept). It writes the verdict rows to
-DIR/verdicts and prints the number of rows of each verdict. With ``--follow`` it keeps running
+DIR/verdicts, the summary per route and hour to DIR/summary, the records of the messages
+still pending to DIR/pending (which the next run reads with ``--previous DIR``) and the
+report to DIR/report.html, and prints the number of rows of each verdict. With ``--follow`` it keeps running
 instead (``spark.follow``) until stopped with Ctrl-C.
 
 ``reconcile`` is the job itself, for this entry point and for ``gateway reconcile``
@@ -31,15 +34,28 @@ from pyspark.sql import DataFrame, SparkSession
 
 from spark.external import ExternalMapping, MappingError, link_senders, load_mapping, read_external
 from spark.follow import DEFAULT_TRIGGER_MS, follow, run
+from spark.incremental import (
+    carry_in,
+    not_reported_before,
+    pending_records,
+    read_pending,
+    read_verdicts,
+    run_path,
+)
 from spark.link import link_by_content
 from spark.read import between, read_dlog
+from spark.report import write_report
 from spark.routes import routes
+from spark.summary import route_hour_summary
 from spark.verdicts import verdicts
 
 DEFAULT_GRACE_MS = 30_000.0  # longer than a transport's reconnect and spool replay usually takes
 DEFAULT_SKEW_MS = 500.0  # NTP keeps the clocks of a site's hosts well within this
 FORMATS = ("parquet", "json", "csv")
 VERDICTS_DIR = "verdicts"  # DIR/verdicts: the verdict rows
+SUMMARY_DIR = "summary"  # DIR/summary: per route per hour (spark.summary)
+PENDING_DIR = "pending"  # DIR/pending: the records the next run carries in (spark.incremental)
+REPORT_FILE = "report.html"  # DIR/report.html (spark.report)
 
 
 def parse_time(text: str) -> float:
@@ -116,6 +132,12 @@ def add_options(ap: argparse.ArgumentParser) -> None:
                     help="another system's records (CSV or JSON Lines at PATH) read as a "
                          "pseudo-gateway's by the mapping (spark/README.md, \"External "
                          "records\"); repeatable")
+    ap.add_argument("--previous", default=None, metavar="DIR",
+                    help="the --out of the previous run (same --format): its pending "
+                         "messages are judged again with these records, and its verdicts "
+                         "are not given again")
+    ap.add_argument("--no-report", action="store_true",
+                    help="do not write DIR/report.html")
     ap.add_argument("--follow", action="store_true",
                     help="keep running: read the logs as they grow and append each "
                          "message's verdicts to DIR/verdicts once the watermark has passed "
@@ -127,8 +149,13 @@ def add_options(ap: argparse.ArgumentParser) -> None:
                          "OUT/_checkpoint); a restart with it goes on where it stopped")
 
 
-def follow_error(args: argparse.Namespace) -> str | None:
-    """Why the options cannot be followed, or None."""
+def options_error(args: argparse.Namespace) -> str | None:
+    """Why the options cannot be used together, or None."""
+    if args.previous is not None and args.previous.rstrip("/") == args.out.rstrip("/"):
+        return ("--previous must be another directory than --out (its pending records are "
+                "read while this run's are written)")
+    if args.follow and args.previous is not None:
+        return "--follow keeps its own state (--checkpoint), not --previous"
     if args.follow and args.format != "parquet":
         return "--follow writes Parquet only"
     if args.follow and args.external:
@@ -160,7 +187,8 @@ def reconcile_options(args: argparse.Namespace) -> dict[str, Any]:
             "link_window_ms": args.link_window_ms,
             "sender_spans_gateways": args.sender_spans_gateways,
             "since_ms": args.since, "until_ms": args.until, "fmt": args.format,
-            "externals": args.external}
+            "externals": args.external, "previous": args.previous,
+            "report": not args.no_report}
 
 
 @dataclass(frozen=True)
@@ -172,9 +200,10 @@ class Reconciled:
     records: DataFrame
     routes: DataFrame
     verdicts: DataFrame
+    summary: DataFrame
 
     def unpersist(self) -> None:
-        for df in (self.verdicts, self.routes, self.records, self.read):
+        for df in (self.summary, self.verdicts, self.routes, self.records, self.read):
             df.unpersist()
 
 
@@ -183,14 +212,22 @@ def reconcile(spark: SparkSession, paths: Sequence[str], *, out: str,
               link_window_ms: float | None = None, sender_spans_gateways: bool = False,
               since_ms: float | None = None, until_ms: float | None = None,
               fmt: str = "parquet",
-              externals: Sequence[tuple[str, ExternalMapping]] = ()) -> Reconciled:
+              externals: Sequence[tuple[str, ExternalMapping]] = (),
+              previous: str | None = None, report: bool = True) -> Reconciled:
     """Reads the delivery logs under ``paths`` (``since_ms <= ts < until_ms``), links the
     hops that lost their trace id (within ``link_window_ms``, default the grace period; 0
     links nothing), gives the verdicts and writes them to ``out``/verdicts in ``fmt``
     (replacing what was there). ``externals`` are other systems' records, each a path and
-    its mapping (``spark.external``); a mapped column a file lacks raises ``MappingError``."""
+    its mapping (``spark.external``); a mapped column a file lacks raises ``MappingError``.
+    ``previous`` is the ``out`` of the previous run: its pending records are judged again
+    and its verdicts not given again (``spark.incremental``). The summary goes to
+    ``out``/summary, the pending records to ``out``/pending, and, with ``report`` and a local
+    ``out``, the report to ``out``/report.html."""
     if fmt not in FORMATS:
         raise ValueError(f"not an output format: {fmt!r}")
+    if previous is not None and previous.rstrip("/") == out.rstrip("/"):
+        raise ValueError("--previous must be another directory than --out (its pending "
+                         "records are read while this run's are written)")
     # Every verdict reads the records again (entries, exits, decisions, the watermark) and
     # most read the routes: the files are parsed, and the routes joined, once. The fallback
     # key reads them several times too: they are cached as read, then linked.
@@ -198,6 +235,10 @@ def reconcile(spark: SparkSession, paths: Sequence[str], *, out: str,
     for path, mapping in externals:
         read = read.unionByName(between(read_external(spark, path, mapping),
                                         since_ms, until_ms))
+    if previous is not None:
+        # Checkpointed: the verdicts' plan names the records a dozen times, and the carried
+        # records' plan in each would make it too large to print (the driver runs out of heap).
+        read = carry_in(read, read_pending(spark, previous)).localCheckpoint()
     read = read.cache()
     records = read
     window = grace_ms if link_window_ms is None else link_window_ms
@@ -208,12 +249,21 @@ def reconcile(spark: SparkSession, paths: Sequence[str], *, out: str,
     if records is not read:
         records = records.cache()
     route_rows = routes(records).cache()
-    out_df = verdicts(records, grace_ms, skew_ms, sender_spans_gateways, route_rows).cache()
+    out_df = verdicts(records, grace_ms, skew_ms, sender_spans_gateways, route_rows)
+    if previous is not None:
+        out_df = not_reported_before(out_df, read_verdicts(spark, previous, fmt))
+    out_df = out_df.cache()
     writer = out_df.write.mode("overwrite")
     if fmt == "csv":
         writer = writer.option("header", "true")
-    writer.format(fmt).save(os.path.join(out, VERDICTS_DIR))
-    return Reconciled(read, records, route_rows, out_df)
+    writer.format(fmt).save(run_path(out, VERDICTS_DIR))
+    summary = route_hour_summary(out_df).cache()
+    summary.write.mode("overwrite").parquet(run_path(out, SUMMARY_DIR))
+    pending_records(read, out_df, window, skew_ms).write.mode("overwrite").parquet(
+        run_path(out, PENDING_DIR))
+    if report and "://" not in out:
+        write_report(os.path.join(out, REPORT_FILE), out_df, summary, records)
+    return Reconciled(read, records, route_rows, out_df, summary)
 
 
 def verdict_counts(verdict_rows: DataFrame) -> dict[str, int]:
@@ -229,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing = missing_paths(args.logdirs)
     if missing:
         ap.error(f"no such delivery-log path: {missing[0]}")
-    why = follow_error(args)
+    why = options_error(args)
     if why:
         ap.error(why)
     if args.follow:

@@ -1,4 +1,5 @@
-"""The job end to end on log files: read, filter by time, give verdicts, write, count."""
+"""The job end to end on log files: read, filter by time, give verdicts, write them, the
+summary and the pending records, count."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dlogrecords import rec, write_log
 from pyspark.sql import SparkSession
 
 from spark.job import main, parse_time
+from spark.schema import DLOG_SCHEMA
+from spark.summary import SUMMARY_COLUMNS
 
 pytestmark = pytest.mark.spark
 
@@ -47,6 +50,16 @@ def test_job_writes_the_verdicts_of_two_gateways_within_since_until(
         ("pending", "t3", "gw-b", None),
     ]
     assert capsys.readouterr().out == "delivered\t2\nduplicated\t1\nlost\t1\npending\t1\n"
+    summary = spark.read.parquet(str(out / "summary"))
+    assert summary.columns == SUMMARY_COLUMNS
+    got_summary = [(r["gw"], r["exit"], r["messages"], r["delivered"], r["lost"],
+                    r["pending"]) for r in summary.collect()]
+    assert sorted(got_summary, key=str) == sorted([
+        ("gw-a", None, 2, 0, 1, 0), ("gw-a", "export", 1, 1, 0, 0),
+        ("gw-b", None, 2, 0, 0, 1), ("gw-b", "deliver", 1, 1, 0, 0)], key=str)
+    pending = spark.read.parquet(str(out / "pending"))
+    assert pending.schema.fieldNames() == DLOG_SCHEMA.fieldNames()
+    assert [(r["ts"], r["trace_id"]) for r in pending.collect()] == [(5000.0, "t3")]
 
 
 def test_parse_time_takes_epoch_ms_or_iso_8601():
