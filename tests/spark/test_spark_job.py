@@ -1,5 +1,5 @@
 """The job end to end on log files: read, filter by time, give verdicts, write them, the
-summary and the pending records, count."""
+summary, the pending records and the report, count."""
 
 from __future__ import annotations
 
@@ -60,6 +60,8 @@ def test_job_writes_the_verdicts_of_two_gateways_within_since_until(
     pending = spark.read.parquet(str(out / "pending"))
     assert pending.schema.fieldNames() == DLOG_SCHEMA.fieldNames()
     assert [(r["ts"], r["trace_id"]) for r in pending.collect()] == [(5000.0, "t3")]
+    page = (out / "report.html").read_text()
+    assert "<svg" in page and "t2" in page  # the plots, and the lost message among the worst
 
 
 def test_parse_time_takes_epoch_ms_or_iso_8601():
