@@ -88,7 +88,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from spark.external import MappingError
     from spark.job import (
         follow_logs,
-        missing_paths,
         options_error,
         reconcile,
         reconcile_options,
@@ -98,9 +97,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ap = parser()
     args = ap.parse_args(argv)
-    missing = missing_paths(args.logdirs)
-    if missing:
-        ap.error(f"no such delivery-log path: {missing[0]}")
     why = options_error(args)
     if why:
         ap.error(why)

@@ -150,7 +150,11 @@ def add_options(ap: argparse.ArgumentParser) -> None:
 
 
 def options_error(args: argparse.Namespace) -> str | None:
-    """Why the options cannot be used together, or None."""
+    """Why the options cannot be used (a path that is not there, options that do not go
+    together), or None."""
+    missing = missing_paths(args.logdirs)
+    if missing:
+        return f"no such delivery-log path: {missing[0]}"
     if args.previous is not None and args.previous.rstrip("/") == args.out.rstrip("/"):
         return ("--previous must be another directory than --out (its pending records are "
                 "read while this run's are written)")
@@ -276,9 +280,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="spark.job", description=__doc__.splitlines()[0])
     add_options(ap)
     args = ap.parse_args(argv)
-    missing = missing_paths(args.logdirs)
-    if missing:
-        ap.error(f"no such delivery-log path: {missing[0]}")
     why = options_error(args)
     if why:
         ap.error(why)
