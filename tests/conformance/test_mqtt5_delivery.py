@@ -150,6 +150,8 @@ class Paho:
     def close(self) -> None:
         self.c.disconnect()
         self.c.loop_stop()
+        # paho closes its wake-up socket pair only here (or when the client is collected)
+        self.c.reinitialise()
 
 
 class Gmqtt:

@@ -79,6 +79,8 @@ class Client:
     def close(self) -> None:
         self.c.disconnect()
         self.c.loop_stop()
+        # paho closes its wake-up socket pair only here (or when the client is collected)
+        self.c.reinitialise()
 
     def kill(self) -> None:
         """Drop the TCP connection without DISCONNECT (an abnormal disconnect)."""

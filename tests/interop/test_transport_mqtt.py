@@ -58,8 +58,10 @@ class Remote:
         self.c.publish(topic, payload, qos, properties=pp).wait_for_publish(5)
 
     def close(self) -> None:
-        self.c.loop_stop()
         self.c.disconnect()
+        self.c.loop_stop()
+        # paho closes its wake-up socket pair only here (or when the client is collected)
+        self.c.reinitialise()
 
 
 def transports_conf(port: int, **extra: str) -> str:
