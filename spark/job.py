@@ -251,12 +251,14 @@ def reconcile(spark: SparkSession, paths: Sequence[str], *, out: str,
     if externals:  # after the gateway-to-gateway links: a relayed import is no sender's hop
         records = link_senders(records, [m.gw for _, m in externals], window, skew_ms)
     if records is not read:
-        records = records.cache()
-    route_rows = routes(records).cache()
+        # Checkpointed, not cached: the linked plan is long, and every verdict names the
+        # records a dozen times; a cached plan is still analysed whole (the driver's heap).
+        records = records.localCheckpoint()
+    route_rows = routes(records).localCheckpoint()
     out_df = verdicts(records, grace_ms, skew_ms, sender_spans_gateways, route_rows)
     if previous is not None:
         out_df = not_reported_before(out_df, read_verdicts(spark, previous, fmt))
-    out_df = out_df.cache()
+    out_df = out_df.localCheckpoint()
     writer = out_df.write.mode("overwrite")
     if fmt == "csv":
         writer = writer.option("header", "true")

@@ -87,7 +87,7 @@ def test_a_fleet_row_no_gateway_got_is_lost_on_the_fleet(
                "--external", f"{fleet}={mapping}"])
 
     assert rc == 0
-    rows = [json.loads(line) for part in sorted(out.glob("part-*.json"))
+    rows = [json.loads(line) for part in sorted((out / "verdicts").glob("part-*.json"))
             for line in part.read_text().splitlines()]
     got = sorted((r["verdict"], r["gw"], r["dest"], r.get("entry_client"),
                   r.get("exit_client"), r["trace_id"].startswith("ext:fleet:"))
