@@ -94,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         session,
         verdict_counts,
     )
+    from spark.summary import route_totals
 
     ap = parser()
     args = ap.parse_args(argv)
@@ -124,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error(str(e))
         counts = verdict_counts(done.verdicts)
         result = json_result(args.out, done.records.count(), counts,
-                             done.verdicts) if args.json else None
+                             route_totals(done.summary, done.verdicts)) if args.json else None
     done.unpersist()
     if result is not None:
         print(json.dumps(result))
@@ -141,39 +142,20 @@ def _first_line(exc: BaseException) -> str:
 
 # --- --json ---------------------------------------------------------------------------------
 
-ROUTE_KEY = ["gw", "dest", "exit", "via"]
-# Verdicts on a way out of a gateway: their route is that way out (exit, and via for an
-# export); every other verdict is on the message's entry (exit and via null).
-_WAY_OUT = ["delivered", "duplicated", "changed", "reordered", "lost_in_transit"]
-COUNTED = ["delivered", "late", "lost", "pending", "lost_in_transit", "duplicated", "changed",
-           "reordered", "expired", "dead_lettered", "dropped", "discarded"]
-
 
 def json_result(out: str, records: int, counts: dict[str, int],
-                verdict_rows: DataFrame) -> dict[str, Any]:
+                totals: DataFrame) -> dict[str, Any]:
     """The ``--json`` object: {"out", "records" (read, within since/until), "verdicts"
-    ({verdict: rows}), "routes" (one object per (gw, dest, exit, via): ``messages``, the
-    distinct trace ids among its rows, and its rows of each verdict; ``late`` counts the
-    delivered rows that were late)}. A pending transit (an export not yet answered) is on
-    its way out."""
+    ({verdict: rows}), "routes" (the rows of ``summary.route_totals``, one per (gw, dest,
+    exit, via), in that order with nulls first: ``messages``, the rows of each verdict, the
+    loss and duplicate rates, latency percentiles and maximum)}."""
     from pyspark.sql import functions as F
 
-    verdict = F.col("verdict")
-    way_out = verdict.isin(_WAY_OUT) | ((verdict == "pending") & F.col("exit").isNotNull())
-    rows = verdict_rows.select(
-        "gw", "dest", F.when(way_out, F.col("exit")).alias("exit"),
-        F.when(way_out & (F.col("exit") == "export"), F.col("exit_client")).alias("via"),
-        "trace_id", verdict, F.coalesce(F.col("late"), F.lit(False)).alias("is_late"))
-    aggs = [F.countDistinct("trace_id").alias("messages")]
-    aggs += [F.sum(F.when(F.col("is_late") & (verdict == "delivered"), 1).otherwise(0))
-             .alias(name) if name == "late"
-             else F.sum(F.when(verdict == name, 1).otherwise(0)).alias(name)
-             for name in COUNTED]
-    routes = [{k: (int(v) if k in COUNTED or k == "messages" else v)
-               for k, v in row.asDict().items()}
-              for row in rows.groupBy(*ROUTE_KEY).agg(*aggs)
-              .orderBy(*[F.col(c).asc_nulls_first() for c in ROUTE_KEY]).collect()]
-    return {"out": out, "records": records, "verdicts": counts, "routes": routes}
+    from spark.summary import ROUTE_COLUMNS
+
+    rows = totals.orderBy(*[F.col(c).asc_nulls_first() for c in ROUTE_COLUMNS]).collect()
+    return {"out": out, "records": records, "verdicts": counts,
+            "routes": [row.asDict() for row in rows]}
 
 
 # --- the progress bar -----------------------------------------------------------------------

@@ -105,14 +105,18 @@ def logs(tmp_path: Path) -> list[str]:
     return [str(a), str(b)]
 
 
-def route(gw: str, exit_: str | None, via: str | None, messages: int,
-          **counts: int) -> dict[str, object]:
+def route(gw: str, exit_: str | None, via: str | None, messages: int, loss: float,
+          dup: float, latency: float | None = None, **counts: int) -> dict[str, object]:
+    """One route of ``--json``: ``summary.route_totals``'s row (one latency for all of its
+    percentiles and maximum: the test's routes deliver at most one copy each)."""
     names = ["delivered", "late", "lost", "pending", "lost_in_transit", "duplicated",
              "changed", "reordered", "expired", "dead_lettered", "dropped", "discarded"]
     unknown = set(counts) - set(names)
     assert not unknown, unknown
     return {"gw": gw, "dest": "topic:t", "exit": exit_, "via": via, "messages": messages,
-            **{n: counts.get(n, 0) for n in names}}
+            **{n: counts.get(n, 0) for n in names}, "loss_rate": loss, "duplicate_rate": dup,
+            **{k: latency for k in ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms",
+                                    "latency_max_ms")}}
 
 
 @spark_run
@@ -131,10 +135,11 @@ def test_reconcile_json_on_stdout_verdicts_in_out_and_a_progress_bar_on_a_termin
         "records": 7,  # 9 written, one before --since, one at --until
         "verdicts": {"delivered": 2, "duplicated": 1, "lost": 1, "pending": 1},
         "routes": [
-            route("gw-a", None, None, 1, lost=1),
-            route("gw-a", "export", "to-b", 1, delivered=1),
-            route("gw-b", None, None, 1, pending=1),
-            route("gw-b", "deliver", None, 1, delivered=1, duplicated=1),
+            # an entry's messages are all that entered: t1 and t2 at gw-a, t1 and t3 at gw-b
+            route("gw-a", None, None, 2, 0.5, 0.0, lost=1),
+            route("gw-a", "export", "to-b", 1, 0.0, 0.0, 1.0, delivered=1),
+            route("gw-b", None, None, 2, 0.0, 0.0, pending=1),
+            route("gw-b", "deliver", None, 1, 0.0, 1.0, 1.0, delivered=1, duplicated=1),
         ],
     }
     rows = [json.loads(line) for part in sorted((out / "verdicts").glob("part-*.json"))
