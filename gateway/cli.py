@@ -4,7 +4,9 @@
 directory is given); ``gateway check-config DIR`` reports every bad line and exits 1 if
 there is one; ``gateway passwd`` prints a hashed password for ``users.conf``;
 ``gateway rv listen|send|request ...`` are the RV-style bus's tools (``transports.rv.cli``,
-loaded by name at run time: the core imports no transport).
+loaded by name at run time: the core imports no transport); ``gateway reconcile LOGDIR...
+--out DIR`` runs the reconciliation job on delivery logs (``spark.cli``, imported only when
+the subcommand runs: the gateway never loads pyspark otherwise).
 """
 
 from __future__ import annotations
@@ -38,10 +40,22 @@ def main(argv: list[str] | None = None) -> int:
     p_rv = sub.add_parser("rv", add_help=False,
                           help="RV-style bus tools: listen, send, request ('rv -h')")
     p_rv.add_argument("rv_args", nargs=argparse.REMAINDER)
+    p_rec = sub.add_parser("reconcile", add_help=False,
+                           help="verdicts from delivery logs, with Spark ('reconcile -h'; "
+                                "needs gateway[spark])")
+    p_rec.add_argument("reconcile_args", nargs=argparse.REMAINDER)
     # ``rv``'s arguments belong to transports.rv.cli (its own -h too): pass on what is left
     args, rest = parser.parse_known_args(argv)
-    if rest and args.command != "rv":
+    if rest and args.command not in ("rv", "reconcile"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "reconcile":
+        # Everything after the subcommand, in its order (REMAINDER would leave an option
+        # that comes first among ``rest``): spark.cli parses it, and checks for pyspark.
+        # Before the logging set-up: py4j would log every connection at INFO.
+        given = sys.argv[1:] if argv is None else argv
+        from spark.cli import main as reconcile_main
+
+        return int(reconcile_main(given[given.index("reconcile") + 1:]))
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

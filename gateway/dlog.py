@@ -26,16 +26,35 @@ pyarrow a runtime dependency of the gateway.
 
 The hot path. The pending list is flat, ``WIDTH`` values a record, not a list of tuples:
 the values are numbers, strings and one small tuple per *message*, its *head* (trace id,
-message id, delivery mode, size: what every record of the message repeats), made at its
-first record and kept on the message (``Message.log_head``; ``Broker.publish`` makes it
-anew, as a producer may send the same object again). So a record costs one attribute read
-instead of four and an ``int()``, and the writer sends and formats a head once per message
-(``marshal`` keeps the sharing). A tuple per *record* was a tracked allocation that stayed
+message id, delivery mode, size, and what its body and properties hashes are made from:
+what every record of the message repeats), made at its first record and kept on the message
+(``Message.log_head``; ``Broker.publish`` makes it anew, as a producer may send the same
+object again). So a record costs one attribute read instead of six, and the writer sends,
+hashes and formats a head once per message (``marshal`` keeps the sharing; a head that
+comes again in a later chunk finds its hashes in the writer's cache, :func:`hashes_json`).
+The hashes (``body_hash``, ``props_hash``: BLAKE2b, 8 bytes) are made by the writer, not
+here: a head holds a text or bytes body itself (up to :data:`SHIP_LIMIT`, a reference,
+copied only when the chunk is marshalled) and the message's own properties dict, which the
+writer sorts and encodes (:func:`canonical_properties`) before hashing (see
+:func:`content`). A reference, not a copy: the core never changes the properties of a
+message once it is published or imported (mapping rules work on copies, a transport adds
+its import marker before the publish, the in-process producer sends a copy to reuse a
+message), and a copy cost a dict, a tracked object, a message. Hashing 64 bytes on the loop cost about 0.5 µs, a tenth of what a
+publish and its delivery cost in all; sorting and encoding two properties on the loop cost
+1.3 µs, and a quarter of the throughput of messages that carry them (every MQTT publish
+does). ``marshal`` takes no typed value (``Int8`` ...), so a chunk with properties is
+sealed with ``pickle`` instead (as fast, in C; see :func:`encode_batch`). The few records with more to say (an import's or
+export's far-side names, the rules that changed an export, a bus's count of lost messages)
+carry it in their reason's place, as one tuple with the reason: an eighth value would cost
+every record. A tuple per *record* was a tracked allocation that stayed
 alive until the writer took it; ten thousand of them made the cyclic collector run every
-few hundred messages and cost the gateway about 15% of its throughput. A head holds only
-strings and numbers, so the first collection that sees it stops tracking it: measured,
-the collector costs the gateway under 0.5% more with the log on than off. The writer
-process reads the records straight from the flat list.
+few hundred messages and cost the gateway about 15% of its throughput. A head without
+properties holds only strings, bytes and numbers, so the first collection that sees it stops
+tracking it: measured, the collector costs the gateway under 0.5% more with the log on than
+off. A head with properties stays tracked while its message lives when a value in them is
+typed (``Int8`` ... are tracked objects), as the message's own property dict does: two
+more tracked objects a message, one per message, not per record. The writer process reads
+the records straight from the flat list.
 
 Sealing. The thread that records the 500th pending record seals them: under a lock, it
 copies the pending items out and deletes them (``flat = p[:n]; del p[:n]``, each a single
@@ -50,9 +69,11 @@ while the pipe is full). A sealed record costs about 50 bytes instead of its Pyt
 
 Bounded memory. If records come faster than they can be written (a slow or stuck disk: the
 writer process falls behind, its pipe fills, and the thread blocks writing to it), sealed
-chunks pile up. Past ``max_pending`` sealed records (default 1,000,000, some 50 MB), the
-thread that seals waits, until the writer has sent what was sealed: the gateway slows to
-the speed of its log rather than dropping records or running out of memory. Each such wait
+chunks pile up. Past ``max_pending`` sealed records (default 1,000,000, some 50 MB, and up
+to 256 MB more where every record is of another message with a body: a head carries up to
+:data:`SHIP_LIMIT` bytes of it), the thread that seals waits, until the writer has sent
+what was sealed: the gateway slows to the speed of its log rather than dropping records or
+running out of memory. Each such wait
 counts in ``stalls``; the first is logged as a warning.
 
 Threads: :meth:`record` may be called from any thread; the writer thread (or the writer
@@ -62,18 +83,27 @@ serialise with the writer.
 
 from __future__ import annotations
 
+import _pickle  # the C pickler, subclassed below by its own module's name (for mypyc)
+import hashlib
+import io
 import logging
 import marshal
 import os
+import pickle
 import re
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.message import DeliveryMode
+from mypy_extensions import mypyc_attr
+
+from gateway.message import BodyKind, DeliveryMode
+from gateway.serial import write_value
+from gateway.types import ARRAY_TYPES, SCALAR_TYPES
 
 if TYPE_CHECKING:
     from gateway.dlog_writer import WriterProcess
@@ -81,7 +111,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 EVENTS = (
     "publish",  # a local producer's message was accepted into a destination
@@ -105,8 +135,15 @@ EVENTS = (
 FIELDS = (
     "v", "ts", "gw", "event", "trace_id", "msg_id", "dest", "client", "count", "mode",
     "size", "reason",
+    # version 2, after every key of version 1:
+    "body_hash", "props_hash", "rules", "far_id", "far_dest", "lost",
 )  # fmt: skip
 """The keys of every record, in the order they are written."""
+
+HASH_BYTES = 8  # blake2b digest size: 16 hex digits, a collision once in 2**64 pairs
+SHIP_LIMIT = 256  # body bytes (or characters) up to which the writer hashes a body: a
+#                   longer one is hashed on the loop, so what waits for the writer (at most
+#                   MAX_PENDING records) holds no more than 256 bytes of body a record
 
 CHUNK_RECORDS = 500  # the recording thread seals (marshals) the pending list this often
 BATCH_RECORDS = 10_000  # wake the writer early past this many sealed records
@@ -126,9 +163,136 @@ _PLAIN = frozenset({str, int, float, bool, bytes, type(None)})  # what marshal t
 _time = time.time
 
 # One record: (time.time(), event, head, dest, client, count, reason), where head is the
-# message's (trace_id, message_id, delivery_mode, size), shared by all its records.
-_Head = tuple[Any, Any, Any, Any]
+# message's (trace_id, message_id, delivery_mode, size, body, properties), shared by all its
+# records (body and properties as :func:`content` gives them), and reason is the reason, or
+# for the few records with version 2's other values, (reason, rules, far_id, far_dest, lost):
+# an eighth value a record would cost every record more than these few.
+_Head = tuple[Any, Any, Any, Any, Any, Any]
 _Record = tuple[float, str, _Head, Any, Any, int, Any]
+_blake2b = hashlib.blake2b
+_STR_BODY = (str, bytes)
+_CANONICAL = (BodyKind.MAP, BodyKind.STREAM)
+_PROPS_OF = itemgetter(5)  # a head's properties
+# The typed values (gateway/types.py) a chunk may carry to the writer in its properties.
+_TYPED: frozenset[type] = frozenset({*SCALAR_TYPES.values(), *ARRAY_TYPES})
+_PICKLED = b"\x80"  # what a chunk in pickle's format begins with (PROTO); never marshal's
+
+
+def content(msg: Message) -> tuple[Any, Any]:
+    """What the log's ``body_hash`` and ``props_hash`` are computed from, as the head holds it.
+
+    The body: ``None`` (no body: the hash is null), the body itself when it is text or bytes
+    of at most :data:`SHIP_LIMIT` (the writer hashes it, off the event loop), otherwise its
+    hash already made, as an ``int`` (a long body is hashed here rather than copied to the
+    writer). The properties: ``None`` when there are none, else a copy of the dict (the
+    writer encodes and hashes it, :func:`canonical_properties`; a copy, as this is for
+    :meth:`DeliveryLog.head`, whose message is changed after it; :meth:`DeliveryLog.record`
+    takes the dict itself). ``docs/delivery-log.md`` ("Hashes") defines the bytes.
+    """
+    props = msg.properties
+    return content_body(msg), (dict(props) if props else None)
+
+
+def content_body(msg: Message) -> Any:
+    """The body's part of :func:`content`."""
+    body = msg.body
+    if body is not None:
+        if type(body) in _STR_BODY:
+            if len(body) > SHIP_LIMIT:
+                body = _int_hash(_body_bytes(body))
+        elif msg.body_kind in _CANONICAL or type(body) in (dict, list):
+            data = canonical_value(body)
+            body = data if len(data) <= SHIP_LIMIT else _int_hash(data)
+        else:
+            body = _int_hash(_body_bytes(body))
+    return body
+
+
+def _body_bytes(body: Any) -> bytes:
+    if type(body) is str:
+        return str(body).encode("utf-8", "surrogatepass")
+    return bytes(body)
+
+
+def _int_hash(data: bytes) -> int:
+    return int.from_bytes(_blake2b(data, digest_size=HASH_BYTES).digest(), "big")
+
+
+def _sorted(v: Any) -> Any:
+    """``v`` with the entries of every map in it sorted by name (maps nest in streams)."""
+    t = type(v)
+    if t is dict:
+        return {k: _sorted(v[k]) for k in sorted(v)}
+    if t is list:
+        return [_sorted(x) for x in v]
+    return v
+
+
+def canonical_value(v: Any) -> bytes:
+    """A map or stream body as the store's tagged value encoding (``gateway/serial.py``,
+    without its version byte), every map's entries in name order."""
+    out = bytearray()
+    write_value(out, _sorted(v))
+    return bytes(out)
+
+
+def canonical_properties(props: dict[str, Any]) -> bytes:
+    """The properties in name order, each its name as a value, then its tagged value
+    (``gateway/serial.py``): the same set of names, values and types gives the same bytes."""
+    out = bytearray()
+    for name in sorted(props):
+        write_value(out, name)
+        write_value(out, props[name])
+    return bytes(out)
+
+
+def hash_json(v: Any) -> str:
+    """The JSON of a hash slot of a head (see :func:`content`): a quoted hex string or null."""
+    if v is None:
+        return "null"
+    if type(v) is int:
+        return '"' + v.to_bytes(HASH_BYTES, "big").hex() + '"'
+    if type(v) is dict:
+        v = canonical_properties(v)
+    elif type(v) is str:
+        v = v.encode("utf-8", "surrogatepass")
+    return '"' + _blake2b(v, digest_size=HASH_BYTES).hexdigest() + '"'
+
+
+HASH_CACHE = 4096  # contents whose hashes the formatter keeps (see hashes_json)
+_hashes: dict[Any, str] = {}
+# Property value types whose equality is their identity as hashed (not float: 0.0 == -0.0).
+_EXACT: frozenset[type] = frozenset(
+    {str, bytes, bool, int, *(t for t in SCALAR_TYPES.values() if issubclass(t, (int, str)))}
+)
+
+
+def hashes_json(body: Any, props: Any) -> str:
+    """``,"body_hash":..,"props_hash":..`` of a head's body and properties slots.
+
+    Made once per content, not per record: a message's records share one head within a
+    chunk, but its later records (a delivery from a backlog, its ack) come in later chunks
+    with a copy of the head, and the messages of one kind of producer tend to carry the same
+    properties (an MQTT publish's QoS and retain flag). So the result is kept, keyed by the
+    content itself -- the body and the property names, values *and their types*
+    (``Int8(1)`` equals ``True`` but hashes differently) -- for the last :data:`HASH_CACHE`
+    contents. Properties with a value of another type (a float: ``0.0`` equals ``-0.0``) are
+    hashed every time.
+    """
+    key: Any = props
+    if type(props) is dict:
+        types = tuple(map(type, props.values()))
+        if not _EXACT.issuperset(types):
+            return f',"body_hash":{hash_json(body)},"props_hash":{hash_json(props)}'
+        key = (tuple(props.items()), types)
+    key = (body, key)
+    done = _hashes.get(key)
+    if done is None:
+        done = f',"body_hash":{hash_json(body)},"props_hash":{hash_json(props)}'
+        if len(_hashes) >= HASH_CACHE:
+            _hashes.clear()
+        _hashes[key] = done
+    return done
 
 
 def _s(value: Any) -> str:
@@ -162,13 +326,32 @@ def format_records(flat: list[Any], gateway_id: str) -> bytes:
 def _coerce(r: Any) -> _Record:
     """The record with every value of a type the fast formatter cannot take made safe."""
     t, event, head, dest, client, count, reason = _fields(r, WIDTH)
-    trace_id, msg_id, mode, size = _fields(head, 4)
+    trace_id, msg_id, mode, size, body, props = _fields(head, 6)
+    if type(reason) is tuple:
+        why, rules, far_id, far_dest, lost = _fields(reason, 5)
+        reason = (_str(why), _str(rules), _str(far_id), _str(far_dest),
+                  None if lost is None else _int(lost))
+    else:
+        reason = _str(reason)
     return (
         _float(t), _str(event) or "",
         (_str(trace_id), _str(msg_id), int(mode) if isinstance(mode, int) else _str(mode),
-         _int(size)),
-        _str(dest), _str(client), _int(count), _str(reason),
+         _int(size), _hashable(body), _hashable(props)),
+        _str(dest), _str(client), _int(count), reason,
     )  # fmt: skip
+
+
+def _hashable(v: Any) -> Any:
+    """A hash slot of a head as :func:`content` makes it (properties as their canonical
+    bytes, which ``marshal`` takes), or None."""
+    if v is None or type(v) in (str, bytes, int):
+        return v
+    if type(v) is dict:
+        try:
+            return canonical_properties(v)
+        except Exception:
+            return None
+    return bytes(v) if isinstance(v, _BYTES) else None
 
 
 def _fields(v: Any, n: int) -> tuple[Any, ...]:
@@ -208,14 +391,15 @@ def _float(v: Any) -> float:
 
 _FRACTIONS = tuple(f".{i:03d}" for i in range(1000))  # the ts after its milliseconds
 _COUNTS = {i: str(i) for i in range(100)}
+_NO_EXTRA = ',"rules":null,"far_id":null,"far_dest":null,"lost":null}\n'
 
 
 def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
     """The JSON lines of ``flat``; raises on a value of the wrong type.
 
     Most of a line repeats, so it is joined from pieces, each made once: a message's head
-    is shared by all its records (by the same object within a batch, as ``marshal`` keeps
-    shared references), a destination meets few clients, and the time changes its
+    is shared by all its records (by the same object within a batch, as ``marshal`` and
+    ``pickle`` keep shared references), a destination meets few clients, and the time changes its
     millisecond a few hundred records apart. A line then costs a few lookups and the
     join (a fifth of an f-string with a float in it).
     """
@@ -224,7 +408,7 @@ def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
     events = {e: gw + j + "," for e, j in _EVENT_JSON.items()}
     mode_json, fractions, counts = _MODE_JSON, _FRACTIONS, _COUNTS
     start = '{"v":' + str(SCHEMA_VERSION) + ',"ts":'
-    heads: dict[int, tuple[str, str]] = {}  # id(head) -> its two parts (heads live in flat)
+    heads: dict[int, tuple[str, str, str]] = {}  # id(head) -> its three parts (heads live in flat)
     places: dict[Any, dict[Any, str]] = {}  # dest -> client -> '"dest":..,"client":..,"count":'
     last_ms, ts = -1, ""
     out: list[str] = []
@@ -242,11 +426,12 @@ def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
             ev = gw + enc(str(event)) + ","
         h = heads.get(id(head))
         if h is None:
-            trace_id, msg_id, mode, size = head
+            trace_id, msg_id, mode, size, body, props = head
             h = heads[id(head)] = (
                 f'"trace_id":{enc(trace_id) if type(trace_id) is str else _s(trace_id)},'
                 f'"msg_id":{enc(msg_id) if type(msg_id) is str else _s(msg_id)},',
                 f',"mode":{mode_json.get(mode) or _s(mode)},"size":{size or 0:d},"reason":',
+                hashes_json(body, props),
             )
         by_client = places.get(dest)
         if by_client is None:
@@ -262,34 +447,92 @@ def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
             c = f"{count:d}"
         out += (
             ts, fractions[us - ms * 1000], ev, h[0], place, c, h[1],
-            "null}\n" if reason is None else _s(reason) + "}\n",
+            "null" if reason is None else _s(reason[0] if type(reason) is tuple else reason),
+            h[2], _extra_json(reason) if type(reason) is tuple else _NO_EXTRA,
         )  # fmt: skip
     return "".join(out).encode("ascii")
 
 
-def encode_batch(flat: list[Any]) -> bytes:
-    """A flat batch (``WIDTH`` values a record) as ``marshal`` bytes, formatted as it would be.
+def _extra_json(tail: Any) -> str:
+    _, rules, far_id, far_dest, lost = tail
+    return (
+        f',"rules":{_s(rules)},"far_id":{_s(far_id)},"far_dest":{_s(far_dest)},'
+        f'"lost":{"null" if lost is None else f"{lost:d}"}}}\n'
+    )
 
-    ``marshal`` takes exact str, int, float, bytes, None and containers of them. A value it
-    does not take (a Destination object, an enum member, a caller's bug) is replaced, in
-    that record only, by what the formatter would have written for it.
+
+def encode_batch(flat: list[Any]) -> bytes:
+    """A flat batch (``WIDTH`` values a record) as bytes for the writer (:func:`decode_batch`),
+    formatted as it would be.
+
+    ``marshal`` takes exact str, int, float, bytes, None and containers of them. A batch
+    with properties (a head's dict, whose values may be typed: ``Int8`` ...) goes in
+    ``pickle``'s format instead, which takes the typed values of ``gateway/types.py`` and
+    nothing else that is not plain (:class:`_ChunkPickler`). A value neither takes (a
+    Destination object, an enum member, a caller's bug) is replaced, in that record only, by
+    what the formatter would have written for it.
     """
     try:
+        if any(map(_PROPS_OF, flat[2::WIDTH])):
+            buf = io.BytesIO()
+            _ChunkPickler(buf, pickle.HIGHEST_PROTOCOL).dump(flat)
+            return buf.getvalue()
         return marshal.dumps(flat)
-    except ValueError:
+    except Exception:  # a value of a type neither format takes (or a head not a tuple)
         out: list[Any] = []
         for r in records(flat):
             out += _plain(r)
         return marshal.dumps(out)
 
 
+def decode_batch(payload: bytes) -> list[Any]:
+    """The flat batch :func:`encode_batch` made."""
+    if payload[:1] == _PICKLED:
+        return _ChunkUnpickler(io.BytesIO(payload)).load()  # type: ignore[no-any-return]
+    return marshal.loads(payload)  # type: ignore[no-any-return]
+
+
+@mypyc_attr(native_class=False)
+class _ChunkPickler(_pickle.Pickler):
+    """Pickles a batch whose values are plain or typed values of ``gateway/types.py`` (so
+    the writer process unpickles nothing but those); raises for any other object.
+
+    Why pickle: ``marshal`` takes no subclass (``Int8``), and the properties' types are
+    what ``props_hash`` must see; converting them here, message by message, would cost the
+    event loop what hashing them in the writer saves. ``pickle`` handles exact str, int,
+    float, bytes, tuples, lists and dicts in C without calling this; a typed value reaches
+    :meth:`reducer_override` once a batch (after that, pickle's memo has it), as do the
+    classes its reduction names."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if obj in _TYPED:
+            return NotImplemented  # a class of gateway/types.py: pickled by its name
+        if type(obj) in _TYPED:
+            return obj.__reduce__()
+        raise pickle.PicklingError(f"not a value of the delivery log: {type(obj).__name__}")
+
+
+@mypyc_attr(native_class=False)
+class _ChunkUnpickler(_pickle.Unpickler):
+    """Unpickles what :class:`_ChunkPickler` pickles: no class but the typed values'."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        cls = super().find_class(module, name)
+        if module != "gateway.types" or cls not in _TYPED:
+            raise pickle.UnpicklingError(f"not a class of the delivery log: {module}.{name}")
+        return cls
+
+
 def _plain(r: _Record) -> _Record:
     t, event, head, dest, client, count, reason = r
-    if type(head) is not tuple or len(head) != 4 or not all(type(v) in _PLAIN for v in head):
+    if (type(head) is not tuple or len(head) != 6 or not all(type(v) in _PLAIN for v in head)
+            or (type(reason) is tuple
+                and (len(reason) != 5 or not all(type(v) in _PLAIN for v in reason)))):
         return _coerce(r)
     return (
         t if type(t) is float else _float(t), _text(event), head, _text(dest), _text(client),
-        count if type(count) in _PLAIN else _int(count), _text(reason),
+        count if type(count) in _PLAIN else _int(count),
+        reason if type(reason) is tuple else _text(reason),
     )  # fmt: skip
 
 
@@ -500,6 +743,12 @@ class DeliveryLog:
         self._writer_thread: threading.Thread | None = None
         self._files: LogFiles | None = None  # in-process writing
         self._child: WriterProcess | None = None  # the writer process, once started
+        # Set when adapters run mapping rules on their deliveries (mappings.engine
+        # log_deliveries): (message, consumer's connection id) -> (the copy the rules make
+        # of it for that consumer, the rules' names), or None when no rule runs.
+        self.delivered_as: Callable[[Message, str | None], tuple[Message, str] | None] | None = (
+            None
+        )
 
     # -- the hot path -------------------------------------------------------------------
 
@@ -511,14 +760,24 @@ class DeliveryLog:
         client: str | None,
         count: int = 0,
         reason: str | None = None,
+        extra: tuple[Any, Any, Any, Any] | None = None,
     ) -> None:
         """Log one event for ``msg`` on ``dest`` (``topic:a.b`` or a Destination).
 
         Runs on the hot path: seven values added to a list (see "The hot path" above).
         ``client`` is the connection or transport id involved (producer, consumer or
         transport), ``count`` the delivery count (JMSXDeliveryCount) where there is one,
-        ``reason`` a short word for drops, discards, rejections and dead-lettering. See
-        ``docs/delivery-log.md``.
+        ``reason`` a short word for drops, discards, rejections and dead-lettering;
+        ``extra``, for the few records that have them, ``(rules, far_id, far_dest, lost)``:
+        the mapping rules that changed the message on its way out, the far side's message
+        id and destination (import, export), the messages a bus reported lost. See
+        ``docs/delivery-log.md``. A ``deliver`` or ``redeliver`` to a consumer whose adapter
+        runs mapping rules on it (:attr:`delivered_as`) is logged with the copy the rules
+        make, and their names.
+
+        The message's properties are hashed as they are when the writer gets to them, so
+        they must not change after the message's first record (the core never changes
+        them; call :meth:`head` first for a message that is changed after it).
 
         Pass ``dest`` as a string the caller keeps (e.g. computed once per destination),
         not a Destination object: the writer process is sent plain strings and numbers
@@ -529,15 +788,37 @@ class DeliveryLog:
         thread to take a batch (see "Bounded memory" above).
         """
         if self.enabled:
+            if self.delivered_as is not None and (event == "deliver" or event == "redeliver"):
+                sent = self.delivered_as(msg, client)
+                if sent is not None:  # the consumer's copy, changed by its out rules
+                    msg = sent[0]
+                    rest = (None, None, None) if extra is None else extra[1:]
+                    extra = (sent[1], *rest)
             head = msg.log_head
-            if head is None:
+            if head is None:  # content(msg), the common case inline
+                body = msg.body
+                if not (type(body) in _STR_BODY and len(body) <= SHIP_LIMIT):
+                    body = content_body(msg)
+                props = msg.properties
                 head = msg.log_head = (
-                    msg.trace_id, msg.message_id, int(msg.delivery_mode), msg.size
+                    msg.trace_id, msg.message_id, int(msg.delivery_mode), msg.size, body,
+                    props or None,
                 )  # fmt: skip
             p = self._pending
-            p += (_time(), event, head, dest, client, count, reason)
+            p += (_time(), event, head, dest, client, count,
+                  reason if extra is None else (reason, *extra))
             if len(p) >= CHUNK_ITEMS:
                 self._seal()
+
+    def head(self, msg: Message) -> None:
+        """Make ``msg``'s head (its hashes, see :func:`content`) now, if it has none: for a
+        message that is changed after this (a transport adds its markers to what it exports)
+        and is logged later."""
+        if self.enabled and msg.log_head is None:
+            body, props = content(msg)
+            msg.log_head = (
+                msg.trace_id, msg.message_id, int(msg.delivery_mode), msg.size, body, props
+            )  # fmt: skip
 
     def _seal(self, wait: bool = True) -> None:
         """Marshal the pending records into a chunk for the writer (see "Sealing" above);
@@ -691,7 +972,7 @@ class DeliveryLog:
         flat: list[Any] = []  # written here: the chunks back into records, in order
         while chunks:
             for _, payload in self._take_chunks():
-                flat += marshal.loads(payload)
+                flat += decode_batch(payload)
         if flat or files.unwritten:
             files.write(flat)
 
@@ -754,7 +1035,11 @@ class NullLog(DeliveryLog):
         client: str | None,
         count: int = 0,
         reason: str | None = None,
+        extra: tuple[Any, Any, Any, Any] | None = None,
     ) -> None:
+        pass
+
+    def head(self, msg: Message) -> None:
         pass
 
     def start(self) -> None:

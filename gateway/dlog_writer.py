@@ -2,7 +2,8 @@
 
 How this works. :class:`~gateway.dlog.DeliveryLog` starts ``python -m gateway.dlog_writer``
 (a fresh interpreter, never a ``fork`` of the threaded gateway) and talks to it over two
-pipes in frames of one kind byte, a 4-byte little-endian length and a ``marshal`` payload:
+pipes in frames of one kind byte, a 4-byte little-endian length and a ``marshal`` payload
+(a chunk of records with properties: ``pickle``, see :func:`~gateway.dlog.encode_batch`):
 
 ==========  =====================================  ========================================
 direction   frame                                  meaning
@@ -27,7 +28,7 @@ in-process mode runs, so the files are the same.
 Failure. The writer ignores SIGINT and SIGTERM and ends when its input ends: if the gateway
 is killed, it reads what is left in the pipe, writes it, fsyncs and exits. If the writer
 dies, the parent sees the pipe break (or its reports end), and :meth:`WriterProcess.recover`
-works out what it wrote: each batch sent is kept (as its ``marshal`` bytes) until a ``D``
+works out what it wrote: each batch sent is kept (as its encoded bytes) until a ``D``
 report counts its records as written; lines in the files past the last reported size were
 written but not reported (a cut last line is cut off), and the rest is written in-process.
 """
@@ -47,7 +48,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from gateway.dlog import WIDTH, Counters, LogFiles, Stats, encode_batch
+from gateway.dlog import WIDTH, Counters, LogFiles, Stats, decode_batch, encode_batch
 
 log = logging.getLogger("gateway.dlog")
 
@@ -273,7 +274,7 @@ class WriterProcess:
         left: list[Any] = []  # flat, WIDTH values a record
         for first, count, payload in self._retained:
             if first + count > done:
-                left.extend(marshal.loads(payload)[max(0, done - first) * WIDTH :])
+                left.extend(decode_batch(payload)[max(0, done - first) * WIDTH :])
         files.seq = self._seq
         if last is not None:
             files.adopt(*last)
@@ -355,7 +356,7 @@ class _Writer:
                 return 0
             kind, payload = frame
             if kind == _BATCH:
-                self._write(marshal.loads(payload))
+                self._write(decode_batch(payload))
             elif kind == _FLUSH:
                 self._reply(_ACK, (marshal.loads(payload), self.error))
             elif kind == _CLOSE:

@@ -233,7 +233,7 @@ class Message:
         self.size = 0
         self.store_id = 0
         self.refs = 0
-        self.log_head: tuple[Any, Any, int, int] | None = None
+        self.log_head: tuple[Any, Any, int, int, Any, Any] | None = None
 
     # -- construction helpers -------------------------------------------------------------
 

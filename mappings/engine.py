@@ -75,10 +75,24 @@ from mappings.wire import (
     Work,
 )
 
-__all__ = ["MappingFailed", "MappingSet", "_copy_message"]
+__all__ = ["MappingFailed", "MappingSet", "_copy_message", "log_deliveries"]
 
 CACHE_SIZE = 4096  # compile_for / wire_for keys (destination, protocol, direction, transport)
 _MISSING: Any = object()
+
+
+_ADAPTER_PROTOCOLS = frozenset({"mqtt", "amqp", "stomp"})  # Connection.protocol of adapters
+
+
+def log_deliveries(broker: Any) -> None:
+    """Let the broker's delivery log name the ``out`` rules an adapter runs on a delivery
+    (``rules`` of a ``deliver``/``redeliver`` record, docs/delivery-log.md), when the
+    gateway has mappings; called by each adapter as it starts listening."""
+    mappings = broker.mappings
+    dlog = broker.dlog
+    if (mappings is not None and mappings.has_core_rules and broker.log_enabled
+            and dlog.delivered_as is None):
+        dlog.delivered_as = mappings.delivered_as(broker.connections)
 
 
 class MappingFailed(GatewayError):
@@ -280,6 +294,7 @@ class MappingSet:
         self._wire = tuple(r for r in self._rules if r.target is not None or r.wire)
         self._cache: dict[tuple[Destination, str, str, str | None], Any] = {}
         self._wire_cache: dict[tuple[Destination, str, str, str | None], Any] = {}
+        self._names: dict[tuple[Destination, str, str, str | None], Any] = {}
         self._cache_size = cache_size
 
     @classmethod
@@ -343,6 +358,50 @@ class MappingSet:
         self._remember(self._cache, key, fn)
         return fn
 
+    def rule_names(self, destination: Destination | None, *, protocol: str, direction: str,
+                   transport: str | None = None) -> str | None:
+        """The names of the core-side rules :meth:`compile_for` runs for this key, in the
+        order they run, joined by ``,`` (a rule without a ``name`` is named ``file:line``);
+        None when none matches. The delivery log's ``rules`` (docs/delivery-log.md). Cached
+        per key."""
+        if destination is None:
+            return None
+        key = (destination, protocol, direction, transport)
+        names = self._names.get(key, _MISSING)
+        if names is _MISSING:
+            found = [str(r.info["name"]) for r in self._core
+                     if r.matches(destination, protocol, direction, transport)]
+            names = ",".join(found) if found else None
+            self._remember(self._names, key, names)
+        return names  # type: ignore[no-any-return]
+
+    def delivered_as(self, connections: dict[str, Any]
+                     ) -> Callable[[Message, str | None], tuple[Message, str] | None]:
+        """For the delivery log (:attr:`gateway.dlog.DeliveryLog.delivered_as`): given a
+        message delivered to the connection with id ``client`` (one of ``connections``), the
+        copy this set's core-side ``out`` rules make of it for that connection's protocol
+        (MQTT, AMQP, STOMP: the adapters apply them after the core has written its
+        ``deliver`` record) and their names (:meth:`rule_names`); None when no rule matches
+        or one fails (the adapter then refuses the delivery). A transport's deliveries are
+        not its concern: its ``export`` record names the rules (``transports/base.py``)."""
+
+        def delivered_as(msg: Message, client: str | None) -> tuple[Message, str] | None:
+            conn = connections.get(client) if client is not None else None
+            if conn is None:
+                return None
+            protocol = conn.protocol
+            if protocol not in _ADAPTER_PROTOCOLS:
+                return None
+            names = self.rule_names(msg.destination, protocol=protocol, direction="out")
+            if names is None:
+                return None
+            try:
+                return self.apply(msg, protocol=protocol, direction="out"), names
+            except MappingFailed:
+                return None
+
+        return delivered_as
+
     def wire_for(self, destination: Destination, *, protocol: str, direction: str,
                  transport: str | None = None, fast: bool = True) -> Callable[..., Any]:
         """The wire side of the mapping of ``destination``: ``protocol``'s wire form ⇄ core.
@@ -402,6 +461,11 @@ class MappingSet:
 
     def __len__(self) -> int:
         return len(self._rules)
+
+    @property
+    def has_core_rules(self) -> bool:
+        """Whether any rule works on the core-side message (not only on a wire form)."""
+        return bool(self._core)
 
     @property
     def cache_len(self) -> int:

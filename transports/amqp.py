@@ -638,7 +638,9 @@ class AmqpTransport(Transport):
                 ack()
                 return
             self._remember_id(key)
-        self.imported(msg, origin, hops, ack)
+        dest = msg.destination
+        self.imported(msg, origin, hops, ack,
+                      far_address(h.prefix, dest.name) if dest is not None else None)
 
     def _remember_id(self, key: tuple[Any, str]) -> None:
         recent = self.recent_ids
@@ -712,6 +714,13 @@ class AmqpTransport(Transport):
 
     def export(self, d: CoreDelivery, binding: ExportBinding) -> bool:
         return self.out.export(d, binding)
+
+    def far_name(self, msg: Message) -> tuple[str | None, str | None]:
+        """The ``message-id`` it was sent with (the JMSMessageID, OASIS AMQP JMS Mapping
+        §3.2.4) and the far address of its topic."""
+        dest = msg.destination
+        return msg.message_id, (far_address(self.topic_prefix, dest.name) if dest is not None
+                                else None)
 
     def _on_flow(self, ev: Any) -> None:
         h = self.by_link.get(ev.link._impl)

@@ -74,6 +74,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("transports")
 
+Far = tuple[str | None, str | None] | None  # (far_id, far_dest) of an import, for the log
+
 # Resends held while the first copy of an import waits for its commit (None once it is in).
 Held = list[tuple[Message, Callable[[], None] | None]] | None
 
@@ -83,6 +85,7 @@ READ_PAUSE = 10_000  # inbound-queue length at which a DISCARD_NONE transport st
 DEDUP_WINDOW = 100_000  # recent imports remembered for duplicate detection
 CLIENT_PREFIX = "$transport:"
 EXPORT_SELECTOR = "JMS_GW_IMPORTED IS NULL"
+SENT_AS_MAX = 100_000  # exports changed by mappings awaiting their export record, per transport
 MAX_REPLY_ROUTES = 10_000  # temporary reply destinations with a far-side name, per transport
 MAX_REPLY_TEMPORARIES = 10_000  # far-side reply names standing as temporary topics, per transport
 STOP_WAIT = 5.0  # seconds stop() waits for imports still being stored
@@ -277,7 +280,7 @@ class ReplyTemporaries:
             t.session.reject(d, "reply failed")
             return
         t.stats["exported"] += 1
-        t._record("export", d.msg)
+        t._record("export", d.msg, far=(None, name))
         t.session.ack(d)
 
     def sweep(self) -> None:
@@ -347,7 +350,9 @@ class Transport:
         self.session: Session = self.core.session(AckMode.EXPLICIT)
         self.imports: dict[str, ImportBinding] = {}
         self.exports: dict[str, ExportBinding] = {}
-        self.inbound: deque[tuple[Message, Callable[[], None] | None]] = deque()
+        self.inbound: deque[tuple[Message, Callable[[], None] | None, Far]] = deque()
+        # id(delivered message) -> (the message as exported, the rules that changed it)
+        self.sent_as: dict[int, tuple[Message, str]] = {}
         self.unconfirmed = 0
         self.reading_paused = False
         self.task: asyncio.Task[None] | None = None
@@ -547,6 +552,7 @@ class Transport:
         except Exception as exc:  # noqa: BLE001 - a message the far side cannot take
             self.stats["failed"] += 1
             log.warning("transport %s: cannot export %s: %s", self.name, d.msg.message_id, exc)
+            self.sent_as.pop(id(d.msg), None)
             self.session.reject(d, "export failed")
             return
         if done:
@@ -569,6 +575,7 @@ class Transport:
         self.stats["failed"] += 1
         log.warning("transport %s: %s refused by the far side: %s", self.name,
                     d.msg.message_id, reason)
+        self.sent_as.pop(id(d.msg), None)
         self.session.reject(d, reason)
 
     def bind_import(self, pattern: str, kind: Any) -> bool:
@@ -632,11 +639,19 @@ class Transport:
         Raises:
             MappingFailed: a mapping rule failed (the export is refused).
         """
+        delivered = msg
+        rules = None
         mappings = self.broker.mappings
         if mappings is not None:
             msg = mappings.apply(msg, protocol=self.type, direction="out", transport=self.name)
+            if msg is not delivered:
+                rules = mappings.rule_names(delivered.destination, protocol=self.type,
+                                            direction="out",
+                                            transport=self.name)
         p = self.params
         if p.get("export_headers", True) and p.get("export_properties", True):
+            if rules is not None:
+                self._sent_as(delivered, msg, rules)
             return msg
         copy = msg.copy()
         if not p.get("export_properties", True):
@@ -647,7 +662,31 @@ class Transport:
             copy.reply_to = None
             copy.priority = 4
             copy.expiration = copy.expires_at = 0
+        if not p.get("export_properties", True) and delivered.properties:
+            rules = (rules + "," if rules else "") + "export_properties=false"
+        if rules is not None:
+            self._sent_as(delivered, copy, rules)
         return copy
+
+    def _sent_as(self, delivered: Message, out: Message, rules: str) -> None:
+        """Remember that ``delivered`` leaves as ``out``, changed by ``rules``, for its
+        ``export`` record (which may be written later, when the far side confirms it). The
+        log's head of ``out`` (its hashes) is made now: the transport may add its own markers
+        to ``out`` before sending it."""
+        broker = self.broker
+        if not broker.log_enabled:
+            return
+        broker.dlog.head(out)
+        sent = self.sent_as
+        if len(sent) >= SENT_AS_MAX:  # exports that never ended (a spool dropped): forget
+            sent.clear()
+        sent[id(delivered)] = (out, rules)
+
+    def far_name(self, msg: Message) -> tuple[str | None, str | None]:
+        """The far side's ``(message id, destination name)`` of an export of ``msg`` (the
+        message as sent), for the delivery log; each None when the far side has none or it
+        is not known here. Transports name theirs."""
+        return None, None
 
     # -- importing ----------------------------------------------------------------------------
 
@@ -656,8 +695,16 @@ class Transport:
         return Destination(b.kind, name)
 
     def imported(self, msg: Message, origin: str | None, hops: int,
-                 ack: Callable[[], None] | None) -> None:
-        """Take one message from the far side; ``ack`` tells the far side it is safe."""
+                 ack: Callable[[], None] | None, far_dest: str | None = None,
+                 far_id: str | None = None) -> None:
+        """Take one message from the far side; ``ack`` tells the far side it is safe.
+
+        ``far_dest`` is the far side's name of the destination it came from (topic, address,
+        subject), ``far_id`` its id there (by default the message's id as it came, before the
+        core stamps one). Both go to the delivery log's ``import`` record (``far_dest``,
+        ``far_id``, docs/delivery-log.md).
+        """
+        far: Far = (far_id if far_id is not None else msg.message_id, far_dest)
         mappings = self.broker.mappings
         if mappings is not None:
             try:
@@ -666,19 +713,19 @@ class Transport:
             except GatewayError as exc:  # MappingFailed: refused, counted, logged
                 self.stats["failed"] += 1
                 log.warning("transport %s: import refused by a mapping: %s", self.name, exc)
-                self._record("drop", msg, "mapping")
+                self._record("drop", msg, "mapping", far=far)
                 if ack is not None:
                     ack()
                 return
         if origin is not None and origin == self.broker.id:
             self.stats["dropped_loop"] += 1
-            self._record("drop", msg, "loop")
+            self._record("drop", msg, "loop", far=far)
             if ack is not None:
                 ack()
             return
         if hops >= int(self.params.get("max_hops", 8)):
             self.stats["dropped_loop"] += 1
-            self._record("drop", msg, "max_hops")
+            self._record("drop", msg, "max_hops", far=far)
             if ack is not None:
                 ack()
             return
@@ -695,7 +742,7 @@ class Transport:
             recent = self.recent_imports
             if key in recent:
                 self.stats["duplicates"] += 1
-                self._record("drop", msg, "duplicate")
+                self._record("drop", msg, "duplicate", far=far)
                 held = recent[key]
                 if held is not None:
                     held.append((msg, ack))
@@ -713,11 +760,11 @@ class Transport:
             "queue_import_dm" if kind == QUEUE else "topic_import_dm"]
         msg.properties[PROP_IMPORTED] = self.name
         if self.unconfirmed >= IMPORT_WINDOW or self.inbound:
-            self._enqueue(msg, ack)
+            self._enqueue(msg, ack, far)
             return
-        self._publish(msg, ack)
+        self._publish(msg, ack, far)
 
-    def _enqueue(self, msg: Message, ack: Callable[[], None] | None) -> None:
+    def _enqueue(self, msg: Message, ack: Callable[[], None] | None, far: Far) -> None:
         """Hold an import while the core is busy; apply the inbound queue policy when full
         (EMS User's Guide, "Configuring Transports for Rendezvous", rv_queue_policy: FIRST
         drops the oldest, LAST the most recently received)."""
@@ -729,22 +776,22 @@ class Transport:
                 for _ in range(min(policy.qty_discard, len(inbound))):
                     self._discard(*inbound.popleft())
             else:
-                self._discard(msg, ack)  # the newest is the one arriving now
+                self._discard(msg, ack, far)  # the newest is the one arriving now
                 for _ in range(min(policy.qty_discard - 1, len(inbound))):
                     self._discard(*inbound.pop())
                 return
-        inbound.append((msg, ack))
+        inbound.append((msg, ack, far))
         if len(inbound) >= READ_PAUSE and not self.reading_paused:
             self.reading_paused = True
             self.pause_reading()
 
-    def _discard(self, msg: Message, ack: Callable[[], None] | None) -> None:
+    def _discard(self, msg: Message, ack: Callable[[], None] | None, far: Far) -> None:
         self.stats["discarded"] += 1
-        self._record("drop", msg, "inbound_queue_policy")
+        self._record("drop", msg, "inbound_queue_policy", far=far)
         if ack is not None:
             ack()
 
-    def _publish(self, msg: Message, ack: Callable[[], None] | None) -> None:
+    def _publish(self, msg: Message, ack: Callable[[], None] | None, far: Far = None) -> None:
         try:
             fut = self.broker.publish(msg, self.core)
         except GatewayError as exc:
@@ -755,7 +802,7 @@ class Transport:
                 ack()  # refused for good (no such destination, limits): EMS drops it too
             return
         self.stats["imported"] += 1
-        self._record("import", msg)
+        self._record("import", msg, far=far)
         if fut is None or (fut.done() and fut.exception() is None):
             if ack is not None:
                 ack()
@@ -803,20 +850,34 @@ class Transport:
             self._taken(msg)
         inbound = self.inbound
         while inbound and self.unconfirmed < IMPORT_WINDOW:
-            m, a = inbound.popleft()
-            self._publish(m, a)
+            m, a, f = inbound.popleft()
+            self._publish(m, a, f)
         if self.reading_paused and len(inbound) < READ_PAUSE // 2:
             self.reading_paused = False
             self.resume_reading()
 
     # -- observability ------------------------------------------------------------------------
 
-    def _record(self, event: str, msg: Message, reason: str | None = None) -> None:
+    def _record(self, event: str, msg: Message, reason: str | None = None, *,
+                far: Far = None, rules: str | None = None, lost: int | None = None) -> None:
+        """One delivery-log record of this transport; ``far`` is ``(far_id, far_dest)``,
+        ``rules`` the mapping rules that changed an export, ``lost`` a bus's DATALOSS count
+        (the version 2 keys of docs/delivery-log.md)."""
         broker = self.broker
         if broker.log_enabled:
+            if event == "export":
+                sent = self.sent_as.pop(id(msg), None) if self.sent_as else None
+                if sent is not None:
+                    msg, rules = sent
+                if far is None:
+                    far = self.far_name(msg)
             dest = msg.destination
+            extra = None
+            if far is not None or rules is not None or lost is not None:
+                far_id, far_dest = far if far is not None else (None, None)
+                extra = (rules, far_id, far_dest, lost)
             broker.dlog.record(event, msg, str(dest) if dest is not None else "", self.core.id,
-                               0, reason or f"transport:{self.name}")
+                               0, reason or f"transport:{self.name}", extra)
 
     def info(self) -> dict[str, Any]:
         spooled = 0

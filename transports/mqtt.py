@@ -46,7 +46,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from adapters.mqtt.topics import _element_to_level, mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway import subject
 from gateway.errors import GatewayError
-from gateway.message import QUEUE, TEMP_PREFIX, Destination
+from gateway.message import QUEUE, TEMP_PREFIX, Destination, Message
 from mappings.mqtt import message_to_mqtt, mqtt_to_message, trace_user_property
 from transports.base import (
     EXPORT_WINDOW,
@@ -372,6 +372,12 @@ class MqttTransport(Transport):
 
     # -- export -------------------------------------------------------------------------------
 
+    def far_name(self, msg: Message) -> tuple[str | None, str | None]:
+        """MQTT gives an application message no id; the topic it was published on."""
+        dest = msg.destination
+        return None, (self.prefix + subject_to_mqtt_topic(dest.name) if dest is not None
+                      else None)
+
     def export(self, d: Delivery, binding: ExportBinding) -> bool:
         c = self.client
         if c is None:
@@ -508,7 +514,7 @@ class MqttTransport(Transport):
             log.warning("transport %s: cannot import from %r: %s", self.name, topic, exc)
             ack()
             return
-        self.imported(msg, origin, hops, ack if qos else None)
+        self.imported(msg, origin, hops, ack if qos else None, topic)
 
     def bind_import(self, pattern: str, kind: Any) -> bool:
         self.import_dests.clear()  # a new entry may send a topic elsewhere (a queue)

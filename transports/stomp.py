@@ -89,7 +89,7 @@ from stomp.exception import ConnectFailedException  # type: ignore[import-untype
 
 from gateway import subject
 from gateway.errors import GatewayError
-from gateway.message import QUEUE, TOPIC, BodyKind, Destination
+from gateway.message import QUEUE, TOPIC, BodyKind, Destination, Message
 from mappings.stomp import message_to_stomp, stomp_to_message
 from transports.base import IMPORT_WINDOW, ExportBinding, RetryLater, Transport
 
@@ -576,6 +576,12 @@ class StompTransport(Transport):
 
     # -- export -------------------------------------------------------------------------------
 
+    def far_name(self, msg: Message) -> tuple[str | None, str | None]:
+        """The far broker gives the message its ``message-id`` (not known here); the
+        ``destination`` it was sent to."""
+        dest = msg.destination
+        return None, self.remote_name(dest.name, TOPIC) if dest is not None else None
+
     def export(self, d: Delivery, binding: ExportBinding) -> bool:
         link = self.link
         if link is None:
@@ -664,7 +670,7 @@ class StompTransport(Transport):
             self._record("drop", msg, "duplicate")
             ack()
             return
-        self.imported(msg, origin, hops, ack)
+        self.imported(msg, origin, hops, ack, headers.get("destination"), message_id)
 
     def _import_destination(self, remote: str, pattern: str, kind: Any) -> Destination:
         """The core destination of a MESSAGE of the subscription for ``pattern``: the subject

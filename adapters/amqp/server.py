@@ -27,6 +27,7 @@ from adapters.listener import (
     listen,
 )
 from gateway.message import QUEUE, TOPIC
+from mappings.engine import log_deliveries
 
 log = logging.getLogger("adapters.amqp")
 
@@ -116,4 +117,5 @@ def shared_server(broker: Any) -> AmqpServer:
 async def start(broker: Any, spec: Any) -> Listener:
     """Registry entry: listen for AMQP 1.0 (``amqp://``) or AMQP over TLS (``amqps://``)."""
     server = shared_server(broker)
+    log_deliveries(broker)  # the delivery log names the out rules this adapter runs
     return await listen(broker, spec, server, lambda: AmqpProtocol(server), "amqps")

@@ -30,6 +30,7 @@ from adapters.mqtt.session import INFLIGHT_NS, NEVER, SESSION_NS, MqttSession, S
 from adapters.mqtt.topics import mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway.errors import GatewayError, InvalidDestinationError
 from gateway.message import TEMP_PREFIX, TOPIC, Destination, Message
+from mappings.engine import log_deliveries
 from mappings.mqtt import MqttOut, message_to_mqtt, mqtt_to_message
 
 log = logging.getLogger("adapters.mqtt")
@@ -407,4 +408,5 @@ def shared_server(broker: Any) -> MqttServer:
 async def start(broker: Any, spec: Any) -> Listener:
     """Registry entry: listen for MQTT (``mqtt://``) or MQTT over TLS (``mqtts://``)."""
     server = shared_server(broker)
+    log_deliveries(broker)  # the delivery log names the out rules this adapter runs
     return await listen(broker, spec, server, lambda: MqttProtocol(server), "mqtts")

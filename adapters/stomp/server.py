@@ -25,6 +25,7 @@ from adapters.listener import BatchedProtocol, Listener, listen
 from adapters.stomp.codec import escape
 from adapters.stomp.connection import StompConnection
 from gateway.message import TEMP_PREFIX, BodyKind, Message
+from mappings.engine import log_deliveries
 from mappings.stomp import (
     BYTES_TRANSFORMATION,
     TEXT_CONTENT_TYPE,
@@ -194,4 +195,5 @@ def shared_server(broker: Any) -> StompServer:
 async def start(broker: Any, spec: Any) -> Listener:
     """Registry entry: listen for STOMP (``stomp://``) or STOMP over TLS (``stomps://``)."""
     server = shared_server(broker)
+    log_deliveries(broker)  # the delivery log names the out rules this adapter runs
     return await listen(broker, spec, server, lambda: StompProtocol(server), "stomps")

@@ -1,9 +1,17 @@
 """Core benchmarks (a script, not a test).
 
     python tests/bench/bench_core.py [--count N] [--persistent-count N] [--no-log] [--default-gc]
+                                     [--properties N] [--only topic|queue|persistent ...]
 
 The garbage collector is tuned as ``gateway serve`` tunes it (``gateway.server.tune_gc``)
 unless --default-gc.
+
+Messages are 64-byte bytes messages without properties, unless --properties N: then each
+message gets a property dict of its own (as an adapter builds one per message) with N
+properties: first ``JMS_GW_MQTT_QOS`` as ``int8`` (what every MQTT publish carries,
+``mappings/mqtt.py``), then ``JMS_GW_MQTT_RETAIN`` ``true``, then short strings
+``bench.pN``. The delivery log hashes properties (``docs/delivery-log.md``, "Hashes"), so this
+is what measures that.
 
 1. In-process publish → deliver of NON_PERSISTENT messages: one producer, one topic, one
    subscriber (NO_ACKNOWLEDGE session, listener counts), delivery log on unless --no-log.
@@ -21,6 +29,7 @@ import asyncio
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # The tree this script is in comes first (a compiled copy, README "The compiled build").
@@ -32,9 +41,44 @@ from corehelp import Q, T, running_broker  # noqa: E402
 from gateway.client import AckMode  # noqa: E402
 from gateway.message import DeliveryMode, Message  # noqa: E402
 from gateway.server import tune_gc  # noqa: E402
+from gateway.types import Int8  # noqa: E402
 
 
-async def bench_topic(count: int, log: bool) -> float:
+def bench_properties(n: int) -> dict[str, object]:
+    """The N properties of --properties (see the module docstring), to copy per message."""
+    props: dict[str, object] = {}
+    for i in range(n):
+        if i == 0:
+            props["JMS_GW_MQTT_QOS"] = Int8(1)
+        elif i == 1:
+            props["JMS_GW_MQTT_RETAIN"] = True
+        else:
+            props[f"bench.p{i}"] = f"value {i}"
+    return props
+
+
+def message_maker(payload: bytes, props: dict[str, object]) -> Callable[[], Message]:
+    """Makes each message sent: the payload, and a copy of ``props`` if there are any."""
+    if not props:
+        return lambda: Message.binary(payload)
+    binary = Message.binary
+
+    def make() -> Message:
+        m = binary(payload)
+        m.properties = dict(props)
+        return m
+
+    return make
+
+
+def cpu_us(cpu0: float, count: int) -> float:
+    """The event loop thread's CPU time per message since ``cpu0`` (``time.thread_time``),
+    in µs: less disturbed than the wall clock when other programs share the cores (the
+    log's writer process and its writer thread are not in it)."""
+    return (time.thread_time() - cpu0) * 1e6 / count
+
+
+async def bench_topic(count: int, log: bool, props: dict[str, object]) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as d:
         async with running_broker(Path(d), log=log, store_type="memory") as b:
             s = b.connect().session(AckMode.NONE)
@@ -48,16 +92,16 @@ async def bench_topic(count: int, log: bool) -> float:
             p = b.connect().session().producer(T("bench.topic"),
                                                delivery_mode=DeliveryMode.NON_PERSISTENT, validate=False)
             send = p.send
-            payload = b"x" * 64
-            t0 = time.perf_counter()
+            make = message_maker(b"x" * 64, props)
+            t0, cpu0 = time.perf_counter(), time.thread_time()
             for _ in range(count):
-                send(Message.binary(payload))
+                send(make())
             dt = time.perf_counter() - t0
             assert n == count, (n, count)
-            return count / dt
+            return count / dt, cpu_us(cpu0, count)
 
 
-async def bench_queue(count: int, log: bool) -> float:
+async def bench_queue(count: int, log: bool, props: dict[str, object]) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as d:
         async with running_broker(Path(d), log=log, store_type="memory") as b:
             s = b.connect().session(AckMode.AUTO)
@@ -70,20 +114,21 @@ async def bench_queue(count: int, log: bool) -> float:
             s.consumer(Q("bench.queue"), listener=listener)
             p = b.connect().session().producer(Q("bench.queue"),
                                                delivery_mode=DeliveryMode.NON_PERSISTENT, validate=False)
-            payload = b"x" * 64
-            t0 = time.perf_counter()
+            make = message_maker(b"x" * 64, props)
+            t0, cpu0 = time.perf_counter(), time.thread_time()
             for _ in range(count):
-                p.send(Message.binary(payload))
+                p.send(make())
             dt = time.perf_counter() - t0
             assert n == count and b.queues["bench.queue"].count == 0
-            return count / dt
+            return count / dt, cpu_us(cpu0, count)
 
 
-async def bench_persistent(count: int, window: int, log: bool) -> tuple[float, dict]:
+async def bench_persistent(count: int, window: int, log: bool,
+                           props: dict[str, object]) -> tuple[float, dict]:
     with tempfile.TemporaryDirectory() as d:
         async with running_broker(Path(d), log=log, gateway="store_sync = true\n") as b:
             p = b.connect().session().producer(Q("bench.persistent"))
-            payload = b"x" * 64
+            make = message_maker(b"x" * 64, props)
             # A sliding window, as a JMS async send, AMQP credit or MQTT's Receive Maximum
             # keeps it: each confirmation lets the next send go.
             room = asyncio.Semaphore(window)
@@ -92,7 +137,7 @@ async def bench_persistent(count: int, window: int, log: bool) -> tuple[float, d
             t0 = time.perf_counter()
             for _ in range(count):
                 await room.acquire()
-                f = p.send(Message.binary(payload))
+                f = p.send(make())
                 if f is None:
                     release()
                 else:
@@ -110,6 +155,10 @@ def main() -> None:
     ap.add_argument("--persistent-count", type=int, default=50_000)
     ap.add_argument("--window", type=int, default=1000)
     ap.add_argument("--no-log", action="store_true")
+    ap.add_argument("--properties", type=int, default=0, metavar="N",
+                    help="N properties on every message (see the module docstring)")
+    ap.add_argument("--only", choices=("topic", "queue", "persistent"), action="append",
+                    help="run only this benchmark (may be given more than once)")
     ap.add_argument("--default-gc", action="store_true",
                     help="leave CPython's collector as it is (gateway serve tunes it)")
     args = ap.parse_args()
@@ -122,14 +171,20 @@ def main() -> None:
         run = uvloop.run
     except ImportError:
         run = asyncio.run
-    rate = run(bench_topic(args.count, log))
-    print(f"topic publish->deliver (non-persistent, delivery log {'on' if log else 'off'}): "
-          f"{rate:,.0f} msgs/s")
-    rate = run(bench_queue(args.count, log))
-    print(f"queue send->deliver->ack (non-persistent, AUTO): {rate:,.0f} msgs/s")
-    rate, stats = run(bench_persistent(args.persistent_count, args.window, log))
-    print(f"persistent queue send, fsync on, group commit (window {args.window}): "
-          f"{rate:,.0f} msgs/s  store stats: {stats}")
+    props = bench_properties(args.properties)
+    only = set(args.only or ("topic", "queue", "persistent"))
+    if "topic" in only:
+        rate, cpu = run(bench_topic(args.count, log, props))
+        print(f"topic publish->deliver (non-persistent, delivery log {'on' if log else 'off'}, "
+              f"{len(props)} properties): {rate:,.0f} msgs/s, loop CPU {cpu:.2f} µs/msg")
+    if "queue" in only:
+        rate, cpu = run(bench_queue(args.count, log, props))
+        print(f"queue send->deliver->ack (non-persistent, AUTO): {rate:,.0f} msgs/s, "
+              f"loop CPU {cpu:.2f} µs/msg")
+    if "persistent" in only:
+        rate, stats = run(bench_persistent(args.persistent_count, args.window, log, props))
+        print(f"persistent queue send, fsync on, group commit (window {args.window}): "
+              f"{rate:,.0f} msgs/s  store stats: {stats}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import time
@@ -354,5 +355,130 @@ def test_an_amqp_browser_gets_messages_as_a_consumer_would(tmp_path):
             assert got[0].properties == {"n": 1, "seen": "mapped"}
             assert got[0].annotations[symbol("x-opt-kind")] == "csv"
         c.close()
+    finally:
+        g.stop()
+
+
+def test_the_delivery_log_names_the_rules_that_changed_an_export(tmp_path):
+    """An export changed by mapping rules: its record names them (``rules``) and hashes the
+    message as changed; the publish record hashes it as it was (docs/delivery-log.md)."""
+    rules = RULES + """\
+  - name: json out
+    match: {destination: "topic:out.json", direction: out, transport: far}
+    steps:
+      - decode_json: {}
+      - set: {field: body.via, value: far}
+      - encode_json: {}
+"""
+    with start_mosquitto(tmp_path / "mosq") as mosq:
+        g = with_mappings(
+            tmp_path / "gw", rules,
+            gateway="listen = http://127.0.0.1:0\nmqtt_transports = enabled\n",
+            transports=transports_conf(mosq.port), topics='out.> export="far"\n>\n').start()
+        remote = Remote(mosq.port)
+        try:
+            remote.subscribe("out/#")
+            wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+            g.call(lambda: g.broker.connect().session().producer(Destination.topic("out.json"))
+                   .send(Message.text('{"a": 1}')))
+            wait_for(lambda: remote.got, what="the export")
+            assert json.loads(remote.got[0].payload) == {"a": 1, "via": "far"}
+
+            def records() -> dict[str, dict[str, Any]]:
+                g.call(lambda: g.broker.dlog.flush())
+                out = {}
+                for f in sorted(Path(g.broker.config.gateway.delivery_log_dir).iterdir()):
+                    for line in f.read_text("utf-8").splitlines():
+                        r = json.loads(line)
+                        if r["dest"] == "topic:out.json":
+                            out[r["event"]] = r
+                return out
+
+            got = wait_for(lambda: {"publish", "export"} <= set(records()) and records(),
+                           what="the publish and export records")
+            pub, exp = got["publish"], got["export"]
+            assert pub["rules"] is None and pub["body_hash"] == hashlib.blake2b(
+                b'{"a": 1}', digest_size=8).hexdigest()
+            # every rule that ran on it, in order ("no secrets out" found nothing to drop)
+            assert exp["rules"] == "no secrets out,export as text,json out"
+            assert exp["trace_id"] == pub["trace_id"]
+            assert exp["body_hash"] is not None and exp["body_hash"] != pub["body_hash"]
+            assert exp["far_dest"] == "out/json"
+        finally:
+            remote.close()
+            g.stop()
+
+
+def test_the_delivery_log_names_the_rules_an_adapter_ran_on_a_delivery(tmp_path):
+    """An adapter applies its out rules after the core has logged the delivery: the deliver
+    record names the rules that ran on that consumer's copy and hashes the copy as it left;
+    a delivery no rule ran on has ``rules`` null and the publish's hashes
+    (docs/delivery-log.md, ``rules``)."""
+    from gateway.dlog import canonical_properties
+
+    rules = """\
+mappings:
+  - name: stamp mqtt
+    match: {destination: "topic:changed.>", direction: out, protocol: mqtt}
+    steps:
+      - set: {field: property.via, value: mqtt}
+  - name: stamp stomp
+    match: {destination: "topic:changed.>", direction: out, protocol: stomp}
+    steps:
+      - set: {field: property.via, value: stomp}
+"""
+    g = with_mappings(tmp_path / "gw", rules, gateway=(
+        "listen = mqtt://127.0.0.1:0\nlisten = stomp://127.0.0.1:0\n")).start()
+    try:
+        s = stomp(g.port("stomp"))
+        s.sendall(b"SUBSCRIBE\nid:1\ndestination:/topic/changed.a\n\n\x00"
+                  b"SUBSCRIBE\nid:2\ndestination:/topic/plain.a\nreceipt:r\n\n\x00")
+        s.recv(4096)
+        got: list[paho.MQTTMessage] = []
+        c = mqtt5(g.port("mqtt"))
+        c.on_message = lambda cl, u, m: got.append(m)
+        subscribed: list[Any] = []
+        c.on_subscribe = lambda *a: subscribed.append(a)
+        c.subscribe([("changed/a", 1), ("plain/a", 1)])
+        wait_for(lambda: subscribed, what="the SUBACK")
+        for name in ("changed.a", "plain.a"):
+            m = Message.text("hello")
+            m.properties = {"k": "v"}
+            g.call(lambda m=m, name=name: g.broker.connect().session()
+                   .producer(Destination.topic(name)).send(m))
+        wait_for(lambda: len(got) == 2, what="both messages over MQTT")
+        changed = next(m for m in got if m.topic == "changed/a")
+        assert ("via", "mqtt") in changed.properties.UserProperty
+
+        def records() -> list[dict[str, Any]]:
+            g.call(lambda: g.broker.dlog.flush())
+            return [json.loads(line)
+                    for f in sorted(Path(g.broker.config.gateway.delivery_log_dir).iterdir())
+                    for line in f.read_text("utf-8").splitlines()]
+
+        def of(dest: str, event: str) -> list[dict[str, Any]]:
+            return [r for r in records() if r["dest"] == dest and r["event"] == event]
+
+        wait_for(lambda: len(of("topic:changed.a", "deliver")) == 2
+                 and len(of("topic:plain.a", "deliver")) == 2, what="the deliver records")
+        blake = lambda b: hashlib.blake2b(b, digest_size=8).hexdigest()  # noqa: E731
+        protocols = g.call(lambda: {i: c.protocol for i, c in g.broker.connections.items()})
+        for dest in ("topic:changed.a", "topic:plain.a"):
+            (pub,) = of(dest, "publish")
+            assert pub["rules"] is None
+            assert pub["props_hash"] == blake(canonical_properties({"k": "v"}))
+            delivers = {protocols[r["client"]]: r for r in of(dest, "deliver")}
+            assert set(delivers) == {"mqtt", "stomp"}, delivers
+            for protocol, r in delivers.items():
+                assert r["body_hash"] == pub["body_hash"]
+                if dest == "topic:plain.a":
+                    assert r["rules"] is None and r["props_hash"] == pub["props_hash"]
+                else:
+                    assert r["rules"] == f"stamp {protocol}"
+                    assert r["props_hash"] == blake(
+                        canonical_properties({"k": "v", "via": protocol}))
+        c.loop_stop()
+        c.disconnect()
+        s.close()
     finally:
         g.stop()

@@ -14,16 +14,18 @@ message id, a trace id, a timestamp) are checked by form or against each other.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import cproton
 import proton
 import pytest
 from amqpclient import connect
-from gw import GatewayThread
+from gw import GatewayThread, wait_for
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from test_mqtt_paho import V5, Client
@@ -549,3 +551,41 @@ def test_binary_correlation_id_survives_stomp_as_base64(gw, stomp, core):
     got = gw.call(lambda: back.receive(5)).msg
     assert (got.correlation_id, got.body_kind.name, got.body) == (b"\x00\xff\xfe", "BYTES",
                                                                   b"\x01")
+
+
+def log_records(gw: GatewayThread) -> list[dict[str, Any]]:
+    """Every delivery-log record the gateway has written so far."""
+    gw.call(lambda: gw.broker.dlog.flush())
+    out: list[dict[str, Any]] = []
+    for f in sorted(Path(gw.broker.config.gateway.delivery_log_dir).iterdir()):
+        out += [json.loads(line) for line in f.read_text("utf-8").splitlines()]
+    return out
+
+
+def test_the_delivery_log_hashes_an_mqtt_publish_alike_at_stomp_and_amqp(gw, stomp, mqtt, amqp):
+    """The log's body and properties hashes (docs/delivery-log.md, "Hashes") of an MQTT
+    publish are those of its STOMP and AMQP deliveries: the message did not change."""
+    c = stomp()
+    subscribe(c, "/topic/dlog.hash")
+    r = amqp.create_receiver("topic://dlog.hash", credit=10)
+    pub = mqtt("dlog-hash")
+    pub.pub("dlog/hash", b"21.5", qos=1, props=publish_props(UserProperty=[("unit", "C")]))
+    assert c.frame().body == b"21.5"
+    assert r.receive(timeout=5).body == b"21.5"
+    r.accept()
+    r.close()
+
+    def of_it() -> list[dict[str, Any]]:
+        return [x for x in log_records(gw) if x["dest"] == "topic:dlog.hash"]
+
+    records = wait_for(lambda: len(of_it()) >= 3 and of_it(), what="publish and deliveries")
+    publish = [x for x in records if x["event"] == "publish"]
+    delivers = [x for x in records if x["event"] == "deliver"]
+    assert len(publish) == 1 and len(delivers) == 2
+    assert len({x["client"] for x in delivers}) == 2  # the STOMP and the AMQP consumer
+    body_hash = hashlib.blake2b(b"21.5", digest_size=8).hexdigest()
+    props_hash = publish[0]["props_hash"]
+    assert props_hash is not None  # the user property and the MQTT QoS property
+    for x in delivers:
+        assert x["trace_id"] == publish[0]["trace_id"] and x["v"] == 2
+        assert (x["body_hash"], x["props_hash"]) == (body_hash, props_hash)

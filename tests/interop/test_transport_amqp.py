@@ -10,6 +10,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -438,5 +439,50 @@ def test_exports_wait_in_the_spool_while_rabbitmq_is_down(tmp_path, rabbitmq):
             assert bodies == [f"m{i}" for i in range(20)]
         finally:
             conn.close()
+    finally:
+        g.stop()
+
+
+def log_records(g: GatewayThread) -> list[dict[str, Any]]:
+    """Every delivery-log record the gateway has written so far."""
+    g.call(lambda: g.broker.dlog.flush())
+    out: list[dict[str, Any]] = []
+    for f in sorted(Path(g.broker.config.gateway.delivery_log_dir).iterdir()):
+        out += [json.loads(line) for line in f.read_text("utf-8").splitlines()]
+    return out
+
+
+def test_the_delivery_log_names_the_far_side_of_an_import_and_an_export(tmp_path, rabbitmq,
+                                                                        amqp):
+    """``far_id`` and ``far_dest`` of the import and export records (docs/delivery-log.md):
+    the AMQP message-id and address a message came with, and went out with."""
+    name = unique("dl")
+    g = gateway(tmp_path / "gw", rabbitmq.amqp_port, 'out.> export="far"\n>\n',
+                queues=f'{name} import="far"\n>\n')
+    try:
+        receiver = amqp.create_receiver("/topic/out.#", credit=10)
+        up(g)
+        attached(g, 1)
+        amqp.create_sender(f"/queue/{name}").send(proton.Message(id="far-7", body="j"))
+        sent: list[Message] = []
+
+        def send() -> None:
+            m = Message.text("hello")
+            g.broker.connect().session().producer(Destination.topic("out.dl")).send(m)
+            sent.append(m)
+
+        g.call(send)
+        assert receiver.receive(timeout=10).body == "hello"
+        receiver.accept()
+
+        def events() -> dict[str, dict[str, Any]]:
+            return {r["event"]: r for r in log_records(g) if r["event"] in ("import", "export")}
+
+        got = wait_for(lambda: len(events()) == 2 and events(), what="import and export")
+        imp, exp = got["import"], got["export"]
+        assert (imp["dest"], imp["far_id"], imp["far_dest"]) == (
+            f"queue:{name}", "far-7", f"/queue/{name}")
+        assert (exp["dest"], exp["far_id"], exp["far_dest"]) == (
+            "topic:out.dl", sent[0].message_id, "/topic/out.dl")
     finally:
         g.stop()

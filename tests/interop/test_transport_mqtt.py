@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gw
@@ -409,3 +411,45 @@ def test_mqtts_to_another_gateway_both_ways(tmp_path):
     finally:
         g.stop()
         far.stop()
+
+
+def log_records(g: GatewayThread) -> list[dict[str, Any]]:
+    """Every delivery-log record the gateway has written so far."""
+    g.call(lambda: g.broker.dlog.flush())
+    out: list[dict[str, Any]] = []
+    for f in sorted(Path(g.broker.config.gateway.delivery_log_dir).iterdir()):
+        out += [json.loads(line) for line in f.read_text("utf-8").splitlines()]
+    return out
+
+
+def test_the_delivery_log_names_the_far_side_of_an_import_and_an_export(tmp_path, mosq):
+    """``far_dest`` (and ``far_id``: MQTT has no message id) of the import and export
+    records, docs/delivery-log.md; the exported message is unchanged (same hashes)."""
+    g = gateway(tmp_path / "gw", mosq.port, 'out.> export="far"\n>\n',
+                queues='in.q import="far"\n>\n')
+    remote = Remote(mosq.port)
+    try:
+        remote.subscribe("out/#")
+        wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+        # retained: the gateway's asynchronous SUBSCRIBE gets it whenever it is made
+        remote.c.publish("in/q", b"42", qos=1, retain=True).wait_for_publish(5)
+        g.call(lambda: g.broker.connect().session().producer(Destination.topic("out.a"))
+               .send(Message.text("hello", properties={"n": Int16(7)})))
+        wait_for(lambda: remote.got, what="the export")
+
+        def events() -> dict[str, dict[str, Any]]:
+            return {r["event"]: r for r in log_records(g) if r["event"] in ("import", "export")}
+
+        records = wait_for(lambda: len(events()) == 2 and events(), what="import and export")
+        imp, exp = records["import"], records["export"]
+        assert (imp["dest"], imp["far_dest"], imp["far_id"]) == ("queue:in.q", "in/q", None)
+        assert imp["body_hash"] == hashlib.blake2b(b"42", digest_size=8).hexdigest()
+        assert (exp["dest"], exp["far_dest"], exp["far_id"]) == ("topic:out.a", "out/a", None)
+        (pub,) = [r for r in log_records(g) if r["event"] == "publish" and r["dest"] == "topic:out.a"]
+        assert (exp["body_hash"], exp["props_hash"], exp["rules"]) == (
+            pub["body_hash"], pub["props_hash"], None)
+        assert exp["body_hash"] == hashlib.blake2b(b"hello", digest_size=8).hexdigest()
+    finally:
+        remote.c.publish("in/q", b"", qos=1, retain=True).wait_for_publish(5)
+        remote.close()
+        g.stop()

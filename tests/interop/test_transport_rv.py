@@ -345,6 +345,7 @@ def test_dataloss_and_slow_consumer_advisories_are_logged_and_counted(start_gate
 
     records = wait_for(lambda: len(logged()) == 2 and logged(), what="the log records")
     assert [r["reason"] for r in records] == [loss, slow]
+    assert [r["lost"] for r in records] == [3, None]  # the DATALOSS count, its own column
 
 
 def test_two_gateways_bridged_by_the_bus_deliver_once_and_do_not_loop(start_gateway, bus):
@@ -654,3 +655,53 @@ def test_the_least_recently_used_inbox_temporary_goes_first_past_the_limit(
     wait_for(lambda: info(g)["imported"] == 4, what="four requests")
     assert g.call(lambda: list(bridge.reply_temporaries.by_name)) == [first, third]
     assert gone(g, [dest_of_second])
+
+
+def test_the_delivery_log_names_the_subject_of_imports_and_exports(tmp_path, start_gateway,
+                                                                   bus):
+    """The bus's imports and exports name the subject in ``far_dest``; ``far_id`` is null (the
+    bus gives a message no id); an export the mapping rules changed names them in ``rules``
+    and hashes the copy sent (docs/delivery-log.md)."""
+    folder = tmp_path / "gw" / "mappings"
+    folder.mkdir(parents=True)
+    (folder / "bus.yaml").write_text("""\
+mappings:
+  - name: stamp bus
+    match: {destination: "topic:out.changed", direction: out, transport: bus}
+    steps:
+      - set: {field: property.via, value: bus}
+""")
+    g = start_gateway('in.> import="bus"\nout.> export="bus"\n>\n')
+    got = bus.collect("out.>")
+    received: list[Any] = []
+    g.call(lambda: g.broker.connect().session().consumer(GwDestination.topic("in.>"),
+                                                         listener=received.append))
+    wait_for(lambda: info(g)["imports"] == {"in.>": ["in.>"]}, what="the import")
+    wait_for(lambda: (bus.t.send(Message("in.a").add("n", 1, RvType.I32)),
+                      info(g)["imported"])[1], what="an import")
+    producer = g.call(lambda: g.broker.connect().session().producer(None))
+    for name in ("out.plain", "out.changed"):
+        g.call(lambda name=name: producer.send(GwMessage.text(name),
+                                               GwDestination.topic(name)))
+    wait_for(lambda: len(got) == 2, what="the exports on the bus")
+    changed = next(m for m in got if m.send_subject == "out.changed")
+    assert changed["JMSProperties"]["via"] == "bus"
+
+    def records(event: str) -> dict[str, dict[str, Any]]:
+        return {r["dest"]: r for r in log_records(g) if r["event"] == event}
+
+    imports = wait_for(lambda: records("import"), what="the import record")
+    imp = imports["topic:in.a"]
+    assert imp["far_dest"] == "in.a" and imp["far_id"] is None
+    exports = wait_for(lambda: len(records("export")) == 2 and records("export"),
+                       what="the export records")
+    published = records("publish")
+    for name in ("out.plain", "out.changed"):
+        exp, pub = exports["topic:" + name], published["topic:" + name]
+        assert exp["far_dest"] == name and exp["far_id"] is None
+        assert exp["body_hash"] == pub["body_hash"]
+        if name == "out.plain":
+            assert exp["rules"] is None and exp["props_hash"] == pub["props_hash"]
+        else:
+            assert exp["rules"] == "stamp bus" and exp["props_hash"] != pub["props_hash"]
+    assert info(g)["dataloss"] == 0

@@ -45,6 +45,7 @@ PEERS=(
   "libxstream-java     /usr/share/java/xstream.jar      -"
   "libjettison-java    /usr/share/java/jettison.jar     -"
   "libxpp3-java        /usr/share/java/xpp3.jar         -"
+  "chromium            chromium                         -"
 )
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

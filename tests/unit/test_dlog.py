@@ -8,6 +8,7 @@ what it received), and the bound on pending records.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -34,10 +35,13 @@ MakeLog = Callable[..., DeliveryLog]
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME_RE = re.compile(r"^dlog-(?P<gw>.+)-(?P<stamp>\d{8}T\d{6})-(?P<seq>\d{4})\.jsonl$")
-EXPECTED_KEYS = [
+V1_KEYS = [
     "v", "ts", "gw", "event", "trace_id", "msg_id", "dest", "client", "count", "mode",
     "size", "reason",
 ]  # fmt: skip
+EXPECTED_KEYS = [*V1_KEYS, "body_hash", "props_hash", "rules", "far_id", "far_dest", "lost"]
+HELLO = hashlib.blake2b(b"hello", digest_size=8).hexdigest()
+NO_EXTRA = {"rules": None, "far_id": None, "far_dest": None, "lost": None}
 
 
 def make_msg(n: int = 1, mode: DeliveryMode = DeliveryMode.PERSISTENT) -> Message:
@@ -88,36 +92,36 @@ def test_every_field_is_written(tmp_path: Path, make_log: MakeLog) -> None:
     recs = [json.loads(line) for line in lines]
     for r in recs:
         assert list(r) == EXPECTED_KEYS
-        assert r["v"] == 1
+        assert r["v"] == 2
         assert r["gw"] == "gw1"
         assert isinstance(r["ts"], float) and before - 1 <= r["ts"] <= after + 1
     assert {k: v for k, v in recs[0].items() if k != "ts"} == {
-        "v": 1, "gw": "gw1", "event": "publish", "trace_id": "trace-1", "msg_id": "ID:gw1-1",
+        "v": 2, "gw": "gw1", "event": "publish", "trace_id": "trace-1", "msg_id": "ID:gw1-1",
         "dest": "topic:a.b", "client": "conn-7", "count": 0, "mode": "PERSISTENT",
-        "size": 101, "reason": None,
+        "size": 101, "reason": None, "body_hash": HELLO, "props_hash": None, **NO_EXTRA,
     }  # fmt: skip
     assert {k: v for k, v in recs[1].items() if k != "ts"} == {
-        "v": 1, "gw": "gw1", "event": "deliver", "trace_id": "trace-2", "msg_id": "ID:gw1-2",
+        "v": 2, "gw": "gw1", "event": "deliver", "trace_id": "trace-2", "msg_id": "ID:gw1-2",
         "dest": "queue:q1", "client": "conn-8", "count": 1, "mode": "NON_PERSISTENT",
-        "size": 102, "reason": None,
+        "size": 102, "reason": None, "body_hash": HELLO, "props_hash": None, **NO_EXTRA,
     }  # fmt: skip
     assert {k: v for k, v in recs[2].items() if k != "ts"} == {
-        "v": 1, "gw": "gw1", "event": "drop", "trace_id": "trace-3", "msg_id": "ID:gw1-3",
+        "v": 2, "gw": "gw1", "event": "drop", "trace_id": "trace-3", "msg_id": "ID:gw1-3",
         "dest": "topic:x", "client": None, "count": 0, "mode": "RELIABLE",
-        "size": 103, "reason": "exceeded",
+        "size": 103, "reason": "exceeded", "body_hash": HELLO, "props_hash": None, **NO_EXTRA,
     }  # fmt: skip
     assert recs[0]["ts"] <= recs[1]["ts"] <= recs[2]["ts"]
     log.close()
 
 
 def test_a_message_head_is_made_once_and_shared(tmp_path: Path, make_log: MakeLog) -> None:
-    """The head (trace id, message id, mode, size) is made at a message's first record and
-    kept on it; a copy starts without one."""
+    """The head (trace id, message id, mode, size, body, properties) is made at a message's
+    first record and kept on it; a copy starts without one."""
     log = make_log(str(tmp_path), "gw1")
     m = make_msg(1)
     log.record("publish", m, "topic:a", "p")
     head = m.log_head
-    assert head == ("trace-1", "ID:gw1-1", 2, 101) and type(head[2]) is int
+    assert head == ("trace-1", "ID:gw1-1", 2, 101, "hello", None) and type(head[2]) is int
     log.record("deliver", m, "topic:a", "c1", 1)
     log.record("deliver", m, "topic:a", "c2", 1)
     assert m.log_head is head
@@ -145,14 +149,16 @@ def test_ts_is_milliseconds_with_three_decimals(
     log.record("publish", make_msg(1), "topic:a", "p")
     log.close()
     (line,) = all_lines(tmp_path)
-    assert line.startswith('{"v":1,"ts":' + ts + ',"gw":"gw1",')
+    assert line.startswith('{"v":2,"ts":' + ts + ',"gw":"gw1",')
     assert json.loads(line)["ts"] == float(ts)
 
 
 def test_format_records_matches_json_for_every_line() -> None:
     """Pieces the formatter reuses within a batch (heads, destination and client, the
     millisecond) never leak into a line they do not belong to."""
-    heads = [(f"t{i}", f"ID:{i}", [1, 2, 22][i % 3], i * 7) for i in range(50)]
+    bodies = [None, "text", b"bytes", 12345, b"\x01props"]
+    heads = [(f"t{i}", f"ID:{i}", [1, 2, 22][i % 3], i * 7, bodies[i % 5], bodies[(i + 2) % 5])
+             for i in range(50)]
     flat: list[object] = []
     expected = []
     for i in range(600):
@@ -161,18 +167,34 @@ def test_format_records_matches_json_for_every_line() -> None:
         event = dlog.EVENTS[i % len(dlog.EVENTS)]
         dest, client = f"topic:d{i % 4}", (None if i % 5 == 0 else f"c{i % 3}")
         count, reason = i % 4, (None if i % 6 else "why")
-        flat += (t, event, head, dest, client, count, reason)
+        extra = None if i % 7 else ("rules-a", f"far-{i}", None, i if i % 2 else None)
+        flat += (t, event, head, dest, client, count,
+                 reason if extra is None else (reason, *extra))
         expected.append({
-            "v": 1, "ts": round(t * 1000, 3), "gw": "gw9", "event": event, "trace_id": head[0],
+            "v": 2, "ts": round(t * 1000, 3), "gw": "gw9", "event": event, "trace_id": head[0],
             "msg_id": head[1], "dest": dest, "client": client, "count": count,
             "mode": DeliveryMode(head[2]).name, "size": head[3], "reason": reason,
+            "body_hash": hash_of(head[4]), "props_hash": hash_of(head[5]),
+            **(NO_EXTRA if extra is None else dict(zip(EXPECTED_KEYS[-4:], extra, strict=True))),
         })  # fmt: skip
     lines = dlog.format_records(flat, "gw9").decode("ascii").splitlines()
     assert [json.loads(line) for line in lines] == expected
 
 
+def hash_of(v: object) -> str | None:
+    """A head's hash slot as the log writes it, computed independently."""
+    if v is None:
+        return None
+    if isinstance(v, int):
+        return v.to_bytes(8, "big").hex()
+    data = v.encode() if isinstance(v, str) else v
+    assert isinstance(data, bytes)
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
 def test_constants_match_the_schema() -> None:
-    assert SCHEMA_VERSION == 1
+    assert SCHEMA_VERSION == 2
+    assert EXPECTED_KEYS[: len(V1_KEYS)] == V1_KEYS  # version 2 keeps version 1's keys
     assert list(FIELDS) == EXPECTED_KEYS
     assert set(EVENTS) == {
         "publish", "deliver", "ack", "redeliver", "expire", "drop", "discard",
@@ -351,7 +373,7 @@ def test_failed_write_is_retried_in_a_new_file(
     def failing_write(fd: int, data: object) -> int:
         calls.append(1)
         if len(calls) == 1:
-            return real_write(fd, bytes(data)[:250])  # type: ignore[call-overload]
+            return real_write(fd, bytes(data)[:450])  # type: ignore[call-overload]
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "write", failing_write)
@@ -462,13 +484,13 @@ def ids_in(directory: Path) -> list[str]:
 
 
 def test_failed_write_in_the_writer_process_is_retried_in_a_new_file(tmp_path: Path) -> None:
-    """A real write error in the writer process: its files may not pass 1000 bytes
+    """A real write error in the writer process: its files may not pass 1500 bytes
     (RLIMIT_FSIZE, inherited when it starts), so the second batch is cut short."""
     log = DeliveryLog(str(tmp_path), "gw1")
     for i in range(3):
         log.record("publish", make_msg(i), "topic:t", "p")
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, hard))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1500, hard))
     try:
         log.flush()  # starts the writer process, which keeps the limit
     finally:
@@ -487,7 +509,7 @@ def test_failed_write_in_the_writer_process_is_retried_in_a_new_file(tmp_path: P
     log.close()
     assert len(log.files) == 2
     first = Path(log.files[0]).read_bytes()
-    assert len(first) == 1000 and not first.endswith(b"\n")  # cut at the limit
+    assert len(first) == 1500 and not first.endswith(b"\n")  # cut at the limit
     ids = []
     for f in log.files:
         for line in Path(f).read_text("ascii").splitlines():
@@ -857,3 +879,186 @@ def test_writer_process_module_is_not_imported_when_disabled() -> None:
         capture_output=True, text=True, timeout=60, cwd=str(ROOT),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
+
+
+def test_body_and_properties_hashes(tmp_path: Path, make_log: MakeLog) -> None:
+    """``body_hash`` and ``props_hash`` hash the bytes docs/delivery-log.md ("Hashes")
+    defines: text as UTF-8, bytes as they are, maps and streams and properties in the
+    store's tagged encoding with names in order; long bodies are hashed before the writer."""
+    from gateway.serial import write_value
+    from gateway.types import Int16, Int32
+
+    def tagged(*values: object) -> bytes:
+        out = bytearray()
+        for v in values:
+            write_value(out, v)
+        return bytes(out)
+
+    log = make_log(str(tmp_path), "gw1")
+    long_text = "é" * 5000  # past SHIP_LIMIT: hashed when its head is made
+    cases = [
+        Message.text("hello"), Message.binary(b"hello"), Message.text(long_text),
+        Message.map({"b": Int16(1), "a": [1, {"y": "z", "x": b"\x00"}]}),
+        Message.map({"a": [1, {"x": b"\x00", "y": "z"}], "b": Int16(1)}),  # same, other order
+        Message.map({"a": [1, {"x": b"\x00", "y": "z"}], "b": Int32(1)}),  # another type
+        Message(None, properties={"z": 1, "a": Int16(2)}),
+        Message(None, properties={"a": Int16(2), "z": 1}),  # same, other order
+        Message(None, properties={"a": Int32(2), "z": 1}),  # another type
+    ]
+    for i, m in enumerate(cases):
+        log.record("publish", m, "topic:a", "p", i)
+    log.flush()
+    got = [(r["body_hash"], r["props_hash"]) for r in read_lines(tmp_path)]
+    log.close()
+    map_bytes = tagged({"a": [1, {"x": b"\x00", "y": "z"}], "b": Int16(1)})
+    props_bytes = tagged("a", Int16(2), "z", 1)
+    assert got[:4] == [
+        (HELLO, None), (HELLO, None), (hash_of(long_text.encode()), None),
+        (hash_of(map_bytes), None),
+    ]  # fmt: skip
+    assert got[4] == got[3] and got[5][0] not in (None, got[3][0])
+    assert got[6] == got[7] == (None, hash_of(props_bytes))
+    assert got[8][1] not in (None, got[6][1])
+    assert isinstance(cases[2].log_head, tuple) and type(cases[2].log_head[4]) is int
+
+
+def tagged_props(props: dict[str, object]) -> bytes:
+    """The bytes ``props_hash`` hashes (docs/delivery-log.md, "Hashes"), made here."""
+    from gateway.serial import write_value
+
+    out = bytearray()
+    for name in sorted(props):
+        write_value(out, name)
+        write_value(out, props[name])
+    return bytes(out)
+
+
+def typed_properties() -> dict[str, object]:
+    """One property of each type a property may have."""
+    from gateway import types as t
+
+    return {
+        "JMS_GW_MQTT_QOS": t.Int8(1), "i16": t.Int16(-2), "i32": t.Int32(3), "i64": t.Int64(4),
+        "u8": t.UInt8(5), "u16": t.UInt16(6), "u32": t.UInt32(7), "u64": t.UInt64(2**64 - 1),
+        "f32": t.Float32(0.5), "f64": 0.25, "char": t.Char("x"), "s": "text \udc80",
+        "b": b"\x00\xff", "t": True, "n": 9, "arr": t.Int16Array([1, -1]),
+    }  # fmt: skip
+
+
+@not_compiled
+def test_properties_are_encoded_and_hashed_in_the_writer_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event loop hands the writer process the properties, typed values and all; it
+    never encodes them itself (that cost a quarter of the throughput of messages with two
+    properties)."""
+
+    def refused(props: dict[str, Any]) -> bytes:
+        raise AssertionError("properties encoded in the gateway process")
+
+    monkeypatch.setattr(dlog, "canonical_properties", refused)
+    props = typed_properties()
+    log = DeliveryLog(str(tmp_path), "gw1")
+    for i in range(3):
+        m = make_msg(i)
+        m.properties = dict(props) if i != 1 else {}
+        log.record("publish", m, "topic:a", "p")
+        log.record("deliver", m, "topic:a", "c", 1)
+    log.close()
+    got = [r["props_hash"] for r in read_lines(tmp_path)]
+    want = hash_of(tagged_props(props))
+    assert got == [want, want, None, None, want, want]
+
+
+def test_a_property_set_after_head_is_not_in_its_hash(
+    tmp_path: Path, make_log: MakeLog
+) -> None:
+    """``head()`` takes the properties as they are then, however late the writer gets to
+    them (a transport makes the head of an export changed by mapping rules, then adds its
+    own markers to it before sending it and logging its export)."""
+    from gateway.types import Int8
+
+    log = make_log(str(tmp_path), "gw1")
+    m = make_msg(1)
+    m.properties = {"a": Int8(1)}
+    log.head(m)
+    m.properties["JMS_GW_MARKER"] = "t1"
+    log.record("export", m, "topic:a", "t1")
+    log.flush()
+    got = [r["props_hash"] for r in read_lines(tmp_path)]
+    log.close()
+    assert got == [hash_of(tagged_props({"a": Int8(1)}))]
+
+
+def test_records_share_the_message_properties_without_copying_them(
+    tmp_path: Path, make_log: MakeLog
+) -> None:
+    """``record()`` keeps a reference to the message's property dict, not a copy (the core
+    never changes the properties of a message it has logged), and every record of the
+    message, in this chunk or a later one, has the same hash."""
+    from gateway.types import Int8
+
+    log = make_log(str(tmp_path), "gw1")
+    m = make_msg(1)
+    m.properties = {"q": Int8(1), "r": True}
+    log.record("publish", m, "topic:a", "c1")
+    assert m.log_head is not None and m.log_head[5] is m.properties
+    log.flush()  # the deliver goes in a later chunk, with a copy of the head
+    log.record("deliver", m, "topic:a", "c2", 1)
+    other = make_msg(2)
+    other.properties = {"q": True, "r": True}  # equal values, another type: another hash
+    log.record("publish", other, "topic:a", "c1")
+    log.flush()
+    got = [r["props_hash"] for r in read_lines(tmp_path)]
+    log.close()
+    want = hash_of(tagged_props({"q": Int8(1), "r": True}))
+    assert got == [want, want, hash_of(tagged_props({"q": True, "r": True}))]
+    assert want != got[2]
+
+
+def test_batches_with_properties_carry_only_typed_values() -> None:
+    """A batch with properties crosses in pickle's format, which the writer process may
+    unpickle: it names no class but the typed values'. Any other object in it sends the
+    batch the way of a value marshal cannot take (written as the formatter would)."""
+    import io
+    import pickle
+
+    modules: set[str] = set()
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            modules.add(module)
+            return super().find_class(module, name)
+
+    props = typed_properties()
+    head = ("trace-1", "ID:1", 2, 10, "hello", dict(props))
+    flat = [1795753077.0, "publish", head, "topic:a", "p", 0, None,
+            1795753077.1, "deliver", head, "topic:a", "c", 1, None]  # fmt: skip
+    payload = dlog.encode_batch(flat)
+    Unpickler(io.BytesIO(payload)).load()
+    assert modules == {"gateway.types"}
+    back = dlog.decode_batch(payload)
+    assert back == flat and back[2] is back[9]
+    assert [type(v) for v in back[2][5].values()] == [type(v) for v in props.values()]
+    assert dlog.format_records(back, "gw1") == dlog.format_records(flat, "gw1")
+
+    odd = ("trace-2", "ID:2", 2, 10, None, {"a": 1, "x": Destination.topic("a")})
+    payload = dlog.encode_batch([*flat, 1795753077.2, "ack", odd, "topic:a", "c", 1, None])
+    back = dlog.decode_batch(payload)
+    assert back[:14] == [*flat[:2], back[2], *flat[3:9], back[2], *flat[10:]]
+    assert back[2][5] == tagged_props(props) and back[16][5] is None
+
+
+def test_extra_columns_rules_far_identity_and_lost(tmp_path: Path, make_log: MakeLog) -> None:
+    log = make_log(str(tmp_path), "gw1")
+    log.record("import", make_msg(1), "topic:a", "t1", 0, None, (None, "far-7", "a/b", None))
+    log.record("export", make_msg(2), "topic:a", "t1", 0, None, ("r1,r2", None, "x", None))
+    log.record("drop", Message(None), "topic:_RV.X", "t2", 0, "_RV.X", (None, None, None, 3))
+    log.record("deliver", make_msg(3), "topic:a", "c", 1)
+    log.flush()
+    got = [[r[k] for k in EXPECTED_KEYS[-4:]] for r in read_lines(tmp_path)]
+    log.close()
+    assert got == [
+        [None, "far-7", "a/b", None], ["r1,r2", None, "x", None], [None, None, None, 3],
+        [None, None, None, None],
+    ]  # fmt: skip

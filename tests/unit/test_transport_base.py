@@ -132,7 +132,7 @@ async def test_inbound_queue_policy_drops_oldest_or_newest(tmp_path, policy, kep
         for i in range(6):
             msg = Message.text(f"m{i}", destination=Destination.queue("q"))
             t.imported(msg, None, 0, lambda i=i: acks.append(f"m{i}"))
-        assert [msg.body for msg, _ in t.inbound] == kept[: len(t.inbound)]
+        assert [msg.body for msg, _, _ in t.inbound] == kept[: len(t.inbound)]
         assert t.stats["discarded"] == 6 - len(t.inbound)
         assert sorted(acks) == sorted(f"m{i}" for i in range(6) if f"m{i}" not in kept[:len(t.inbound)])
 

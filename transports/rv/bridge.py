@@ -38,6 +38,9 @@ destination's name. Messages cross by the RV mapping
   one Rendezvous queue per transport): a burst the loop has not dispatched yet is cut to
   ``max_msgs`` as the policy says, counted in ``discarded`` (``bus_queue`` in :meth:`info`:
   the events waiting there). With ``DISCARD_NONE`` the listeners use the bus's own queue.
+* Delivery log: an import's and an export's ``far_dest`` is the subject (a reply's: the
+  inbox); ``far_id`` is null, as the bus gives a message no id; an export the mapping rules
+  changed names them (``rules``) and hashes the copy sent.
 * Advisories: ``DATALOSS`` and ``CLIENT.SLOWCONSUMER`` of the bus are written to the
   delivery log (event ``drop``, reason the advisory's name, with the lost packet count) and
   counted (``dataloss``, ``slowconsumer`` in :meth:`info`); nothing is replayed (the bus
@@ -171,7 +174,14 @@ class RvTransport(Transport):
         bus = self.bus
         if bus is None:
             raise RetryLater("not connected")
-        msg = self.mapped_out(msg)
+        delivered = msg
+        try:
+            self._send_mapped(bus, self.mapped_out(msg), inbox)
+        except BaseException:
+            self.sent_as.pop(id(delivered), None)  # not sent: no export record to name it
+            raise
+
+    def _send_mapped(self, bus: AsyncTransport, msg: Message, inbox: str | None) -> None:
         dest = msg.destination
         assert dest is not None
         send_subject = inbox if inbox is not None else dest.name
@@ -191,11 +201,25 @@ class RvTransport(Transport):
     def mapped_out(self, msg: Message) -> Message:
         """The message through the declarative mappings of this transport (direction out);
         the headers and properties left out by ``export_headers`` / ``export_properties`` are
-        the RV mapping's (no ``JMSHeaders`` / ``JMSProperties`` submessage), not a copy's."""
+        the RV mapping's (no ``JMSHeaders`` / ``JMSProperties`` submessage), not a copy's.
+        A copy the rules made is what the ``export`` record hashes, with their names."""
         mappings = self.broker.mappings
         if mappings is not None:
-            msg = mappings.apply(msg, protocol=self.type, direction="out", transport=self.name)
+            out = mappings.apply(msg, protocol=self.type, direction="out", transport=self.name)
+            if out is not msg:
+                rules = mappings.rule_names(msg.destination, protocol=self.type,
+                                            direction="out", transport=self.name)
+                if rules is not None:
+                    self._sent_as(msg, out, rules)
+            msg = out
         return msg
+
+    def far_name(self, msg: Message) -> tuple[str | None, str | None]:
+        """The bus gives a message no id (the ``JMSMessageID`` of a ``JMSHeaders``
+        submessage is the receiving broker's to replace, EMS User's Guide, "Message
+        Translation"): none. The subject it was sent on (a reply's inbox is named by base.py)."""
+        dest = msg.destination
+        return None, dest.name if dest is not None else None
 
     def _inbox(self, *parts: str) -> str:
         assert self.bus is not None
@@ -240,14 +264,18 @@ class RvTransport(Transport):
             self.stats["failed"] += 1
             log.warning("transport %s: cannot import from %r: %s", self.name, subject, exc)
             return
+        # The delivery log's far_dest: the subject it came on (an inbox for a reply); no
+        # far_id, as the bus gives a message none (msg.message_id is None until the core
+        # stamps it: rv_to_message takes no JMSMessageID).
+        far_dest = subject or pattern
         origin = rv.origin
         if origin is None:
-            self.imported(msg, None, 0, None)
+            self.imported(msg, None, 0, None, far_dest)
             return
         origin_id, _, trace_id = origin.origin_id.partition(" ")
         if trace_id:
             msg.trace_id = trace_id  # the far gateway's: one trace across the bus
-        self.imported(msg, origin_id, origin.hops, None)
+        self.imported(msg, origin_id, origin.hops, None, far_dest)
 
     def _on_advisory(self, adv: RvMessage, _listener: Listener) -> None:
         """DATALOSS / SLOWCONSUMER of the bus: counted and written to the delivery log."""
@@ -259,7 +287,8 @@ class RvTransport(Transport):
         record = Message(None, properties={"lost": int(lost or 0),
                                            "host": str(adv.get("host", ""))})
         record.destination = Destination.topic(name)
-        self._record("drop", record, name)
+        self._record("drop", record, name,
+                     lost=int(adv.get("lost", 0) or 0) if key == "dataloss" else None)
 
     def info(self) -> dict[str, Any]:
         out = super().info()
