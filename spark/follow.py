@@ -53,6 +53,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -60,6 +61,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
@@ -364,11 +366,43 @@ def _tail_while_active(tailer: Tailer, query: StreamingQuery, every_s: float) ->
             print(f"follow: tailing the delivery logs failed: {e}", file=sys.stderr)
 
 
-def run(query: StreamingQuery) -> int:
-    """Wait on the query until it ends; Ctrl-C stops it cleanly (the batch in progress is
-    finished or, if interrupted, run again from the checkpoint next time)."""
+def run(query: StreamingQuery, poll_s: float = 0.5) -> int:
+    """Wait on the query until it ends or the process is told to stop (Ctrl-C: SIGINT, or
+    SIGTERM from a service manager), then stop it: the batch in progress is finished, or
+    run again from the checkpoint next time. 0 when stopped so, 1 (the error said on
+    stderr) when the query failed.
+
+    The wait is a Python wait, not the query's ``awaitTermination``: a signal that arrives
+    while the main thread is inside a call to the JVM would otherwise run PySpark's own
+    SIGINT handler, which calls the JVM again on the same connection (a reentrant call that
+    fails and prints tracebacks). Here the handler only sets an event. From a thread other
+    than the main thread (where no handler can be installed) it waits on the query."""
+    if threading.current_thread() is not threading.main_thread():
+        try:
+            query.awaitTermination()
+        except StreamingQueryException:
+            pass  # said by _ended
+        return _ended(query)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda signum, frame: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        query.awaitTermination()
-    except KeyboardInterrupt:
-        query.stop()
-    return 0
+        while not stop.wait(poll_s) and query.isActive:
+            pass
+        if stop.is_set():
+            query.stop()
+            print("follow: stopped; run it again with the same checkpoint to go on",
+                  file=sys.stderr)
+            return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return _ended(query)
+
+
+def _ended(query: StreamingQuery) -> int:
+    failure = query.exception()
+    if failure is None:
+        return 0
+    print(f"follow: the stream failed: {str(failure).splitlines()[0]}", file=sys.stderr)
+    return 1

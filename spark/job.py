@@ -13,7 +13,7 @@ runs locally (``local[*]``) when started with ``python``, and unchanged under
 DIR/verdicts, the summary per route and hour to DIR/summary, the records of the messages
 still pending to DIR/pending (which the next run reads with ``--previous DIR``) and the
 report to DIR/report.html, and prints the number of rows of each verdict. With ``--follow`` it keeps running
-instead (``spark.follow``) until stopped with Ctrl-C.
+instead (``spark.follow``) until stopped with Ctrl-C or SIGTERM.
 
 ``reconcile`` is the job itself, for this entry point and for ``gateway reconcile``
 (``spark.cli``): both parse the same options (``add_options``) and hand them over as they are
@@ -141,7 +141,7 @@ def add_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--follow", action="store_true",
                     help="keep running: read the logs as they grow and append each "
                          "message's verdicts to DIR/verdicts once the watermark has passed "
-                         "it (Parquet; Ctrl-C stops)")
+                         "it (Parquet; Ctrl-C or SIGTERM stops)")
     ap.add_argument("--trigger-ms", type=float, default=DEFAULT_TRIGGER_MS,
                     help="with --follow, how often the logs are read (default %(default)s)")
     ap.add_argument("--checkpoint", default=None, metavar="DIR",
@@ -168,7 +168,7 @@ def options_error(args: argparse.Namespace) -> str | None:
 
 
 def follow_logs(spark: SparkSession, args: argparse.Namespace) -> int:
-    """``--follow``: the streaming query, run until Ctrl-C."""
+    """``--follow``: the streaming query, run until Ctrl-C or SIGTERM."""
     return run(follow(spark, args.logdirs, args.out, args.grace_ms, args.skew_ms,
                       args.sender_spans_gateways, args.link_window_ms, args.since,
                       args.until, trigger_ms=args.trigger_ms, checkpoint=args.checkpoint))

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from dlogrecords import rec, write_log
 from pyspark.sql import SparkSession
 
 from spark.cli import Snapshot, poll
+from spark.follow import run
 
 pytestmark = pytest.mark.spark
 
@@ -229,3 +231,72 @@ def test_poll_counts_the_jobs_and_tasks_of_a_group(spark: SparkSession):
     assert (snap.tasks_done, snap.tasks) == (7, 7)
     assert snap.stage is None
     assert poll(sc, "no-such-group", Snapshot()).jobs == 0
+
+
+@spark_run
+def test_follow_stops_cleanly_on_ctrl_c(tmp_path: Path):
+    """``--follow`` runs until stopped: Ctrl-C (SIGINT to the terminal's whole process group,
+    the JVM included) ends it with status 0, one line on stderr and no traceback."""
+    logs = tmp_path / "logs"
+    write_log(logs / "dlog-gw-a-20260514T093012-0001.jsonl", [
+        rec(1000.0, "gw-a", "publish", "t1", client="p"),
+        rec(1001.0, "gw-a", "deliver", "t1", client="c", count=1),
+        rec(5000.0, "gw-a", "publish", "t2", client="p"),  # moves the watermark past t1
+    ])
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "gateway", "reconcile", str(logs), "--out", str(out),
+           "--follow", "--grace-ms", "1000", "--trigger-ms", "200", *LOCAL]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=cli_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not list((out / "verdicts").glob("part-*.parquet")):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no verdict was written"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    err = stderr.decode(errors="replace")
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "Exception" not in err, err
+    assert "follow: stopped; run it again with the same checkpoint to go on" in err
+    assert stdout == b""
+
+
+class StandInQuery:
+    """What ``follow.run`` uses of a streaming query, without Spark."""
+
+    def __init__(self) -> None:
+        self.isActive = True
+        self.stopped = threading.Event()
+
+    def stop(self) -> None:
+        self.isActive = False
+        self.stopped.set()
+
+    def exception(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_follow_run_stops_the_query_on_sigint_or_sigterm(
+        sig: signal.Signals, capsys: pytest.CaptureFixture[str]):
+    """A service manager's SIGTERM stops a follow run as Ctrl-C does, and the handlers
+    that were there before are put back."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    query = StandInQuery()
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), sig))
+    timer.start()
+    try:
+        assert run(query, poll_s=0.05) == 0  # type: ignore[arg-type]
+    finally:
+        timer.cancel()
+    assert query.stopped.is_set()
+    assert capsys.readouterr().err == (
+        "follow: stopped; run it again with the same checkpoint to go on\n")
+    assert {s: signal.getsignal(s) for s in before} == before
