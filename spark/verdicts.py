@@ -51,6 +51,9 @@ DISCARDED = "discarded"
 CHANGED = "changed"
 REORDERED = "reordered"
 
+# The reason a gateway logs when its duplicate window drops an import (docs/delivery-log.md).
+DUPLICATE_REASON = "duplicate"
+
 # The verdict of each event by which the gateway let a message go on purpose.
 DECISION_VERDICTS: dict[str, str] = {
     EXPIRE: EXPIRED, UNDELIVERABLE: DEAD_LETTERED, DROP: DROPPED, DISCARD: DISCARDED,
@@ -62,7 +65,7 @@ VERDICT_COLUMNS = [
     "entry_event", "entry_client", "entry_ts",
     "exit", "exit_client", "exit_ts",
     "latency_ms", "e2e_latency_ms", "late",
-    "copies", "flagged",
+    "copies", "flagged", "copies_dropped",
     "origin_gw", "origin_ts", "origin_client", "watermark",
     "changed", "changed_parts", "rules",
     "reason", "delivery_count", "lost_count",
@@ -223,14 +226,8 @@ def lost_in_transit(records: DataFrame, route_rows: DataFrame, grace_ms: float) 
     An export through a transport that leads to no gateway read (a cloud broker, a bus with
     no gateway listening) gets no verdict here: nothing could have written the import."""
     exported = route_rows.where(F.col("exit") == F.lit(EXPORT))
-    imports = (records
-               .where((F.col("event") == F.lit(IMPORT)) & F.col("trace_id").isNotNull())
-               .select("trace_id", F.col("gw").alias("import_gw"))
-               .distinct())
-    elsewhere = ((exported["trace_id"] == imports["trace_id"])
-                 & (exported["gw"] != imports["import_gw"]))
-    links = (exported.join(imports, elsewhere, "inner")
-             .select("gw", "exit_client", "import_gw").distinct())
+    imports = _imports(records)
+    links = transport_links(exported, imports)
     # The exports through linked transports, each with every gateway its transport leads to;
     # an export is missing when none of those imported its trace id.
     expected = exported.join(links, on=["gw", "exit_client"], how="inner")
@@ -244,6 +241,49 @@ def lost_in_transit(records: DataFrame, route_rows: DataFrame, grace_ms: float) 
     return judged.select(verdict.alias("verdict"), *_route_columns(), "watermark")
 
 
+def _imports(records: DataFrame) -> DataFrame:
+    """(``trace_id``, ``import_gw``): which gateway imported which message."""
+    return (records
+            .where((F.col("event") == F.lit(IMPORT)) & F.col("trace_id").isNotNull())
+            .select("trace_id", F.col("gw").alias("import_gw"))
+            .distinct())
+
+
+def transport_links(exported: DataFrame, imports: DataFrame) -> DataFrame:
+    """(``gw``, ``exit_client``, ``import_gw``): transport ``exit_client`` of gateway ``gw``
+    leads to gateway ``import_gw``, learnt from a message exported there and imported
+    there (``lost_in_transit``)."""
+    imported = imports.select(F.col("trace_id").alias("imported_id"), "import_gw")
+    elsewhere = ((F.col("trace_id") == F.col("imported_id"))
+                 & (F.col("gw") != F.col("import_gw")))
+    return (exported.join(imported, elsewhere, "inner")
+            .select("gw", "exit_client", "import_gw").distinct())
+
+
+def copies_dropped(duplicates: DataFrame, records: DataFrame,
+                   route_rows: DataFrame) -> DataFrame:
+    """``duplicated`` rows with ``copies_dropped``: of a duplicate export, how many copies a
+    gateway the transport leads to dropped as duplicates (its ``drop`` records with reason
+    ``duplicate``: the import side's duplicate window, keyed on the trace id), so the copies
+    that went on are ``copies - 1 - copies_dropped``; 0 for a delivery (the consumer got
+    every copy) and for an export through a transport that leads to no gateway read."""
+    exported = route_rows.where(F.col("exit") == F.lit(EXPORT))
+    links = transport_links(exported, _imports(records))
+    drops = (records
+             .where((F.col("event") == F.lit(DROP)) & (F.col("reason") == F.lit(DUPLICATE_REASON))
+                    & F.col("trace_id").isNotNull())
+             .groupBy(F.col("trace_id").alias("dropped_id"), F.col("gw").alias("drop_gw"))
+             .agg(F.count(F.lit(1)).alias("n")))
+    dups = duplicates.where(F.col("exit") == F.lit(EXPORT)).select(*ROUTE_KEY)
+    counted = (dups.join(links, on=["gw", "exit_client"], how="inner")
+               .join(drops, (F.col("trace_id") == F.col("dropped_id"))
+                     & (F.col("import_gw") == F.col("drop_gw")), "inner")
+               .groupBy(*ROUTE_KEY).agg(F.sum("n").alias("dropped")))
+    return (duplicates.join(counted, on=ROUTE_KEY, how="left")
+            .withColumn("copies_dropped", F.coalesce(F.col("dropped"), F.lit(0)).cast("long"))
+            .drop("dropped"))
+
+
 def verdicts(records: DataFrame, grace_ms: float, skew_ms: float = 0.0,
              sender_spans_gateways: bool = False,
              route_rows: DataFrame | None = None) -> DataFrame:
@@ -253,7 +293,7 @@ def verdicts(records: DataFrame, grace_ms: float, skew_ms: float = 0.0,
     it)."""
     if route_rows is None:
         route_rows = routes(records)
-    parts = [duplicated(route_rows),
+    parts = [copies_dropped(duplicated(route_rows), records, route_rows),
              lost(records, route_rows, grace_ms),
              lost_in_transit(records, route_rows, grace_ms),
              decided(records),

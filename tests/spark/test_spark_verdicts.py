@@ -349,3 +349,78 @@ def test_clock_skew_within_the_tolerance_is_neither_reordering_nor_negative_late
     assert reordered(route_rows, 0.0).count() == 0
     with pytest.raises(ValueError, match="negative"):
         reordered(route_rows, -1.0)
+
+
+def test_a_duplicate_after_the_grace_period_and_one_the_duplicate_window_dropped(
+        spark: SparkSession):
+    records = frame(spark, [
+        # Delivered, then delivered again to the same consumer 2.5 s later (past the grace
+        # period): one delivered row (on time: the first copy) and a duplicate of 2 copies.
+        rec(1000.0, "gw-a", "publish", "again", client="p"),
+        rec(1001.0, "gw-a", "deliver", "again", client="c", count=1),
+        rec(3500.0, "gw-a", "deliver", "again", client="c", count=1),
+        # Exported twice to gw-b, whose duplicate window dropped the second import: the
+        # duplicate never reached a consumer there.
+        rec(1100.0, "gw-a", "publish", "resent", client="p"),
+        rec(1101.0, "gw-a", "export", "resent", client="to-b"),
+        rec(1104.0, "gw-b", "import", "resent", client="from-a"),
+        rec(1105.0, "gw-b", "deliver", "resent", client="c", count=1),
+        rec(1400.0, "gw-a", "export", "resent", client="to-b"),
+        rec(1404.0, "gw-b", "drop", "resent", client="from-a", reason="duplicate"),
+        # Exported twice through a transport that leads nowhere read: nothing says what
+        # became of the second copy, none counted as dropped.
+        rec(1200.0, "gw-a", "publish", "cloud", client="p"),
+        rec(1201.0, "gw-a", "export", "cloud", client="to-cloud"),
+        rec(1202.0, "gw-a", "export", "cloud", client="to-cloud"),
+        rec(9000.0, "gw-a", "publish", "later", client="p"),
+    ])
+
+    got = verdicts(records, GRACE)
+
+    assert pick(got.where("verdict in ('delivered', 'duplicated')"), "verdict", "trace_id",
+                "gw", "exit_client", "copies", "copies_dropped", "late", "latency_ms") == [
+        ("delivered", "again", "gw-a", "c", 2, None, False, 1.0),
+        ("delivered", "cloud", "gw-a", "to-cloud", 2, None, False, 1.0),
+        ("delivered", "resent", "gw-a", "to-b", 2, None, False, 1.0),
+        ("delivered", "resent", "gw-b", "c", 1, None, False, 1.0),
+        ("duplicated", "again", "gw-a", "c", 2, 0, None, None),
+        ("duplicated", "cloud", "gw-a", "to-cloud", 2, 0, None, None),
+        ("duplicated", "resent", "gw-a", "to-b", 2, 1, None, None),
+    ]
+    # the window's drop is the gateway's own decision, with its word
+    assert pick(got.where("verdict = 'dropped'"), "trace_id", "gw", "exit_client",
+                "reason") == [("resent", "gw-b", "from-a", "duplicate")]
+    assert pick(got.where("verdict in ('lost', 'lost_in_transit')"), "trace_id") == []
+
+
+def test_a_message_across_two_gateways_and_a_bus_hop(spark: SparkSession):
+    # gw-a takes an MQTT publish and exports it over AMQP to gw-b; gw-b publishes it on the
+    # RV-style bus (its `rv` transport), where gw-c imports it and delivers it to a STOMP
+    # consumer. The trace id rides every hop (on the bus in the origin marker). A second
+    # message crosses to gw-b but never reaches gw-c: lost in transit on the bus hop.
+    records = frame(spark, [
+        rec(1000.0, "gw-a", "publish", "m1", client="mqtt:dev-1", body_hash="b1"),
+        rec(1002.0, "gw-a", "export", "m1", client="to-b", far_dest="m1-far", body_hash="b1"),
+        rec(1010.0, "gw-b", "import", "m1", client="from-a", body_hash="b1"),
+        rec(1011.0, "gw-b", "export", "m1", dest="topic:t", client="bus",
+            far_dest="T", body_hash="b1"),
+        rec(1030.0, "gw-c", "import", "m1", dest="topic:t", client="bus", body_hash="b1"),
+        rec(1032.0, "gw-c", "deliver", "m1", client="stomp:s-1", count=1, body_hash="b1"),
+        rec(1100.0, "gw-a", "publish", "m2", client="mqtt:dev-1", body_hash="b2"),
+        rec(1102.0, "gw-a", "export", "m2", client="to-b", body_hash="b2"),
+        rec(1110.0, "gw-b", "import", "m2", client="from-a", body_hash="b2"),
+        rec(1111.0, "gw-b", "export", "m2", client="bus", body_hash="b2"),
+        rec(9000.0, "gw-c", "publish", "later", client="p"),
+    ])
+
+    got = verdicts(records, GRACE)
+
+    assert pick(got.where("verdict != 'pending'"), "verdict", "trace_id", "gw", "exit",
+                "exit_client", "latency_ms", "e2e_latency_ms", "origin_gw") == [
+        ("delivered", "m1", "gw-a", "export", "to-b", 2.0, 2.0, "gw-a"),
+        ("delivered", "m1", "gw-b", "export", "bus", 1.0, 11.0, "gw-a"),
+        ("delivered", "m1", "gw-c", "deliver", "stomp:s-1", 2.0, 32.0, "gw-a"),
+        ("delivered", "m2", "gw-a", "export", "to-b", 2.0, 2.0, "gw-a"),
+        ("delivered", "m2", "gw-b", "export", "bus", 1.0, 11.0, "gw-a"),
+        ("lost_in_transit", "m2", "gw-b", "export", "bus", None, None, "gw-a"),
+    ]
