@@ -96,7 +96,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
@@ -140,16 +140,17 @@ FIELDS = (
 """The keys of every record, in the order they are written."""
 
 HASH_BYTES = 8  # blake2b digest size: 16 hex digits, a collision once in 2**64 pairs
-SHIP_LIMIT = 256  # body bytes (or characters) up to which the writer hashes a body: a
-#                   longer one is hashed on the loop, so what waits for the writer (at most
-#                   MAX_PENDING records) holds no more than 256 bytes of body a record
+# Body bytes (or characters) up to which the writer hashes a body: a longer one is hashed on
+# the loop, so what waits for the writer (at most MAX_PENDING records) holds no more than 256
+# bytes of body a record.
+SHIP_LIMIT: Final = 256
 
-CHUNK_RECORDS = 500  # the recording thread seals (marshals) the pending list this often
+CHUNK_RECORDS: Final = 500  # the recording thread seals (marshals) the pending list this often
 BATCH_RECORDS = 10_000  # wake the writer early past this many sealed records
 DEFAULT_FLUSH_INTERVAL = 0.2  # seconds; bounds how stale the file is behind the gateway
 DEFAULT_MAX_FILE_BYTES = 64 << 20  # rotate past 64 MiB: one Spark input split per file or so
-WIDTH = 7  # values per record in the pending list (see "The hot path" above)
-CHUNK_ITEMS = CHUNK_RECORDS * WIDTH
+WIDTH: Final = 7  # values per record in the pending list (see "The hot path" above)
+CHUNK_ITEMS: Final = CHUNK_RECORDS * WIDTH  # Final: constants in compiled code
 MAX_PENDING = 1_000_000  # sealing waits past this many sealed records (~50 MB, ~3 s at
 #                          full speed: far more than a healthy writer ever lets pile up)
 CLOSE_TIMEOUT = 30.0  # seconds close() waits for the writer process before taking over
@@ -481,7 +482,12 @@ def _extra_json(tail: Any) -> str:
     )
 
 
-def encode_batch(flat: list[Any], typed: bool = False) -> bytes:
+def encode_batch(flat: list[Any]) -> bytes:
+    """A flat batch (``WIDTH`` values a record) as bytes for the writer: see :func:`encode`."""
+    return encode(flat, False)[0]
+
+
+def encode(flat: list[Any], typed: bool) -> tuple[bytes, bool]:
     """A flat batch (``WIDTH`` values a record) as bytes for the writer (:func:`decode_batch`),
     formatted as it would be.
 
@@ -491,26 +497,27 @@ def encode_batch(flat: list[Any], typed: bool = False) -> bytes:
     which takes the typed values of ``gateway/types.py`` and nothing else that is not plain
     (:class:`_ChunkPickler`). Which one is found by trying ``marshal`` first, which stops at
     the first value it does not take (the first head with a typed property, as a rule in the
-    first record), unless ``typed`` says the last batch took pickle (then pickle first): no
-    pass over the batch to look. Both cost about the same here; the writer unmarshals twice
-    as fast as it unpickles. A value neither takes (a Destination object, an enum member, a
-    caller's bug) is replaced, in that record only, by what the formatter would have written
-    for it.
+    first record), unless ``typed`` says the last batch held a typed value (then pickle
+    first): no pass over the batch to look. Both cost about the same here; the writer
+    unmarshals twice as fast as it unpickles. A value neither takes (a Destination object,
+    an enum member, a caller's bug) is replaced, in that record only, by what the formatter
+    would have written for it. Returns the bytes and whether the batch held a typed value.
     """
     try:
         if not typed:
             try:
-                return marshal.dumps(flat)
+                return marshal.dumps(flat), False
             except ValueError:  # a typed value (or a caller's bug): pickle takes the former
                 pass
         buf = io.BytesIO()
-        _ChunkPickler(buf, pickle.HIGHEST_PROTOCOL).dump(flat)
-        return buf.getvalue()
+        pickler = _ChunkPickler(buf, pickle.HIGHEST_PROTOCOL)
+        pickler.dump(flat)
+        return buf.getvalue(), pickler.typed
     except Exception:  # a value of a type neither format takes (or a head not a tuple)
         out: list[Any] = []
         for r in records(flat):
             out += _plain(r)
-        return marshal.dumps(out)
+        return marshal.dumps(out), False
 
 
 def decode_batch(payload: bytes) -> list[Any]:
@@ -532,10 +539,13 @@ class _ChunkPickler(_pickle.Pickler):
     :meth:`reducer_override` once a batch (after that, pickle's memo has it), as do the
     classes its reduction names."""
 
+    typed = False  # set once a typed value was pickled
+
     def reducer_override(self, obj: Any) -> Any:
         if obj in _TYPED:
             return NotImplemented  # a class of gateway/types.py: pickled by its name
         if type(obj) in _TYPED:
+            self.typed = True
             return obj.__reduce__()
         raise pickle.PicklingError(f"not a value of the delivery log: {type(obj).__name__}")
 
@@ -764,7 +774,7 @@ class DeliveryLog:
         self._chunks: deque[tuple[int, bytes]] = deque()  # sealed: (records, marshal bytes)
         self._sealed = 0  # records in _chunks
         self._seal_lock = threading.Lock()  # one seal at a time: chunks stay in order
-        self._typed = False  # the last chunk took pickle's format (see encode_batch)
+        self._typed = False  # the last chunk held a typed value (see encode)
         self._wake = threading.Event()
         self._room = threading.Event()  # set by the writer each time it sends chunks
         self._io_lock = threading.Lock()  # the writer thread vs flush()/close()
@@ -826,7 +836,8 @@ class DeliveryLog:
             head = msg.log_head
             if head is None:  # content(msg), the common case inline
                 body = msg.body
-                if not (type(body) in _STR_BODY and len(body) <= SHIP_LIMIT):
+                kind = type(body)
+                if not ((kind is bytes or kind is str) and len(body) <= SHIP_LIMIT):
                     body = content_body(msg)
                 props = msg.properties
                 head = msg.log_head = (
@@ -861,8 +872,7 @@ class DeliveryLog:
             flat = p[:n]
             del p[:n]
             records_n = n // WIDTH
-            payload = encode_batch(flat, self._typed)
-            self._typed = payload[:1] == _PICKLED
+            payload, self._typed = encode(flat, self._typed)
             self._chunks.append((records_n, payload))
             self._sealed += records_n
             sealed = self._sealed
