@@ -42,7 +42,7 @@ its import marker before the publish, the in-process producer sends a copy to re
 message), and a copy cost a dict, a tracked object, a message. Hashing 64 bytes on the loop cost about 0.5 µs, a tenth of what a
 publish and its delivery cost in all; sorting and encoding two properties on the loop cost
 1.3 µs, and a quarter of the throughput of messages that carry them (every MQTT publish
-does). ``marshal`` takes no typed value (``Int8`` ...), so a chunk with properties is
+does). ``marshal`` takes no typed value (``Int8`` ...), so a chunk with a typed property is
 sealed with ``pickle`` instead (as fast, in C; see :func:`encode_batch`). The few records with more to say (an import's or
 export's far-side names, the rules that changed an export, a bus's count of lost messages)
 carry it in their reason's place, as one tuple with the reason: an eighth value would cost
@@ -96,8 +96,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii
-from operator import itemgetter
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
@@ -141,16 +140,17 @@ FIELDS = (
 """The keys of every record, in the order they are written."""
 
 HASH_BYTES = 8  # blake2b digest size: 16 hex digits, a collision once in 2**64 pairs
-SHIP_LIMIT = 256  # body bytes (or characters) up to which the writer hashes a body: a
-#                   longer one is hashed on the loop, so what waits for the writer (at most
-#                   MAX_PENDING records) holds no more than 256 bytes of body a record
+# Body bytes (or characters) up to which the writer hashes a body: a longer one is hashed on
+# the loop, so what waits for the writer (at most MAX_PENDING records) holds no more than 256
+# bytes of body a record.
+SHIP_LIMIT: Final = 256
 
-CHUNK_RECORDS = 500  # the recording thread seals (marshals) the pending list this often
+CHUNK_RECORDS: Final = 500  # the recording thread seals (marshals) the pending list this often
 BATCH_RECORDS = 10_000  # wake the writer early past this many sealed records
 DEFAULT_FLUSH_INTERVAL = 0.2  # seconds; bounds how stale the file is behind the gateway
 DEFAULT_MAX_FILE_BYTES = 64 << 20  # rotate past 64 MiB: one Spark input split per file or so
-WIDTH = 7  # values per record in the pending list (see "The hot path" above)
-CHUNK_ITEMS = CHUNK_RECORDS * WIDTH
+WIDTH: Final = 7  # values per record in the pending list (see "The hot path" above)
+CHUNK_ITEMS: Final = CHUNK_RECORDS * WIDTH  # Final: constants in compiled code
 MAX_PENDING = 1_000_000  # sealing waits past this many sealed records (~50 MB, ~3 s at
 #                          full speed: far more than a healthy writer ever lets pile up)
 CLOSE_TIMEOUT = 30.0  # seconds close() waits for the writer process before taking over
@@ -172,7 +172,6 @@ _Record = tuple[float, str, _Head, Any, Any, int, Any]
 _blake2b = hashlib.blake2b
 _STR_BODY = (str, bytes)
 _CANONICAL = (BodyKind.MAP, BodyKind.STREAM)
-_PROPS_OF = itemgetter(5)  # a head's properties
 # The typed values (gateway/types.py) a chunk may carry to the writer in its properties.
 _TYPED: frozenset[type] = frozenset({*SCALAR_TYPES.values(), *ARRAY_TYPES})
 _PICKLED = b"\x80"  # what a chunk in pickle's format begins with (PROTO); never marshal's
@@ -260,38 +259,55 @@ def hash_json(v: Any) -> str:
 
 
 HASH_CACHE = 4096  # contents whose hashes the formatter keeps (see hashes_json)
-_hashes: dict[Any, str] = {}
+_hashes: dict[tuple[Any, str], tuple[str, str]] = {}  # (body slot, props_hash JSON) -> JSON
+_props_hashes: dict[Any, str] = {}  # (items, their values' types) -> props_hash JSON
 # Property value types whose equality is their identity as hashed (not float: 0.0 == -0.0).
 _EXACT: frozenset[type] = frozenset(
     {str, bytes, bool, int, *(t for t in SCALAR_TYPES.values() if issubclass(t, (int, str)))}
 )
+_NO_EXTRA = ',"rules":null,"far_id":null,"far_dest":null,"lost":null}\n'
 
 
-def hashes_json(body: Any, props: Any) -> str:
-    """``,"body_hash":..,"props_hash":..`` of a head's body and properties slots.
+def hashes_json(body: Any, props: Any) -> tuple[str, str]:
+    """``,"body_hash":..,"props_hash":..`` of a head's body and properties slots, and the
+    same after a null reason and followed by null version 2 values to the end of the line
+    (a record with no reason and no other value: most records).
 
     Made once per content, not per record: a message's records share one head within a
     chunk, but its later records (a delivery from a backlog, its ack) come in later chunks
     with a copy of the head, and the messages of one kind of producer tend to carry the same
-    properties (an MQTT publish's QoS and retain flag). So the result is kept, keyed by the
-    content itself -- the body and the property names, values *and their types*
-    (``Int8(1)`` equals ``True`` but hashes differently) -- for the last :data:`HASH_CACHE`
-    contents. Properties with a value of another type (a float: ``0.0`` equals ``-0.0``) are
-    hashed every time.
+    properties (an MQTT publish's QoS and retain flag), with bodies that differ. So the
+    properties' hash is kept, keyed by the property names, values *and their types*
+    (``Int8(1)`` equals ``True`` but hashes differently), and the result is kept, keyed by
+    the body and that hash, each for the last :data:`HASH_CACHE` contents. Properties with a
+    value of another type (a float: ``0.0`` equals ``-0.0``) are hashed every time.
     """
-    key: Any = props
-    if type(props) is dict:
-        types = tuple(map(type, props.values()))
-        if not _EXACT.issuperset(types):
-            return f',"body_hash":{hash_json(body)},"props_hash":{hash_json(props)}'
-        key = (tuple(props.items()), types)
-    key = (body, key)
+    key = (body, "null" if props is None else props_json(props))
     done = _hashes.get(key)
     if done is None:
-        done = f',"body_hash":{hash_json(body)},"props_hash":{hash_json(props)}'
+        hashes = ',"body_hash":' + hash_json(body) + ',"props_hash":' + key[1]
+        done = (hashes, "null" + hashes + _NO_EXTRA)
         if len(_hashes) >= HASH_CACHE:
             _hashes.clear()
         _hashes[key] = done
+    return done
+
+
+def props_json(props: Any) -> str:
+    """The ``props_hash`` JSON of a head's properties slot (not None), cached as
+    :func:`hashes_json` says."""
+    if type(props) is not dict:
+        return hash_json(props)  # its canonical bytes already (a record made safe, _coerce)
+    types = tuple(map(type, props.values()))
+    if not _EXACT.issuperset(types):
+        return hash_json(props)
+    key = (tuple(props.items()), types)
+    done = _props_hashes.get(key)
+    if done is None:
+        done = hash_json(props)
+        if len(_props_hashes) >= HASH_CACHE:
+            _props_hashes.clear()
+        _props_hashes[key] = done
     return done
 
 
@@ -391,7 +407,6 @@ def _float(v: Any) -> float:
 
 _FRACTIONS = tuple(f".{i:03d}" for i in range(1000))  # the ts after its milliseconds
 _COUNTS = {i: str(i) for i in range(100)}
-_NO_EXTRA = ',"rules":null,"far_id":null,"far_dest":null,"lost":null}\n'
 
 
 def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
@@ -401,14 +416,16 @@ def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
     is shared by all its records (by the same object within a batch, as ``marshal`` and
     ``pickle`` keep shared references), a destination meets few clients, and the time changes its
     millisecond a few hundred records apart. A line then costs a few lookups and the
-    join (a fifth of an f-string with a float in it).
+    join (a fifth of an f-string with a float in it); the line of a record without a reason
+    or version 2's other values (most records) ends in one piece made once per content
+    (:func:`hashes_json`).
     """
     enc = encode_basestring_ascii
     gw = ',"gw":' + enc(gateway_id) + ',"event":'
     events = {e: gw + j + "," for e, j in _EVENT_JSON.items()}
     mode_json, fractions, counts = _MODE_JSON, _FRACTIONS, _COUNTS
     start = '{"v":' + str(SCHEMA_VERSION) + ',"ts":'
-    heads: dict[int, tuple[str, str, str]] = {}  # id(head) -> its three parts (heads live in flat)
+    heads: dict[int, tuple[str, str, str, str]] = {}  # id(head) -> its parts (heads live in flat)
     places: dict[Any, dict[Any, str]] = {}  # dest -> client -> '"dest":..,"client":..,"count":'
     last_ms, ts = -1, ""
     out: list[str] = []
@@ -427,12 +444,13 @@ def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
         h = heads.get(id(head))
         if h is None:
             trace_id, msg_id, mode, size, body, props = head
+            hashes, rest = hashes_json(body, props)
             h = heads[id(head)] = (
                 f'"trace_id":{enc(trace_id) if type(trace_id) is str else _s(trace_id)},'
                 f'"msg_id":{enc(msg_id) if type(msg_id) is str else _s(msg_id)},',
                 f',"mode":{mode_json.get(mode) or _s(mode)},"size":{size or 0:d},"reason":',
-                hashes_json(body, props),
-            )
+                hashes, rest,
+            )  # fmt: skip
         by_client = places.get(dest)
         if by_client is None:
             by_client = places[dest] = {}
@@ -445,11 +463,14 @@ def _format_fast(flat: list[Any], gateway_id: str) -> bytes:
         c = counts.get(count)
         if c is None:
             c = f"{count:d}"
-        out += (
-            ts, fractions[us - ms * 1000], ev, h[0], place, c, h[1],
-            "null" if reason is None else _s(reason[0] if type(reason) is tuple else reason),
-            h[2], _extra_json(reason) if type(reason) is tuple else _NO_EXTRA,
-        )  # fmt: skip
+        if reason is None:  # most records: the rest of the line is the head's
+            out += (ts, fractions[us - ms * 1000], ev, h[0], place, c, h[1], h[3])
+        elif type(reason) is tuple:
+            out += (ts, fractions[us - ms * 1000], ev, h[0], place, c, h[1], _s(reason[0]),
+                    h[2], _extra_json(reason))  # fmt: skip
+        else:
+            out += (ts, fractions[us - ms * 1000], ev, h[0], place, c, h[1], _s(reason), h[2],
+                    _NO_EXTRA)  # fmt: skip
     return "".join(out).encode("ascii")
 
 
@@ -462,27 +483,41 @@ def _extra_json(tail: Any) -> str:
 
 
 def encode_batch(flat: list[Any]) -> bytes:
+    """A flat batch (``WIDTH`` values a record) as bytes for the writer: see :func:`encode`."""
+    return encode(flat, False)[0]
+
+
+def encode(flat: list[Any], typed: bool) -> tuple[bytes, bool]:
     """A flat batch (``WIDTH`` values a record) as bytes for the writer (:func:`decode_batch`),
     formatted as it would be.
 
-    ``marshal`` takes exact str, int, float, bytes, None and containers of them. A batch
-    with properties (a head's dict, whose values may be typed: ``Int8`` ...) goes in
-    ``pickle``'s format instead, which takes the typed values of ``gateway/types.py`` and
-    nothing else that is not plain (:class:`_ChunkPickler`). A value neither takes (a
-    Destination object, an enum member, a caller's bug) is replaced, in that record only, by
-    what the formatter would have written for it.
+    ``marshal`` takes exact str, int, float, bytes, None and containers of them: every batch
+    whose properties (a head's dict) hold only such values. A batch with a typed value in
+    them (``Int8`` ...: every MQTT publish carries one) goes in ``pickle``'s format instead,
+    which takes the typed values of ``gateway/types.py`` and nothing else that is not plain
+    (:class:`_ChunkPickler`). Which one is found by trying ``marshal`` first, which stops at
+    the first value it does not take (the first head with a typed property, as a rule in the
+    first record), unless ``typed`` says the last batch held a typed value (then pickle
+    first): no pass over the batch to look. Both cost about the same here; the writer
+    unmarshals twice as fast as it unpickles. A value neither takes (a Destination object,
+    an enum member, a caller's bug) is replaced, in that record only, by what the formatter
+    would have written for it. Returns the bytes and whether the batch held a typed value.
     """
     try:
-        if any(map(_PROPS_OF, flat[2::WIDTH])):
-            buf = io.BytesIO()
-            _ChunkPickler(buf, pickle.HIGHEST_PROTOCOL).dump(flat)
-            return buf.getvalue()
-        return marshal.dumps(flat)
+        if not typed:
+            try:
+                return marshal.dumps(flat), False
+            except ValueError:  # a typed value (or a caller's bug): pickle takes the former
+                pass
+        buf = io.BytesIO()
+        pickler = _ChunkPickler(buf, pickle.HIGHEST_PROTOCOL)
+        pickler.dump(flat)
+        return buf.getvalue(), pickler.typed
     except Exception:  # a value of a type neither format takes (or a head not a tuple)
         out: list[Any] = []
         for r in records(flat):
             out += _plain(r)
-        return marshal.dumps(out)
+        return marshal.dumps(out), False
 
 
 def decode_batch(payload: bytes) -> list[Any]:
@@ -504,10 +539,13 @@ class _ChunkPickler(_pickle.Pickler):
     :meth:`reducer_override` once a batch (after that, pickle's memo has it), as do the
     classes its reduction names."""
 
+    typed = False  # set once a typed value was pickled
+
     def reducer_override(self, obj: Any) -> Any:
         if obj in _TYPED:
             return NotImplemented  # a class of gateway/types.py: pickled by its name
         if type(obj) in _TYPED:
+            self.typed = True
             return obj.__reduce__()
         raise pickle.PicklingError(f"not a value of the delivery log: {type(obj).__name__}")
 
@@ -736,6 +774,7 @@ class DeliveryLog:
         self._chunks: deque[tuple[int, bytes]] = deque()  # sealed: (records, marshal bytes)
         self._sealed = 0  # records in _chunks
         self._seal_lock = threading.Lock()  # one seal at a time: chunks stay in order
+        self._typed = False  # the last chunk held a typed value (see encode)
         self._wake = threading.Event()
         self._room = threading.Event()  # set by the writer each time it sends chunks
         self._io_lock = threading.Lock()  # the writer thread vs flush()/close()
@@ -797,7 +836,8 @@ class DeliveryLog:
             head = msg.log_head
             if head is None:  # content(msg), the common case inline
                 body = msg.body
-                if not (type(body) in _STR_BODY and len(body) <= SHIP_LIMIT):
+                kind = type(body)
+                if not ((kind is bytes or kind is str) and len(body) <= SHIP_LIMIT):
                     body = content_body(msg)
                 props = msg.properties
                 head = msg.log_head = (
@@ -832,7 +872,8 @@ class DeliveryLog:
             flat = p[:n]
             del p[:n]
             records_n = n // WIDTH
-            self._chunks.append((records_n, encode_batch(flat)))
+            payload, self._typed = encode(flat, self._typed)
+            self._chunks.append((records_n, payload))
             self._sealed += records_n
             sealed = self._sealed
         if sealed >= BATCH_RECORDS:

@@ -3,7 +3,7 @@
 How this works. :class:`~gateway.dlog.DeliveryLog` starts ``python -m gateway.dlog_writer``
 (a fresh interpreter, never a ``fork`` of the threaded gateway) and talks to it over two
 pipes in frames of one kind byte, a 4-byte little-endian length and a ``marshal`` payload
-(a chunk of records with properties: ``pickle``, see :func:`~gateway.dlog.encode_batch`):
+(a chunk of records with a typed property value: ``pickle``, see :func:`~gateway.dlog.encode`):
 
 ==========  =====================================  ========================================
 direction   frame                                  meaning

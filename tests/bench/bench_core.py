@@ -2,6 +2,7 @@
 
     python tests/bench/bench_core.py [--count N] [--persistent-count N] [--no-log] [--default-gc]
                                      [--properties N] [--only topic|queue|persistent ...]
+                                     [--tree DIR]
 
 The garbage collector is tuned as ``gateway serve`` tunes it (``gateway.server.tune_gc``)
 unless --default-gc.
@@ -12,6 +13,12 @@ properties: first ``JMS_GW_MQTT_QOS`` as ``int8`` (what every MQTT publish carri
 ``mappings/mqtt.py``), then ``JMS_GW_MQTT_RETAIN`` ``true``, then short strings
 ``bench.pN``. The delivery log hashes properties (``docs/delivery-log.md``, "Hashes"), so this
 is what measures that.
+
+--tree DIR runs the benchmarks on the gateway of another tree (its ``gateway`` package and
+its ``tests/corehelp.py``), e.g. a worktree of an older commit, or a compiled copy of one
+(``tests/compiled_tree.py``), so that two versions are measured by the same script: to
+compare the delivery log's versions, run this script with and without ``--tree`` in turn,
+several times each, on the same machine (``docs/delivery-log.md``, "Cost").
 
 1. In-process publish → deliver of NON_PERSISTENT messages: one producer, one topic, one
    subscriber (NO_ACKNOWLEDGE session, listener counts), delivery log on unless --no-log.
@@ -32,9 +39,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-# The tree this script is in comes first (a compiled copy, README "The compiled build").
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+def _tree() -> Path:
+    """The tree whose gateway is measured: --tree DIR, else the one this script is in (a
+    compiled copy, README "The compiled build"). Read before the gateway is imported."""
+    for i, arg in enumerate(sys.argv):
+        if arg == "--tree" and i + 1 < len(sys.argv):
+            return Path(sys.argv[i + 1]).resolve()
+        if arg.startswith("--tree="):
+            return Path(arg[len("--tree=") :]).resolve()
+    return Path(__file__).resolve().parents[2]
+
+
+TREE = _tree()
+sys.path.insert(0, str(TREE))
+sys.path.insert(0, str(TREE / "tests"))
 
 from corehelp import Q, T, running_broker  # noqa: E402
 
@@ -161,6 +180,8 @@ def main() -> None:
                     help="run only this benchmark (may be given more than once)")
     ap.add_argument("--default-gc", action="store_true",
                     help="leave CPython's collector as it is (gateway serve tunes it)")
+    ap.add_argument("--tree", metavar="DIR",
+                    help="measure the gateway of this tree instead (see the module docstring)")
     args = ap.parse_args()
     log = not args.no_log
     if not args.default_gc:
