@@ -210,6 +210,9 @@ def mosq(tmp_path: Path) -> Iterator[Mosquitto]:
         yield m
 
 
+# The traffic takes seconds; the Spark run some thirty jobs: under a minute on a quiet
+# machine, several on a loaded one. A bound against a hang, never a result.
+@pytest.mark.timeout(600)
 def test_reconcile_names_exactly_the_dropped_duplicated_and_crashed_messages(
         tmp_path: Path, spark: SparkSession, mosq: Mosquitto, toxiproxy: Any,
         capsys: pytest.CaptureFixture[str]) -> None:
