@@ -89,8 +89,16 @@ def exits(records: DataFrame) -> DataFrame:
     ``exit_contents``, the distinct (v, body_hash, props_hash, rules) the copies left with
     (the core never changes a message it holds, so normally one)."""
     ev = F.col("event")
+    # A transport's export is a consumer of the gateway too: its ``deliver`` (the hand-off to
+    # the transport, written before the far side confirmed anything) is no way out, its
+    # ``export`` is. Its connection is the client of that gateway's import and export records.
+    transports = (records.where(ev.isin(IMPORT, EXPORT)).select("gw", "client").distinct()
+                  .withColumn("to_transport", F.lit(True)))
     return (records
             .where(ev.isin(list(EXIT_EVENTS)) & F.col("trace_id").isNotNull())
+            .join(F.broadcast(transports), on=["gw", "client"], how="left")
+            .where((ev == EXPORT) | F.col("to_transport").isNull())
+            .drop("to_transport")
             .withColumn("exit", F.when(ev == EXPORT, F.lit(EXPORT)).otherwise(F.lit(DELIVER)))
             .withColumnRenamed("client", "exit_client")
             .groupBy(*ROUTE_KEY)

@@ -203,6 +203,33 @@ def test_an_export_the_next_gateway_never_imported_is_lost_in_transit(spark: Spa
     ]
 
 
+def test_a_message_handed_to_a_transport_but_never_exported_is_lost(spark: SparkSession):
+    # The gateway logs a transport's export consumer (its connection gw-a:1, the client of
+    # its import and export records) like any consumer: a deliver when the message is handed
+    # to it, an export when the far side took it. t2 was handed over and the gateway died
+    # before the far side confirmed it; t1 left; t3 went to a local consumer.
+    records = frame(spark, [
+        rec(1000.0, "gw-a", "publish", "t1", client="gw-a:5"),
+        rec(1000.1, "gw-a", "deliver", "t1", client="gw-a:1", count=1),
+        rec(1002.0, "gw-a", "export", "t1", client="gw-a:1", reason="transport:to-b"),
+        rec(1003.0, "gw-a", "ack", "t1", client="gw-a:1", count=1),
+        rec(1100.0, "gw-a", "publish", "t2", client="gw-a:5"),
+        rec(1100.1, "gw-a", "deliver", "t2", client="gw-a:1", count=1),
+        rec(1200.0, "gw-a", "publish", "t3", client="gw-a:5"),
+        rec(1200.1, "gw-a", "deliver", "t3", client="gw-a:7", count=1),
+        rec(5000.0, "gw-a", "publish", "z", client="gw-a:5"),
+        rec(5000.1, "gw-a", "deliver", "z", client="gw-a:7", count=1),
+    ])
+
+    got = verdicts(records, GRACE).where("trace_id != 'z'")
+
+    assert pick(got, "verdict", "trace_id", "exit", "exit_client") == [
+        ("delivered", "t1", "export", "gw-a:1"),
+        ("delivered", "t3", "deliver", "gw-a:7"),
+        ("lost", "t2", None, None),
+    ]
+
+
 def test_expired_dead_lettered_dropped_discarded_with_the_gateways_reason(
         spark: SparkSession):
     records = frame(spark, [
