@@ -265,18 +265,26 @@ def reconcile(spark: SparkSession, paths: Sequence[str], *, out: str,
         # that reads it (the driver's heap).
         records = records.localCheckpoint()
     # Every message's records in one row (the one shuffle of the records), then its routes:
-    # every verdict is derived from these two, checkpointed.
-    message_rows = messages(records).localCheckpoint()
-    route_rows = routes(records, message_rows).localCheckpoint()
+    # every verdict is derived from these two. Cached (columnar: each verdict reads only
+    # the columns it needs), not checkpointed: their plans are short.
+    message_rows = messages(records).cache()
+    route_rows = routes(records, message_rows).cache()
     out_df = verdicts(records, grace_ms, skew_ms, sender_spans_gateways, route_rows,
                       message_rows)
     if previous is not None:
         out_df = not_reported_before(out_df, read_verdicts(spark, previous, fmt))
-    out_df = out_df.localCheckpoint()
-    writer = out_df.write.mode("overwrite")
-    if fmt == "csv":
-        writer = writer.option("header", "true")
-    writer.format(fmt).save(run_path(out, VERDICTS_DIR))
+    verdicts_path = run_path(out, VERDICTS_DIR)
+    if fmt == "parquet":
+        # Computed once, while written; the summary, the pending records and the report
+        # then read the file (only the columns each needs).
+        out_df.write.mode("overwrite").parquet(verdicts_path)
+        out_df = spark.read.parquet(verdicts_path)
+    else:  # read back, JSON or CSV would not give the same types
+        out_df = out_df.localCheckpoint()
+        writer = out_df.write.mode("overwrite")
+        if fmt == "csv":
+            writer = writer.option("header", "true")
+        writer.format(fmt).save(verdicts_path)
     summary = route_hour_summary(out_df).cache()
     summary.write.mode("overwrite").parquet(run_path(out, SUMMARY_DIR))
     pending_records(read, out_df, window, skew_ms, links).write.mode("overwrite").parquet(

@@ -16,6 +16,12 @@ entry of the trace on any gateway) gives the end-to-end view, across clocks.
 
 Records without a trace id (none is written for a send the gateway refused) cannot be matched
 and are left out here.
+
+How: ``messages`` shuffles the records once, by trace id, and aggregates them where they are,
+first per (gw, dest, exit, exit_client) with plain aggregate functions, then into one row per
+message. Entries, exits, origins and decisions are then read from that row with array
+functions (``message_*``), so the routes and every verdict derive from one table without a
+join or another pass over the records.
 """
 
 from __future__ import annotations
@@ -182,20 +188,28 @@ def routes(records: DataFrame, message_rows: DataFrame | None = None) -> DataFra
                            message_import_gws(parts).alias("import_gws"),
                            message_exits(parts).alias("xs"),
                            message_entries(parts).alias("ens"))
+    # Every struct is taken apart into columns as soon as it is made: the optimizer's
+    # pruning of nested fields through two generators loses fields otherwise.
+    origin = per_message.select("trace_id", *_origin_columns(), "import_gws", "xs", "ens")
+    entry = origin.select("*", F.explode("ens").alias("en")).select(
+        "trace_id", *_entry_columns(), F.col("en.decided").alias("entry_decided"),
+        *ORIGIN_COLUMNS, "import_gws", "xs")
     # A join on (gw, dest): a null dest matches nothing.
     same_entry: Callable[[Column], Column] = lambda x: F.coalesce(  # noqa: E731
-        (x["gw"] == F.col("en.gw")) & (x["dest"] == F.col("en.dest")), F.lit(False))
-    rows = (per_message.select("trace_id", "o", "import_gws", "xs", F.explode("ens").alias("en"))
-            .select("trace_id", "en", "o", "import_gws",
-                    F.explode_outer(F.filter("xs", same_entry)).alias("x")))
-    return rows.select("trace_id", *_entry_columns(),
+        (x["gw"] == F.col("gw")) & (x["dest"] == F.col("dest")), F.lit(False))
+    rows = entry.select("*", F.explode_outer(F.filter("xs", same_entry)).alias("x"))
+    return rows.select("trace_id", *_ENTRY_COLUMNS,
                        *[F.col(f"x.{c}").alias(c) for c in _EXIT_FIELDS[2:]],
-                       *_origin_columns(), F.col("en.decided").alias("entry_decided"),
-                       "import_gws")
+                       *ORIGIN_COLUMNS, "entry_decided", "import_gws")
 
 
 _EXIT_FIELDS = ["gw", "dest", "exit", "exit_client", "exit_ts", "exit_count", "deliver_count",
                 "redeliver_count", "exit_contents"]
+
+
+ORIGIN_COLUMNS = ["origin_gw", "origin_ts", "origin_client"]
+_ENTRY_COLUMNS = ["gw", "dest", "entry_event", "entry_client", "entry_ts", "msg_id", "entry_v",
+                  "entry_body_hash", "entry_props_hash", "entry_count"]
 
 
 def _entry_columns() -> list[Column]:

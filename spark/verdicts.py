@@ -197,6 +197,7 @@ def reordered(route_rows: DataFrame, skew_ms: float = 0.0,
                .orderBy(sent_us).rangeBetween(Window.unboundedPreceding, -(margin_us + 1)))
     return (route_rows
             .where(F.col("exit").isNotNull() & F.col("origin_ts").isNotNull())
+            .select(*_route_columns())  # only what the verdict row has goes through the window
             .withColumn("earlier_exit_ts", F.max("exit_ts").over(earlier))
             .where(F.col("exit_ts") < F.col("earlier_exit_ts"))
             .select(F.lit(REORDERED).alias("verdict"), *_route_columns()))
