@@ -201,8 +201,9 @@ def reconcile_options(args: argparse.Namespace) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Reconciled:
-    """What one run made, cached: the records as read (within since/until), the same
-    relinked, their routes and the verdict rows. ``unpersist`` when done with them."""
+    """What one run made: the records as read (within since/until), the same relinked,
+    their routes and the summary, cached, and the verdict rows (read back from the Parquet
+    files written, checkpointed in another format). ``unpersist`` when done with them."""
 
     read: DataFrame
     records: DataFrame
