@@ -68,7 +68,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from spark.link import link_by_content
 from spark.read import FILE_GLOB, between, only_supported
-from spark.routes import routes
+from spark.routes import messages, routes
 from spark.schema import DLOG_SCHEMA, EXPORT, IMPORT, PUBLISH
 from spark.verdicts import VERDICT_COLUMNS, verdicts
 
@@ -227,9 +227,11 @@ class _Reconcile:
             [tuple({"v": 2, "ts": max_ts, "gw": "", "event": WATERMARK_EVENT}.get(n)
                    for n in DLOG_SCHEMA.fieldNames())], DLOG_SCHEMA)
         all_records = records.unionByName(carrier)
-        route_rows = routes(all_records).cache()  # every verdict reads it (as in the job)
+        # Every verdict reads them (as in the job).
+        message_rows = messages(all_records).cache()
+        route_rows = routes(all_records, message_rows).cache()
         given = verdicts(all_records, self.grace_ms, self.skew_ms,
-                         self.sender_spans_gateways, route_rows)
+                         self.sender_spans_gateways, route_rows, message_rows)
         emit = (given.join(final, "trace_id", "left_semi")
                 .unionByName(given.where(~traced & (F.col("exit_ts") <= F.lit(wm))))
                 .select(*VERDICT_COLUMNS))
@@ -241,6 +243,7 @@ class _Reconcile:
         keep.write.mode("overwrite").parquet(str(self.state / this))
         self._publish(emit, batch_id)
         route_rows.unpersist()
+        message_rows.unpersist()
         self._commit(batch_id, max_ts, this, done)
 
     def _publish(self, emit: DataFrame | None, batch_id: int) -> None:

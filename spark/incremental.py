@@ -52,16 +52,19 @@ def run_path(directory: str, part: str) -> str:
 
 
 def pending_records(records: DataFrame, verdicts: DataFrame, link_window_ms: float = 0.0,
-                    skew_ms: float = 0.0) -> DataFrame:
+                    skew_ms: float = 0.0, links: DataFrame | None = None) -> DataFrame:
     """The ``records`` (as read, before ``spark.link``) of every message with a ``pending``
     verdict, with ``DLOG_SCHEMA``'s columns. The verdicts' trace ids are those after
     linking: with ``link_window_ms`` > 0 (the window the run linked with) the import
-    traces the fallback key gave a pending trace's id are found again and kept too."""
+    traces the fallback key gave a pending trace's id are found again and kept too
+    (``links``: ``content_links(records, link_window_ms, skew_ms)``, when the caller has
+    them already)."""
     ids = (verdicts.where(F.col("verdict") == F.lit(PENDING))
            .select("trace_id").where(F.col("trace_id").isNotNull()).distinct())
     if link_window_ms > 0:
-        linked = (content_links(records, link_window_ms, skew_ms)
-                  .join(ids.withColumnRenamed("trace_id", "linked_trace_id"),
+        if links is None:
+            links = content_links(records, link_window_ms, skew_ms)
+        linked = (links.join(ids.withColumnRenamed("trace_id", "linked_trace_id"),
                         on="linked_trace_id", how="left_semi")
                   .select("trace_id"))
         ids = ids.unionByName(linked).distinct()

@@ -23,6 +23,7 @@ instead (``spark.follow``) until stopped with Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -42,10 +43,10 @@ from spark.incremental import (
     read_verdicts,
     run_path,
 )
-from spark.link import link_by_content
-from spark.read import between, read_dlog
+from spark.link import content_links, relink
+from spark.read import FILE_GLOB, between, read_dlog
 from spark.report import write_report
-from spark.routes import routes
+from spark.routes import messages, routes
 from spark.summary import route_hour_summary
 from spark.verdicts import verdicts
 
@@ -56,6 +57,9 @@ VERDICTS_DIR = "verdicts"  # DIR/verdicts: the verdict rows
 SUMMARY_DIR = "summary"  # DIR/summary: per route per hour (spark.summary)
 PENDING_DIR = "pending"  # DIR/pending: the records the next run carries in (spark.incremental)
 REPORT_FILE = "report.html"  # DIR/report.html (spark.report)
+# Input per shuffle partition when the job chooses their number: a partition of the records
+# then takes some tens of MiB in a task (the JSON is several times larger than its rows).
+SHUFFLE_PARTITION_BYTES = 128 * 2**20
 
 
 def parse_time(text: str) -> float:
@@ -197,8 +201,9 @@ def reconcile_options(args: argparse.Namespace) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Reconciled:
-    """What one run made, cached: the records as read (within since/until), the same
-    relinked, their routes and the verdict rows. ``unpersist`` when done with them."""
+    """What one run made: the records as read (within since/until), the same relinked,
+    their routes and the summary, cached, and the verdict rows (read back from the Parquet
+    files written, checkpointed in another format). ``unpersist`` when done with them."""
 
     read: DataFrame
     records: DataFrame
@@ -232,44 +237,84 @@ def reconcile(spark: SparkSession, paths: Sequence[str], *, out: str,
     if previous is not None and previous.rstrip("/") == out.rstrip("/"):
         raise ValueError("--previous must be another directory than --out (its pending "
                          "records are read while this run's are written)")
-    # Every verdict reads the records again (entries, exits, decisions, the watermark) and
-    # most read the routes: the files are parsed, and the routes joined, once. The fallback
-    # key reads them several times too: they are cached as read, then linked.
+    choose_shuffle_partitions(spark, paths)
+    # The records as read are cached: the fallback key, the watermark, the pending records
+    # and the report read them again.
     read = between(read_dlog(spark, paths), since_ms, until_ms)
     for path, mapping in externals:
         read = read.unionByName(between(read_external(spark, path, mapping),
                                         since_ms, until_ms))
     if previous is not None:
-        # Checkpointed: the verdicts' plan names the records a dozen times, and the carried
-        # records' plan in each would make it too large to print (the driver runs out of heap).
+        # Checkpointed: the carried records' plan would be analysed again in every plan
+        # that reads the records.
         read = carry_in(read, read_pending(spark, previous)).localCheckpoint()
     read = read.cache()
     records = read
     window = grace_ms if link_window_ms is None else link_window_ms
+    links = None
     if window > 0:
-        records = link_by_content(records, window, skew_ms)
+        # Found once (the pending records need them again). Relinking joins every record
+        # (a shuffle of them all), so it is done only when something is to be relinked:
+        # normally every hop carries the trace id and nothing is.
+        links = content_links(read, window, skew_ms).localCheckpoint()
+        if not links.isEmpty():
+            records = relink(read, links)
     if externals:  # after the gateway-to-gateway links: a relayed import is no sender's hop
         records = link_senders(records, [m.gw for _, m in externals], window, skew_ms)
     if records is not read:
-        # Checkpointed, not cached: the linked plan is long, and every verdict names the
-        # records a dozen times; a cached plan is still analysed whole (the driver's heap).
+        # Checkpointed, not cached: a cached plan is still analysed whole in every plan
+        # that reads it (the driver's heap).
         records = records.localCheckpoint()
-    route_rows = routes(records).localCheckpoint()
-    out_df = verdicts(records, grace_ms, skew_ms, sender_spans_gateways, route_rows)
+    # Every message's records in one row (the one shuffle of the records), then its routes:
+    # every verdict is derived from these two. Cached (columnar: each verdict reads only
+    # the columns it needs), not checkpointed: their plans are short.
+    message_rows = messages(records).cache()
+    route_rows = routes(records, message_rows).cache()
+    out_df = verdicts(records, grace_ms, skew_ms, sender_spans_gateways, route_rows,
+                      message_rows)
     if previous is not None:
         out_df = not_reported_before(out_df, read_verdicts(spark, previous, fmt))
-    out_df = out_df.localCheckpoint()
-    writer = out_df.write.mode("overwrite")
-    if fmt == "csv":
-        writer = writer.option("header", "true")
-    writer.format(fmt).save(run_path(out, VERDICTS_DIR))
+    verdicts_path = run_path(out, VERDICTS_DIR)
+    if fmt == "parquet":
+        # Computed once, while written; the summary, the pending records and the report
+        # then read the file (only the columns each needs).
+        out_df.write.mode("overwrite").parquet(verdicts_path)
+        out_df = spark.read.parquet(verdicts_path)
+    else:  # read back, JSON or CSV would not give the same types
+        out_df = out_df.localCheckpoint()
+        writer = out_df.write.mode("overwrite")
+        if fmt == "csv":
+            writer = writer.option("header", "true")
+        writer.format(fmt).save(verdicts_path)
     summary = route_hour_summary(out_df).cache()
     summary.write.mode("overwrite").parquet(run_path(out, SUMMARY_DIR))
-    pending_records(read, out_df, window, skew_ms).write.mode("overwrite").parquet(
+    pending_records(read, out_df, window, skew_ms, links).write.mode("overwrite").parquet(
         run_path(out, PENDING_DIR))
     if report and "://" not in out:
         write_report(os.path.join(out, REPORT_FILE), out_df, summary, records)
+    message_rows.unpersist()
     return Reconciled(read, records, route_rows, out_df, summary)
+
+
+def choose_shuffle_partitions(spark: SparkSession, paths: Sequence[str]) -> None:
+    """Sets ``spark.sql.shuffle.partitions`` from the size of the logs when nobody set it
+    (``--conf``, spark-submit, the caller's session): Spark's default, 200, makes hundreds
+    of tiny tasks on a day's logs and a few hundred MiB of JSON, and too few on a month's.
+    One partition per ``SHUFFLE_PARTITION_BYTES`` of input, at least two per core."""
+    key = "spark.sql.shuffle.partitions"
+    if spark.sparkContext.getConf().contains(key) or spark.conf.get(key) != "200":
+        return
+    if any("://" in p for p in paths):
+        return  # not local files: their size is not known here
+    size = 0
+    for p in paths:
+        if os.path.isfile(p):
+            size += os.path.getsize(p)
+        for root, _, files in os.walk(p):
+            size += sum(os.path.getsize(os.path.join(root, f)) for f in files
+                        if fnmatch.fnmatch(f, FILE_GLOB))
+    cores = spark.sparkContext.defaultParallelism
+    spark.conf.set(key, str(max(2 * cores, -(-size // SHUFFLE_PARTITION_BYTES))))
 
 
 def verdict_counts(verdict_rows: DataFrame) -> dict[str, int]:

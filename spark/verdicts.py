@@ -27,7 +27,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from spark.routes import ENTRY_KEY, ROUTE_KEY, decisions, entries, origins, routes
+from spark.routes import ROUTE_KEY, message_entries, message_origin, messages, routes
 from spark.schema import (
     DECISION_EVENTS,
     DELIVER,
@@ -35,7 +35,6 @@ from spark.schema import (
     DROP,
     EXPIRE,
     EXPORT,
-    IMPORT,
     UNDELIVERABLE,
 )
 
@@ -133,7 +132,7 @@ def changed(route_rows: DataFrame) -> DataFrame:
                     F.lit(True).alias("changed"), parts.alias("changed_parts")))
 
 
-def decided(records: DataFrame) -> DataFrame:
+def decided(records: DataFrame, message_rows: DataFrame | None = None) -> DataFrame:
     """A row per record by which a gateway let a message go on purpose, with the verdict of
     its event: ``expired`` (expire), ``dead_lettered`` (undeliverable: moved to
     ``$sys.undelivered``), ``dropped`` (drop), ``discarded`` (discard: the oldest message
@@ -143,21 +142,38 @@ def decided(records: DataFrame) -> DataFrame:
     how often it had been delivered, ``latency_ms`` the time from its entry on that gateway
     to the decision (null when the entry is not in the logs read). A record with no trace id
     is kept too (a bus's DATALOSS advisory: ``lost_count`` messages the bus reported lost,
-    whose ids nobody knows)."""
+    whose ids nobody knows). ``message_rows`` is ``spark.routes.messages(records)``, given
+    when the caller has it already."""
     verdict = F.create_map(*[F.lit(x) for kv in DECISION_VERDICTS.items() for x in kv])
-    decided_rows = (records
-                    .where(F.col("event").isin(list(DECISION_EVENTS)))
-                    .withColumnRenamed("msg_id", "record_msg_id"))
-    return (decided_rows
-            .join(entries(records), on=ENTRY_KEY, how="left")
-            .join(origins(records), on="trace_id", how="left")
+    m = messages(records) if message_rows is None else message_rows
+    parts = F.col("parts")
+    fields = ["ts", "event", "gw", "dest", "client", "msg_id", "reason", "count", "lost"]
+    # Each decision record with its message's entry on the same gateway and destination (a
+    # null dest matches none) and its origin, from the message's row: no join.
+    decision_records = F.flatten(F.transform(parts, lambda p: F.transform(
+        p["decisions"], lambda d: F.struct(*[(p if c in ("gw", "dest") else d)[c].alias(c)
+                                             for c in fields]))))
+    ens = F.transform(message_entries(parts), lambda p: F.struct(
+        p["gw"].alias("gw"), p["dest"].alias("dest"), p["e"].alias("e")))
+    entry = F.array_min(F.filter("ens", lambda e: F.coalesce(
+        (e["gw"] == F.col("d.gw")) & (e["dest"] == F.col("d.dest")), F.lit(False))))
+    traced = (m.select("trace_id", message_origin(parts).alias("o"), ens.alias("ens"),
+                       F.explode(decision_records).alias("d"))
+              .select("trace_id", "o", entry.alias("en"), *[f"d.{c}" for c in fields]))
+    untraced = (records.where(F.col("event").isin(list(DECISION_EVENTS))
+                              & F.col("trace_id").isNull())
+                .select("trace_id", F.lit(None).alias("o"), F.lit(None).alias("en"), *fields))
+    return (traced.unionByName(untraced)
             .select(verdict[F.col("event")].alias("verdict"), "trace_id",
-                    F.coalesce("record_msg_id", "msg_id").alias("msg_id"), "gw", "dest",
-                    "entry_event", "entry_client", "entry_ts",
+                    F.coalesce("msg_id", "en.e.msg_id").alias("msg_id"), "gw", "dest",
+                    F.col("en.e.event").alias("entry_event"),
+                    F.col("en.e.client").alias("entry_client"),
+                    F.col("en.e.ts").alias("entry_ts"),
                     F.col("event").alias("exit"), F.col("client").alias("exit_client"),
                     F.col("ts").alias("exit_ts"),
-                    "origin_gw", "origin_ts", "origin_client",
-                    (F.col("ts") - F.col("entry_ts")).alias("latency_ms"),
+                    F.col("o.gw").alias("origin_gw"), F.col("o.ts").alias("origin_ts"),
+                    F.col("o.client").alias("origin_client"),
+                    (F.col("ts") - F.col("en.e.ts")).alias("latency_ms"),
                     "reason", F.col("count").alias("delivery_count"),
                     F.col("lost").alias("lost_count")))
 
@@ -184,6 +200,7 @@ def reordered(route_rows: DataFrame, skew_ms: float = 0.0,
                .orderBy(sent_us).rangeBetween(Window.unboundedPreceding, -(margin_us + 1)))
     return (route_rows
             .where(F.col("exit").isNotNull() & F.col("origin_ts").isNotNull())
+            .select(*_route_columns())  # only what the verdict row has goes through the window
             .withColumn("earlier_exit_ts", F.max("exit_ts").over(earlier))
             .where(F.col("exit_ts") < F.col("earlier_exit_ts"))
             .select(F.lit(REORDERED).alias("verdict"), *_route_columns()))
@@ -207,8 +224,7 @@ def lost(records: DataFrame, route_rows: DataFrame, grace_ms: float) -> DataFram
     """A ``lost`` row per entry (trace_id, gw, dest) nothing left from and that the gateway
     did not let go on purpose, when the entry is at or before the watermark; a ``pending``
     row when it is after it (the grace period has not passed yet)."""
-    unexited = route_rows.where(F.col("exit").isNull())
-    undecided = unexited.join(decisions(records), on=ENTRY_KEY, how="left_anti")
+    undecided = route_rows.where(F.col("exit").isNull() & ~F.col("entry_decided"))
     judged = undecided.crossJoin(watermark(records, grace_ms))
     verdict = (F.when(F.col("entry_ts") <= F.col("watermark"), F.lit(LOST))
                .otherwise(F.lit(PENDING)))
@@ -226,38 +242,27 @@ def lost_in_transit(records: DataFrame, route_rows: DataFrame, grace_ms: float) 
     An export through a transport that leads to no gateway read (a cloud broker, a bus with
     no gateway listening) gets no verdict here: nothing could have written the import."""
     exported = route_rows.where(F.col("exit") == F.lit(EXPORT))
-    imports = _imports(records)
-    links = transport_links(exported, imports)
-    # The exports through linked transports, each with every gateway its transport leads to;
-    # an export is missing when none of those imported its trace id.
-    expected = exported.join(links, on=["gw", "exit_client"], how="inner")
-    arrived = expected.join(imports, on=["trace_id", "import_gw"], how="left_semi")
-    missing = (expected.select(*ROUTE_KEY).distinct()
-               .join(arrived.select(*ROUTE_KEY).distinct(), on=ROUTE_KEY, how="left_anti"))
-    judged = (exported.join(missing, on=ROUTE_KEY, how="left_semi")
+    # The exports through linked transports; one is missing when none of the gateways its
+    # transport leads to imported its trace id.
+    missing = ~F.exists("leads_to", lambda g: F.array_contains("import_gws", g))
+    judged = (exported.join(F.broadcast(transport_leads(exported)), on=["gw", "exit_client"],
+                            how="inner")
+              .where(missing)
               .crossJoin(watermark(records, grace_ms)))
     verdict = (F.when(F.col("exit_ts") <= F.col("watermark"), F.lit(LOST_IN_TRANSIT))
                .otherwise(F.lit(PENDING)))
     return judged.select(verdict.alias("verdict"), *_route_columns(), "watermark")
 
 
-def _imports(records: DataFrame) -> DataFrame:
-    """(``trace_id``, ``import_gw``): which gateway imported which message."""
-    return (records
-            .where((F.col("event") == F.lit(IMPORT)) & F.col("trace_id").isNotNull())
-            .select("trace_id", F.col("gw").alias("import_gw"))
-            .distinct())
-
-
-def transport_links(exported: DataFrame, imports: DataFrame) -> DataFrame:
-    """(``gw``, ``exit_client``, ``import_gw``): transport ``exit_client`` of gateway ``gw``
-    leads to gateway ``import_gw``, learnt from a message exported there and imported
-    there (``lost_in_transit``)."""
-    imported = imports.select(F.col("trace_id").alias("imported_id"), "import_gw")
-    elsewhere = ((F.col("trace_id") == F.col("imported_id"))
-                 & (F.col("gw") != F.col("import_gw")))
-    return (exported.join(imported, elsewhere, "inner")
-            .select("gw", "exit_client", "import_gw").distinct())
+def transport_leads(exported: DataFrame) -> DataFrame:
+    """(``gw``, ``exit_client``, ``leads_to``): the gateways transport ``exit_client`` of
+    gateway ``gw`` leads to, learnt from the messages exported there and imported there
+    (``exported``: export route rows, with ``import_gws``). A handful of rows."""
+    return (exported
+            .select("gw", "exit_client",
+                    F.explode(F.filter("import_gws", lambda g: g != F.col("gw")))
+                    .alias("import_gw"))
+            .groupBy("gw", "exit_client").agg(F.collect_set("import_gw").alias("leads_to")))
 
 
 def copies_dropped(duplicates: DataFrame, records: DataFrame,
@@ -268,16 +273,16 @@ def copies_dropped(duplicates: DataFrame, records: DataFrame,
     that went on are ``copies - 1 - copies_dropped``; 0 for a delivery (the consumer got
     every copy) and for an export through a transport that leads to no gateway read."""
     exported = route_rows.where(F.col("exit") == F.lit(EXPORT))
-    links = transport_links(exported, _imports(records))
     drops = (records
              .where((F.col("event") == F.lit(DROP)) & (F.col("reason") == F.lit(DUPLICATE_REASON))
                     & F.col("trace_id").isNotNull())
              .groupBy(F.col("trace_id").alias("dropped_id"), F.col("gw").alias("drop_gw"))
              .agg(F.count(F.lit(1)).alias("n")))
     dups = duplicates.where(F.col("exit") == F.lit(EXPORT)).select(*ROUTE_KEY)
-    counted = (dups.join(links, on=["gw", "exit_client"], how="inner")
+    counted = (dups.join(F.broadcast(transport_leads(exported)), on=["gw", "exit_client"],
+                         how="inner")
                .join(drops, (F.col("trace_id") == F.col("dropped_id"))
-                     & (F.col("import_gw") == F.col("drop_gw")), "inner")
+                     & F.array_contains("leads_to", F.col("drop_gw")), "inner")
                .groupBy(*ROUTE_KEY).agg(F.sum("n").alias("dropped")))
     return (duplicates.join(counted, on=ROUTE_KEY, how="left")
             .withColumn("copies_dropped", F.coalesce(F.col("dropped"), F.lit(0)).cast("long"))
@@ -286,17 +291,20 @@ def copies_dropped(duplicates: DataFrame, records: DataFrame,
 
 def verdicts(records: DataFrame, grace_ms: float, skew_ms: float = 0.0,
              sender_spans_gateways: bool = False,
-             route_rows: DataFrame | None = None) -> DataFrame:
+             route_rows: DataFrame | None = None,
+             message_rows: DataFrame | None = None) -> DataFrame:
     """Every verdict above for the records of one or many gateways, in one DataFrame with
     ``VERDICT_COLUMNS`` (a column a verdict does not set is null). ``route_rows`` is
-    ``routes(records)``, given when the caller has it already (cached: every verdict reads
-    it)."""
+    ``routes(records)`` and ``message_rows`` ``messages(records)``, given when the caller
+    has them already (cached: the verdicts read them several times)."""
+    if message_rows is None and route_rows is None:
+        message_rows = messages(records)
     if route_rows is None:
-        route_rows = routes(records)
+        route_rows = routes(records, message_rows)
     parts = [copies_dropped(duplicated(route_rows), records, route_rows),
              lost(records, route_rows, grace_ms),
              lost_in_transit(records, route_rows, grace_ms),
-             decided(records),
+             decided(records, message_rows),
              changed(route_rows),
              reordered(route_rows, skew_ms, sender_spans_gateways)]
     out = delivered(route_rows, grace_ms, skew_ms)

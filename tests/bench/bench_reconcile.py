@@ -17,8 +17,10 @@ given; Spark's default is 1 GiB of JVM heap) and no UI, one after the other:
   reader options and version filter) and ``count()``: what reading and parsing the files
   costs, the floor of any job over them;
 * **full**: ``spark.job.main`` on the same directories with ``--out`` (Parquet): the job's
-  own wiring (read, link, routes, verdicts, write), unchanged, with its default grace period
-  and clock-skew tolerance.
+  own wiring (read, link, routes, verdicts, summary, pending records, report, write),
+  unchanged, with its default grace period and clock-skew tolerance; as nothing sets
+  ``spark.sql.shuffle.partitions``, the job chooses it from the size of the logs (the line
+  printed before the scan shows Spark's default, before the job changed it).
 
 Reported: the wall time of each, their ratio (the target is full <= 3 x scan), and the peak
 resident memory of this process and every process it started (the driver JVM, Python
