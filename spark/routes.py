@@ -34,6 +34,8 @@ from pyspark.sql import functions as F
 from spark.schema import (
     DECISION_EVENTS,
     DELIVER,
+    DROP,
+    DUPLICATE_REASON,
     ENTRY_EVENTS,
     EXIT_EVENTS,
     EXPORT,
@@ -133,6 +135,15 @@ def message_import_gws(parts: Column) -> Column:
                                         lambda p: p["gw"]))
 
 
+def message_dup_drop_gws(parts: Column) -> Column:
+    """The gateway of each ``drop`` of the message with reason ``duplicate`` (a transport's
+    duplicate window dropped a copy it imported), once per such record."""
+    return F.flatten(F.transform(parts, lambda p: F.transform(
+        F.filter(p["decisions"], lambda d: (d["event"] == F.lit(DROP))
+                 & (d["reason"] == F.lit(DUPLICATE_REASON))),
+        lambda d: p["gw"])))
+
+
 def entries(records: DataFrame) -> DataFrame:
     """One row per (trace_id, gw, dest) where the message entered a gateway: the first
     entry's ``entry_event``, ``entry_client``, ``entry_ts``, ``msg_id``, its version and
@@ -195,21 +206,33 @@ def routes(records: DataFrame, message_rows: DataFrame | None = None) -> DataFra
     # once per entry).
     per_message = m.select("trace_id", message_origin(parts).alias("o"),
                            message_import_gws(parts).alias("import_gws"),
+                           message_dup_drop_gws(parts).alias("dup_drop_gws"),
                            message_exits(parts).alias("xs"),
                            message_entries(parts).alias("ens"))
     # Every struct is taken apart into columns as soon as it is made: the optimizer's
     # pruning of nested fields through two generators loses fields otherwise.
-    origin = per_message.select("trace_id", *_origin_columns(), "import_gws", "xs", "ens")
+    origin = per_message.select("trace_id", *_origin_columns(), *_MESSAGE_COLUMNS, "xs", "ens")
     entry = origin.select("*", F.explode("ens").alias("en")).select(
         "trace_id", *_entry_columns(), F.col("en.decided").alias("entry_decided"),
-        *ORIGIN_COLUMNS, "import_gws", "xs")
+        *ORIGIN_COLUMNS, *_MESSAGE_COLUMNS, "xs")
     # A join on (gw, dest): a null dest matches nothing.
     same_entry: Callable[[Column], Column] = lambda x: F.coalesce(  # noqa: E731
         (x["gw"] == F.col("gw")) & (x["dest"] == F.col("dest")), F.lit(False))
-    rows = entry.select("*", F.explode_outer(F.filter("xs", same_entry)).alias("x"))
+    mine = entry.select("*", F.filter("xs", same_entry).alias("mine")).drop("xs")
+    # For the summary, which counts messages, not routes: the entry's first route row, and
+    # the first of its deliveries (to any consumer: one way out) and each export.
+    first_deliver = F.array_position(F.transform("mine", lambda x: x["exit"]), F.lit(DELIVER))
+    rows = mine.select("*", first_deliver.alias("first_deliver"),
+                       F.posexplode_outer("mine").alias("pos", "x"))
     return rows.select("trace_id", *_ENTRY_COLUMNS,
                        *[F.col(f"x.{c}").alias(c) for c in _EXIT_FIELDS[2:]],
-                       *ORIGIN_COLUMNS, "entry_decided", "import_gws")
+                       *ORIGIN_COLUMNS, "entry_decided", *_MESSAGE_COLUMNS,
+                       F.coalesce(F.col("pos") == 0, F.lit(True)).alias("entry_first"),
+                       ((F.col("x.exit") == F.lit(EXPORT))
+                        | (F.col("pos") + 1 == F.col("first_deliver"))).alias("way_first"))
+
+
+_MESSAGE_COLUMNS = ["import_gws", "dup_drop_gws"]
 
 
 _EXIT_FIELDS = ["gw", "dest", "exit", "exit_client", "exit_ts", "exit_count", "deliver_count",
