@@ -293,7 +293,8 @@ def reconcile(spark: SparkSession, paths: Sequence[str], *, out: str,
     pending_records(read, out_df, window, skew_ms, links).write.mode("overwrite").parquet(
         run_path(out, PENDING_DIR))
     if report and "://" not in out:
-        write_report(os.path.join(out, REPORT_FILE), out_df, summary, records)
+        write_report(os.path.join(out, REPORT_FILE), out_df, summary, records,
+                     route_rows=route_rows)
     message_rows.unpersist()
     return Reconciled(read, records, route_rows, out_df, summary)
 
