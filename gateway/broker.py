@@ -488,10 +488,17 @@ class Broker:
             else:
                 msg.size = estimate_size(msg)
 
-    def publish(self, msg: Message, conn: Any = None, now: int = 0) -> asyncio.Future[None] | None:
+    def publish(self, msg: Message, conn: Any = None, now: int = 0,
+                far: tuple[str | None, str | None] | None = None) -> asyncio.Future[None] | None:
         """Route one message; see the module docstring. ``msg.destination`` must be set.
 
         Returns ``None`` or a future to wait on before confirming to the producer.
+
+        ``far`` is given by a transport for a message it imports: the far side's id of it
+        and name of its destination (either None when unknown). Its record in the delivery
+        log is then the ``import`` (``client`` the transport's name, ``far_id``,
+        ``far_dest``), not a ``publish``: one record for the message entering the gateway
+        (docs/delivery-log.md, "Events").
 
         Raises:
             InvalidDestinationError, SecurityError, LimitExceededError: the message was not
@@ -527,8 +534,12 @@ class Broker:
             self.published += 1
             if self.log_enabled:
                 msg.log_head = None  # logged as published (a producer may send it again)
-                self.dlog.record("publish", msg, dest._text or str(dest),
-                                 conn.id if conn else None)
+                if far is None:
+                    self.dlog.record("publish", msg, dest._text or str(dest),
+                                     conn.id if conn else None)
+                else:
+                    self.dlog.record("import", msg, dest._text or str(dest), conn.log_id, 0,
+                                     None, (None, far[0], far[1], None))
             if is_topic:
                 fut = self._route_topic(target, msg, now)  # type: ignore[arg-type]
             else:
@@ -539,8 +550,8 @@ class Broker:
         except (InvalidDestinationError, SecurityError, LimitExceededError) as exc:
             self.stats["rejected"] += 1
             if self.log_enabled:
-                self.dlog.record("reject", msg, str(msg.destination), conn.id if conn else None,
-                                 0, exc.reason)
+                self.dlog.record("reject", msg, str(msg.destination),
+                                 conn.log_id if conn else None, 0, exc.reason)
             if msg.delivery_mode == RELIABLE:
                 return None
             raise

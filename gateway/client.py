@@ -89,6 +89,14 @@ class Connection:
         self.kind = kind
         self.protocol = protocol
         self.address = address
+        # What the delivery log calls this connection (docs/delivery-log.md, "Events"): its
+        # id; a transport's (kind BRIDGE) is its name, which it gives as its address. What a
+        # transport's consumers take from the core is handed to the far side, not
+        # delivered: its ``export`` is the way out, so they write no deliver, redeliver or
+        # ack records (``Consumer.log_client`` None).
+        bridge = kind == "BRIDGE"
+        self.log_id: str = address if bridge else cid
+        self.logs_deliveries = not bridge
         self.started = True
         self.sessions: list[Session] = []
         self.subscriptions: list[Subscription] = []

@@ -804,7 +804,7 @@ class DeliveryLog:
         """Log one event for ``msg`` on ``dest`` (``topic:a.b`` or a Destination).
 
         Runs on the hot path: seven values added to a list (see "The hot path" above).
-        ``client`` is the connection or transport id involved (producer, consumer or
+        ``client`` is the connection id or transport name involved (producer, consumer or
         transport), ``count`` the delivery count (JMSXDeliveryCount) where there is one,
         ``reason`` a short word for drops, discards, rejections and dead-lettering;
         ``extra``, for the few records that have them, ``(rules, far_id, far_dest, lost)``:

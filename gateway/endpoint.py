@@ -180,6 +180,7 @@ class Consumer:
         "track",
         "delivered_total",
         "name",
+        "log_client",
     )
 
     def __init__(
@@ -208,6 +209,10 @@ class Consumer:
         self.track = not session.no_ack
         self.delivered_total = 0
         self.name = name
+        # The ``client`` of its deliver, redeliver and ack records; None: none are written
+        # (a transport's consumer, see ``Connection.logs_deliveries``).
+        conn = session.connection
+        self.log_client: str | None = conn.id if conn.logs_deliveries else None
 
     @property
     def ready(self) -> bool:
@@ -451,8 +456,10 @@ class Endpoint:
             self._remove(msg)
             d.settled = True
         if broker.log_enabled:
-            broker.dlog.record("deliver" if count == 1 else "redeliver", msg,
-                               self.log_dest, session.connection.id, count)
+            client = consumer.log_client
+            if client is not None:
+                broker.dlog.record("deliver" if count == 1 else "redeliver", msg,
+                                   self.log_dest, client, count)
         consumer.listener(d)
 
     def claim(self, store_id: int, consumer: Consumer) -> Delivery | None:
@@ -482,10 +489,10 @@ class Endpoint:
                     session.unacked[tag] = d
                     self.counts[msg] = count
                     broker = self.broker
-                    if broker.log_enabled:
+                    client = consumer.log_client
+                    if broker.log_enabled and client is not None:
                         broker.dlog.record("deliver" if count == 1 else "redeliver", msg,
-                                           self.log_dest, session.connection.id,
-                                           count)
+                                           self.log_dest, client, count)
                     return d
         return None
 
@@ -500,9 +507,9 @@ class Endpoint:
         self.stats_acked += 1
         broker = self.broker
         if broker.log_enabled:
-            broker.dlog.record(
-                "ack", d.msg, self.log_dest, d.consumer.session.connection.id, d.count
-            )
+            client = d.consumer.log_client
+            if client is not None:
+                broker.dlog.record("ack", d.msg, self.log_dest, client, d.count)
         self._remove(d.msg)
         if self.npending and not self.dispatching:
             self.dispatch()

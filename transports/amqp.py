@@ -632,15 +632,15 @@ class AmqpTransport(Transport):
             # marks what it requeued so) is the resend of a transfer whose settlement was
             # lost: taken and dropped. Forgotten again when the core refused the first copy.
             key = (mid, msg.destination.name)
-            if key in self.recent_ids and maybe_redelivered(data):
-                self.stats["duplicates"] += 1
-                self._record("drop", msg, "duplicate")
-                ack()
-                return
-            self._remember_id(key)
+            duplicate = key in self.recent_ids and maybe_redelivered(data)
+            if not duplicate:
+                self._remember_id(key)
+        else:
+            duplicate = False
         dest = msg.destination
         self.imported(msg, origin, hops, ack,
-                      far_address(h.prefix, dest.name) if dest is not None else None)
+                      far_address(h.prefix, dest.name) if dest is not None else None,
+                      duplicate=duplicate)
 
     def _remember_id(self, key: tuple[Any, str]) -> None:
         recent = self.recent_ids

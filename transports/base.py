@@ -42,6 +42,13 @@ side made by its subclass (paho-mqtt, proton, stomp.py). EMS's rules (EMS User's
   while more than :data:`IMPORT_WINDOW` publishes are unconfirmed; ``DISCARD_FIRST`` /
   ``DISCARD_LAST`` drop from it when it reaches ``max_msgs`` (counted); with
   ``DISCARD_NONE`` the transport stops reading from the far side instead of growing.
+* **Delivery log** (docs/delivery-log.md, "A transport's records"): every record of a
+  transport's traffic names it (``client``: its name). An import's record is the core's
+  ``import``, in the place of a ``publish`` (:meth:`Transport._publish` gives the far side's
+  names to ``Broker.publish``); what the export consumers take is a hand-off, not a
+  delivery (its connection's consumers write no deliver or ack), and the ``export`` is the
+  way out. An import let go is a ``drop`` with what its ``import`` would have carried
+  (:meth:`Transport._drop_import`).
 * **Reconnect**: a transport that cannot connect, or loses its connection, retries with
   jittered exponential back-off between ``reconnect_min`` and ``reconnect_max``; the
   gateway keeps running (unless the section says ``required = true`` and it cannot connect
@@ -77,7 +84,7 @@ log = logging.getLogger("transports")
 Far = tuple[str | None, str | None] | None  # (far_id, far_dest) of an import, for the log
 
 # Resends held while the first copy of an import waits for its commit (None once it is in).
-Held = list[tuple[Message, Callable[[], None] | None]] | None
+Held = list[tuple[Message, Callable[[], None] | None, Far]] | None
 
 IMPORT_WINDOW = 1000  # publishes of one transport waiting for the core before imports queue
 EXPORT_WINDOW = 1000  # exports of one binding waiting for the far side's confirmation
@@ -88,6 +95,7 @@ EXPORT_SELECTOR = "JMS_GW_IMPORTED IS NULL"
 SENT_AS_MAX = 100_000  # exports changed by mappings awaiting their export record, per transport
 MAX_REPLY_ROUTES = 10_000  # temporary reply destinations with a far-side name, per transport
 MAX_REPLY_TEMPORARIES = 10_000  # far-side reply names standing as temporary topics, per transport
+NO_FAR: tuple[None, None] = (None, None)  # an import whose far-side names are unknown
 STOP_WAIT = 5.0  # seconds stop() waits for imports still being stored
 REPLY_SWEEP = 5.0  # seconds between checks that the routes' temporary destinations exist
 
@@ -344,6 +352,8 @@ class Transport:
         # (trace id, destination) of recent imports, shared by every transport of the
         # gateway: a resend of one, or the same message by another path, is dropped.
         self.recent_imports: OrderedDict[tuple[str, str], Held] = manager.recent_imports
+        # Its address is its name: the delivery log's ``client`` of its records
+        # (``Connection.log_id``).
         self.core: Connection = self.broker.connect(
             client_id=CLIENT_PREFIX + self.name, kind="BRIDGE", authenticated=True,
             protocol=f"transport:{self.type}", address=self.name)
@@ -696,13 +706,16 @@ class Transport:
 
     def imported(self, msg: Message, origin: str | None, hops: int,
                  ack: Callable[[], None] | None, far_dest: str | None = None,
-                 far_id: str | None = None) -> None:
+                 far_id: str | None = None, duplicate: bool = False) -> None:
         """Take one message from the far side; ``ack`` tells the far side it is safe.
 
         ``far_dest`` is the far side's name of the destination it came from (topic, address,
         subject), ``far_id`` its id there (by default the message's id as it came, before the
         core stamps one). Both go to the delivery log's ``import`` record (``far_dest``,
-        ``far_id``, docs/delivery-log.md).
+        ``far_id``, docs/delivery-log.md), and to the ``drop`` record of an import let go.
+        ``duplicate``: the transport knows ``msg`` for a resend of a message imported before
+        by a check of its own (the amqp and stomp transports: a message-id seen before); it
+        is dropped as this method's duplicate check drops one, with the same record.
         """
         far: Far = (far_id if far_id is not None else msg.message_id, far_dest)
         mappings = self.broker.mappings
@@ -713,52 +726,52 @@ class Transport:
             except GatewayError as exc:  # MappingFailed: refused, counted, logged
                 self.stats["failed"] += 1
                 log.warning("transport %s: import refused by a mapping: %s", self.name, exc)
-                self._record("drop", msg, "mapping", far=far)
-                if ack is not None:
-                    ack()
+                self._drop_import(msg, "mapping", far, ack)
                 return
-        if origin is not None and origin == self.broker.id:
-            self.stats["dropped_loop"] += 1
-            self._record("drop", msg, "loop", far=far)
-            if ack is not None:
-                ack()
-            return
-        if hops >= int(self.params.get("max_hops", 8)):
-            self.stats["dropped_loop"] += 1
-            self._record("drop", msg, "max_hops", far=far)
-            if ack is not None:
-                ack()
-            return
-        if origin is not None:
-            msg.origin = origin
-        msg.hops = hops + 1
-        if msg.trace_id is not None and msg.destination is not None:
-            # A message another gateway sent carries its trace id: one seen already on this
-            # destination is a resend after a lost acknowledgement (at-least-once links,
-            # AMQP and STOMP) or a second path to the same message. Drop it, counted.
-            # While the first copy waits for its commit, the resend's acknowledgement waits
-            # with it: should that commit fail, the resend is imported instead.
-            key = (msg.trace_id, msg.destination.name)
-            recent = self.recent_imports
-            if key in recent:
-                self.stats["duplicates"] += 1
-                self._record("drop", msg, "duplicate", far=far)
-                held = recent[key]
-                if held is not None:
-                    held.append((msg, ack))
-                elif ack is not None:
-                    ack()
-                return
-            recent[key] = []
-            if len(recent) > DEDUP_WINDOW:
-                for _, held_ack in recent.popitem(last=False)[1] or ():
-                    if held_ack is not None:
-                        held_ack()  # long enough ago for the first copy to be in
+        # Marked before the checks below, so that the record of a copy they drop hashes the
+        # message as its import record would have.
         dest = msg.destination
         kind = dest.kind if dest is not None else TOPIC
         msg.delivery_mode = self.params[
             "queue_import_dm" if kind == QUEUE else "topic_import_dm"]
         msg.properties[PROP_IMPORTED] = self.name
+        if origin is not None and origin == self.broker.id:
+            self.stats["dropped_loop"] += 1
+            self._drop_import(msg, "loop", far, ack)
+            return
+        if hops >= int(self.params.get("max_hops", 8)):
+            self.stats["dropped_loop"] += 1
+            self._drop_import(msg, "max_hops", far, ack)
+            return
+        if origin is not None:
+            msg.origin = origin
+        msg.hops = hops + 1
+        if duplicate:
+            self.stats["duplicates"] += 1
+            self._drop_import(msg, "duplicate", far, ack)
+            return
+        if msg.trace_id is not None and dest is not None:
+            # A message another gateway sent carries its trace id: one seen already on this
+            # destination is a resend after a lost acknowledgement (at-least-once links,
+            # AMQP and STOMP) or a second path to the same message. Drop it, counted.
+            # While the first copy waits for its commit, the resend's acknowledgement waits
+            # with it: should that commit fail, the resend is imported instead.
+            key = (msg.trace_id, dest.name)
+            recent = self.recent_imports
+            if key in recent:
+                self.stats["duplicates"] += 1
+                held = recent[key]
+                if held is not None:
+                    self._drop_import(msg, "duplicate", far, None)
+                    held.append((msg, ack, far))
+                else:
+                    self._drop_import(msg, "duplicate", far, ack)
+                return
+            recent[key] = []
+            if len(recent) > DEDUP_WINDOW:
+                for _, held_ack, _ in recent.popitem(last=False)[1] or ():
+                    if held_ack is not None:
+                        held_ack()  # long enough ago for the first copy to be in
         if self.unconfirmed >= IMPORT_WINDOW or self.inbound:
             self._enqueue(msg, ack, far)
             return
@@ -787,13 +800,27 @@ class Transport:
 
     def _discard(self, msg: Message, ack: Callable[[], None] | None, far: Far) -> None:
         self.stats["discarded"] += 1
-        self._record("drop", msg, "inbound_queue_policy", far=far)
+        self._drop_import(msg, "inbound_queue_policy", far, ack)
+
+    def _drop_import(self, msg: Message, reason: str, far: Far,
+                     ack: Callable[[], None] | None) -> None:
+        """Let an import go (``reason``, docs/delivery-log.md, "Events"), then acknowledge it
+        to the far side. Its ``drop`` record carries what its ``import`` record would have:
+        the id the core would have given it (a far side's id is kept), its size, and the
+        far side's names, so the record identifies the copy dropped."""
+        broker = self.broker
+        if broker.log_enabled:
+            if msg.message_id is None or msg.trace_id is None or not msg.size:
+                broker.stamp(msg, self.core, broker.now())
+            self._record("drop", msg, reason, far=far)
         if ack is not None:
             ack()
 
     def _publish(self, msg: Message, ack: Callable[[], None] | None, far: Far = None) -> None:
+        # The core writes the delivery log's import record (client: this transport's name):
+        # the one record of the message entering the gateway.
         try:
-            fut = self.broker.publish(msg, self.core)
+            fut = self.broker.publish(msg, self.core, far=far if far is not None else NO_FAR)
         except GatewayError as exc:
             self.stats["failed"] += 1
             self._forget(msg)
@@ -802,7 +829,6 @@ class Transport:
                 ack()  # refused for good (no such destination, limits): EMS drops it too
             return
         self.stats["imported"] += 1
-        self._record("import", msg, far=far)
         if fut is None or (fut.done() and fut.exception() is None):
             if ack is not None:
                 ack()
@@ -819,9 +845,9 @@ class Transport:
             held = self.recent_imports.pop(key, None)
             if held:
                 self.stats["duplicates"] -= 1
-                first, ack = held[0]
+                first, ack, far = held[0]
                 self.recent_imports[key] = held[1:]
-                self._publish(first, ack)
+                self._publish(first, ack, far)
 
     def _taken(self, msg: Message) -> None:
         """The core has ``msg``: resends of it that arrived meanwhile are acknowledged."""
@@ -831,7 +857,7 @@ class Transport:
             held = recent.get(key)
             if held is not None:
                 recent[key] = None
-                for _, ack in held:
+                for _, ack, _ in held:
                     if ack is not None:
                         ack()
 
@@ -860,9 +886,11 @@ class Transport:
 
     def _record(self, event: str, msg: Message, reason: str | None = None, *,
                 far: Far = None, rules: str | None = None, lost: int | None = None) -> None:
-        """One delivery-log record of this transport; ``far`` is ``(far_id, far_dest)``,
-        ``rules`` the mapping rules that changed an export, ``lost`` a bus's DATALOSS count
-        (the version 2 keys of docs/delivery-log.md)."""
+        """One delivery-log record of this transport (an ``export`` or a ``drop``; its
+        imports' records are the core's, see :meth:`_publish`): ``client`` its name;
+        ``far`` is ``(far_id, far_dest)``, ``rules`` the mapping rules that changed an
+        export, ``lost`` a bus's DATALOSS count (the version 2 keys of
+        docs/delivery-log.md)."""
         broker = self.broker
         if broker.log_enabled:
             if event == "export":
@@ -876,8 +904,8 @@ class Transport:
             if far is not None or rules is not None or lost is not None:
                 far_id, far_dest = far if far is not None else (None, None)
                 extra = (rules, far_id, far_dest, lost)
-            broker.dlog.record(event, msg, str(dest) if dest is not None else "", self.core.id,
-                               0, reason or f"transport:{self.name}", extra)
+            broker.dlog.record(event, msg, str(dest) if dest is not None else "", self.name,
+                               0, reason, extra)
 
     def info(self) -> dict[str, Any]:
         spooled = 0

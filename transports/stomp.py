@@ -663,14 +663,11 @@ class StompTransport(Transport):
                         headers.get("destination"), exc)
             ack()
             return
-        if key is not None and key in settled:
-            # Taken already; its ACK was lost with the connection. ActiveMQ keeps a message's
-            # message-id on redelivery (RabbitMQ makes one per delivery: never found here).
-            self.stats["duplicates"] += 1
-            self._record("drop", msg, "duplicate")
-            ack()
-            return
-        self.imported(msg, origin, hops, ack, headers.get("destination"), message_id)
+        # Taken already when its key was settled: its ACK was lost with the connection.
+        # ActiveMQ keeps a message's message-id on redelivery (RabbitMQ makes one per
+        # delivery: never found here). Dropped as a duplicate by imported().
+        self.imported(msg, origin, hops, ack, headers.get("destination"), message_id,
+                      duplicate=key is not None and key in settled)
 
     def _import_destination(self, remote: str, pattern: str, kind: Any) -> Destination:
         """The core destination of a MESSAGE of the subscription for ``pattern``: the subject

@@ -22,6 +22,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from peers.rabbitmq import RabbitMQ
 from proton import Endpoint
 from proton.utils import BlockingConnection
+from transportlog import check_duplicate_drop, check_transport_records, core_id, events_of
 
 from gateway.message import PROP_IMPORTED, DeliveryMode, Destination, Message
 from gateway.types import Char, Float32, Int8, Int16, Int32, UInt16
@@ -404,6 +405,48 @@ def test_a_durable_subscription_outlives_a_gateway_restart(tmp_path, durable):
     finally:
         g.stop()
         far.stop()
+
+
+def test_the_delivery_log_writes_a_transport_s_traffic_as_its_own(tmp_path, rabbitmq, amqp):
+    """docs/delivery-log.md, "Events", through RabbitMQ: the imports and the export name the
+    transport with no reason, each import is its message's one entry record (before its
+    delivery to a local consumer), the export has no deliver or ack of its hand-off to the
+    transport; a second copy of an import (the same trace id) is dropped with a record that
+    carries what its import would have (the copy's AMQP message-id)."""
+    name = unique("dl")
+    g = gateway(tmp_path / "gw", rabbitmq.amqp_port, 'out.> export="far"\n>\n',
+                queues=f'{name} import="far"\n>\n')
+    got: list[Any] = []
+    try:
+        receiver = amqp.create_receiver("/topic/out.#", credit=10)
+        up(g)
+        attached(g, 1)
+        g.call(lambda: g.broker.connect().session().consumer(Destination.queue(name),
+                                                             listener=got.append))
+        sender = amqp.create_sender(f"/queue/{name}")
+        sender.send(proton.Message(id="once", body="once"))
+        for _ in range(2):
+            sender.send(proton.Message(id="twice", body="twice",
+                                       annotations={ANN_TRACE: "trace-twice"}))
+        wait_for(lambda: len(got) == 2 and info(g)["far"]["duplicates"] == 1,
+                 what="two imports, the second copy dropped")
+        g.call(lambda: g.broker.connect().session().producer(Destination.topic("out.dl"))
+               .send(Message.text("out")))
+        assert receiver.receive(timeout=10).body == "out"
+        receiver.accept()
+        wait_for(lambda: info(g)["far"]["exported"] == 1, what="the export confirmed")
+        records = wait_for(lambda: (r := log_records(g)) and any(
+            x["event"] == "export" for x in r) and r, what="the export record")
+        check_transport_records(records, "far", core_id(g, "far"))
+        (exp,) = [r for r in records if r["event"] == "export"]
+        assert events_of(records, exp) == ["publish", "export"]
+        for imp in (r for r in records if r["event"] == "import"):
+            assert [e for e in events_of(records, imp) if e != "drop"] == [
+                "import", "deliver", "ack"]
+        drop = check_duplicate_drop(records, "far", "trace-twice")
+        assert drop["msg_id"] == drop["far_id"] == "twice"
+    finally:
+        g.stop()
 
 
 def test_exports_wait_in_the_spool_while_rabbitmq_is_down(tmp_path, rabbitmq):

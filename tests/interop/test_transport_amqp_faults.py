@@ -47,6 +47,7 @@ from proton import Terminus
 from proton.reactor import ReceiverOption
 from proton.utils import BlockingConnection
 from test_transport_amqp import attached, gateway, info, unique, up, wait_for
+from transportlog import check_resend_drops, log_records
 
 from gateway.message import DeliveryMode, Destination, Message
 
@@ -368,6 +369,8 @@ def test_imports_survive_a_reset_mid_stream_exactly_once(tmp_path, toxiproxy, ra
         # Settlements were lost with the link: RabbitMQ sent those again, marked, and they
         # were dropped as duplicates (none is missing above, none is twice).
         assert info(g)["far"]["connects"] >= 2 and info(g)["far"]["duplicates"] > 0
+        # each written as its import would have been (docs/delivery-log.md)
+        assert check_resend_drops(log_records(g), "far") == info(g)["far"]["duplicates"]
     finally:
         g.stop()
 

@@ -20,6 +20,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from peers.mosquitto import start_mosquitto
+from transportlog import check_duplicate_drop, check_transport_records, core_id, events_of
 
 from gateway.message import PROP_IMPORTED, DeliveryMode, Destination, Message
 from gateway.types import Int16
@@ -451,5 +452,68 @@ def test_the_delivery_log_names_the_far_side_of_an_import_and_an_export(tmp_path
         assert exp["body_hash"] == hashlib.blake2b(b"hello", digest_size=8).hexdigest()
     finally:
         remote.c.publish("in/q", b"", qos=1, retain=True).wait_for_publish(5)
+        remote.close()
+        g.stop()
+
+
+def test_the_delivery_log_writes_a_transport_s_traffic_as_its_own(tmp_path, mosq):
+    """docs/delivery-log.md, "Events": the import and the export name the transport (``far``,
+    not its core connection) with no reason; the import is the imported message's one entry
+    record, before its delivery to a local consumer (whose deliver and ack are written as
+    ever); the export is the exported message's way out, with no deliver or ack of its
+    hand-off to the transport."""
+    g = gateway(tmp_path / "gw", mosq.port, 'out.> export="far"\n>\n',
+                queues='in.q import="far"\n>\n')
+    remote = Remote(mosq.port)
+    got: list[Any] = []
+    try:
+        remote.subscribe("out/#")
+        wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+        local = g.call(lambda: g.broker.connect())
+        g.call(lambda: local.session().consumer(Destination.queue("in.q"), listener=got.append))
+        # the far-side SUBSCRIBE is asynchronous: publish until one is imported
+        wait_for(lambda: remote.publish("in/q", b"in") or got, what="an import")
+        g.call(lambda: g.broker.connect().session().producer(Destination.topic("out.a"))
+               .send(Message.text("out")))
+        wait_for(lambda: remote.got, what="the export")
+        wait_for(lambda: info(g)["far"]["exported"] == 1, what="the export confirmed")
+        records = wait_for(lambda: (r := log_records(g)) and any(
+            x["event"] == "export" for x in r) and r, what="the export record")
+        check_transport_records(records, "far", core_id(g, "far"))
+        (exp,) = [r for r in records if r["event"] == "export"]
+        assert events_of(records, exp) == ["publish", "export"]
+        imp = next(r for r in records if r["event"] == "import")
+        assert events_of(records, imp) == ["import", "deliver", "ack"]
+        assert [r["client"] for r in records if r["event"] in ("deliver", "ack")] == [
+            local.id, local.id] * info(g)["far"]["imported"]
+    finally:
+        remote.close()
+        g.stop()
+
+
+def test_a_duplicate_import_s_drop_record_carries_what_its_import_would_have(tmp_path, mosq):
+    """Two copies of one message from the far side (the same trace id, as a resend after a
+    lost PUBACK brings it): the second is dropped, and its ``drop`` record (docs/delivery-log.md,
+    "Events", reason ``duplicate``) names the transport and carries a message id of its own
+    and the import's trace id, far-side destination, hashes, delivery mode and size."""
+    g = gateway(tmp_path / "gw", mosq.port, ">\n", queues='in.q import="far"\n>\n')
+    remote = Remote(mosq.port)
+    try:
+        wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+        wait_for(lambda: remote.publish("in/q", b"probe") or info(g)["far"]["imported"],
+                 what="an import")
+        for _ in range(2):
+            remote.publish("in/q", b"twice", UserProperty=[("gw-trace-id", "trace-twice"),
+                                                           ("colour", "red")])
+        wait_for(lambda: info(g)["far"]["duplicates"] == 1, what="the second copy dropped")
+        records = wait_for(lambda: (r := log_records(g)) and any(
+            x["event"] == "drop" for x in r) and r, what="the drop record")
+        drop = check_duplicate_drop(records, "far", "trace-twice")
+        (imported,) = [r for r in records if r["event"] == "import"
+                       and r["trace_id"] == "trace-twice"]
+        assert drop["msg_id"] != imported["msg_id"]  # the copy's own: MQTT gives none
+        assert drop["far_id"] is None and drop["far_dest"] == "in/q"
+        assert drop["props_hash"] is not None and drop["mode"] == "NON_PERSISTENT"  # queue_import_dm
+    finally:
         remote.close()
         g.stop()

@@ -25,6 +25,7 @@ from gw import GatewayThread, wait_for
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from transportlog import check_duplicate_drop, check_transport_records, core_id, events_of
 
 import transports.base
 from gateway.message import Destination as GwDestination
@@ -346,6 +347,7 @@ def test_dataloss_and_slow_consumer_advisories_are_logged_and_counted(start_gate
     records = wait_for(lambda: len(logged()) == 2 and logged(), what="the log records")
     assert [r["reason"] for r in records] == [loss, slow]
     assert [r["lost"] for r in records] == [3, None]  # the DATALOSS count, its own column
+    assert [r["client"] for r in records] == ["bus", "bus"]  # the transport's name
 
 
 def test_two_gateways_bridged_by_the_bus_deliver_once_and_do_not_loop(start_gateway, bus):
@@ -705,3 +707,39 @@ mappings:
         else:
             assert exp["rules"] == "stamp bus" and exp["props_hash"] != pub["props_hash"]
     assert info(g)["dataloss"] == 0
+
+
+def test_the_delivery_log_writes_a_transport_s_traffic_as_its_own(start_gateway, bus):
+    """docs/delivery-log.md, "Events", over the bus: the imports and the export name the
+    transport with no reason, each import is its message's one entry record (before its
+    delivery to a local consumer), the export has no deliver or ack of its hand-off to the
+    transport; a second copy of an import (another gateway's origin marker with the same
+    trace id) is dropped with a record that carries what its import would have."""
+    g = start_gateway('in.> import="bus"\nout.> export="bus"\n>\n', listen=())
+    got_far = bus.collect("out.>")
+    got: list[Any] = []
+    g.call(lambda: g.broker.connect().session().consumer(GwDestination.topic("in.>"),
+                                                         listener=got.append))
+    wait_for(lambda: info(g)["imports"] == {"in.>": ["in.>"]}, what="the import")
+    wait_for(lambda: (bus.t.send(Message("in.a").add("n", 1)), got)[1], what="an import")
+    twice = Message("in.b").add("n", 2)
+    twice.origin = Origin("gw-elsewhere trace-twice", 0)
+    for _ in range(2):
+        bus.t.send(twice)
+    wait_for(lambda: info(g)["duplicates"] == 1, what="the second copy dropped")
+    g.call(lambda: g.broker.connect().session().producer(GwDestination.topic("out.a"))
+           .send(GwMessage.text("out")))
+    wait_for(lambda: got_far, what="the export on the bus")
+    records = wait_for(lambda: (r := log_records(g)) and any(
+        x["event"] == "export" for x in r) and r, what="the export record")
+    check_transport_records(records, "bus", core_id(g, "bus"))
+    (exp,) = [r for r in records if r["event"] == "export"]
+    assert events_of(records, exp) == ["publish", "export"]
+    for imp in (r for r in records if r["event"] == "import"):
+        assert [e for e in events_of(records, imp) if e != "drop"] == [
+            "import", "deliver", "ack"]
+    drop = check_duplicate_drop(records, "bus", "trace-twice")
+    (imported,) = [r for r in records if r["event"] == "import"
+                   and r["trace_id"] == "trace-twice"]
+    assert drop["msg_id"] != imported["msg_id"]  # the copy's own: the bus gives none
+    assert drop["far_id"] is None and drop["far_dest"] == "in.b"

@@ -24,6 +24,13 @@ from faultproxy import FaultProxyServer
 from gw import GatewayThread, wait_for  # its default timeout: 10 s, as WAIT
 from peers.activemq import ActiveMQ, start_activemq
 from peers.rabbitmq import RabbitMQ, start_rabbitmq
+from transportlog import (
+    check_duplicate_drop,
+    check_transport_records,
+    core_id,
+    events_of,
+    log_records,
+)
 
 from gateway.message import PROP_IMPORTED, BodyKind, DeliveryMode, Destination, Message
 from gateway.types import Int16, Int32, UInt64
@@ -251,6 +258,47 @@ def test_queue_import_is_persistent_and_acknowledged_after_the_core_took_it(
             return next(line for line in out.splitlines() if line.startswith("jobs.rq"))
 
         wait_for(lambda: left_in_rabbitmq().split() == ["jobs.rq", "0"], what="the ACKs")
+    finally:
+        remote.close()
+        g.stop()
+
+
+def test_the_delivery_log_writes_a_transport_s_traffic_as_its_own(
+        tmp_path: Path, rabbit: RabbitMQ) -> None:
+    """docs/delivery-log.md, "Events", through RabbitMQ's STOMP: the imports and the export
+    name the transport with no reason, each import is its message's one entry record (before
+    its delivery to a local consumer), the export has no deliver or ack of its hand-off to
+    the transport; a second copy of an import (the same trace id) is dropped with a record
+    that carries what its import would have (the copy's STOMP message-id)."""
+    remote = Remote(rabbit.stomp_port, True)
+    remote.subscribe("/topic/dlo.a", "s1")
+    g = gateway(tmp_path / "gw", rabbit.stomp_port, True, 'dlo.> export="far"\n>\n',
+                queues='dli.q import="far"\n>\n')
+    got: list[Any] = []
+    try:
+        subscribe(g, Destination.queue("dli.q"), got)
+        remote.send("/queue/dli.q", b"once")
+        for _ in range(2):
+            remote.send("/queue/dli.q", b"twice", **{"gw-trace-id": "trace-twice"})
+        wait_for(lambda: len(got) == 2 and info(g)["far"]["duplicates"] == 1,
+                 what="two imports, the second copy dropped")
+        publish(g, "dlo.a", Message.text("out"))
+        wait_for(lambda: remote.got, what="the export")
+        wait_for(lambda: info(g)["far"]["exported"] == 1, what="the export confirmed")
+        records = wait_for(lambda: (r := log_records(g)) and any(
+            x["event"] == "export" for x in r) and r, what="the export record")
+        check_transport_records(records, "far", core_id(g, "far"))
+        (exp,) = [r for r in records if r["event"] == "export"]
+        assert events_of(records, exp) == ["publish", "export"]
+        for imp in (r for r in records if r["event"] == "import"):
+            assert [e for e in events_of(records, imp) if e != "drop"] == [
+                "import", "deliver", "ack"]
+        drop = check_duplicate_drop(records, "far", "trace-twice")
+        (imported,) = [r for r in records if r["event"] == "import"
+                       and r["trace_id"] == "trace-twice"]
+        # the copy's own ids: the gateway's, and RabbitMQ's message-id (one per delivery)
+        assert drop["msg_id"] != imported["msg_id"]
+        assert imported["far_id"] != drop["far_id"] is not None
     finally:
         remote.close()
         g.stop()

@@ -40,6 +40,7 @@ from gw import GatewayThread
 from peers.activemq import ActiveMQ, activemq_argv, start_activemq, stomp_ping
 from peers.rabbitmq import RabbitMQ, start_rabbitmq
 from test_transport_stomp import Remote, gateway, info, subscribe, wait_for
+from transportlog import check_resend_drops, log_records
 
 from gateway.message import DeliveryMode, Destination, Message
 
@@ -293,6 +294,8 @@ def test_queue_imports_survive_a_fault_mid_stream_exactly_once(
         assert t["connects"] == (1 if fault == "latency" else 2)
         if fault != "latency":  # ACKs were lost: redeliveries known by their message-id
             assert t["duplicates"] > 0
+        # each written as its import would have been (docs/delivery-log.md)
+        assert check_resend_drops(log_records(g), "far") == t["duplicates"]
     finally:
         g.stop()
 

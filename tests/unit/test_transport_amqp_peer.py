@@ -610,11 +610,11 @@ async def test_a_foreign_message_the_core_refused_is_taken_when_sent_again(tmp_p
         real = b.publish
         calls = [0]
 
-        def publish(msg: Message, conn: Any) -> Any:
+        def publish(msg: Message, conn: Any, **kw: Any) -> Any:
             calls[0] += 1
             if calls[0] == 1:
                 raise GatewayError("refused for the test")
-            return real(msg, conn)
+            return real(msg, conn, **kw)
 
         monkeypatch.setattr(b, "publish", publish)
         pm = proton.Message(id="m-9", body="x")
