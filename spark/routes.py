@@ -62,10 +62,12 @@ def messages(records: DataFrame) -> DataFrame:
     decision on that gateway and a destination) and ``decisions`` (those records). Records
     without a trace id, and those of no entry, exit or decision event, are left out."""
     ev = F.col("event")
-    # A transport's export is a consumer of the gateway too: its ``deliver`` (the hand-off to
-    # the transport, written before the far side confirmed anything) is no way out, its
-    # ``export`` is. Its connection is the client of that gateway's import and export
-    # records: a handful of (gw, client) pairs, so broadcast.
+    # A transport's export is a consumer of the gateway too. The gateway writes no record of
+    # the hand-off to it, only the ``export``; logs written before it did so (version 1 and
+    # early version 2) have a ``deliver`` of the hand-off, before the far side confirmed
+    # anything, which is no way out. Its client was the transport's connection, then also
+    # the client of that gateway's import and export records: a handful of (gw, client)
+    # pairs, so broadcast (in later logs they are transport names, which no deliver has).
     transports = (records.where(ev.isin(IMPORT, EXPORT)).select("gw", "client").distinct()
                   .withColumn("to_transport", F.lit(True)))
     is_entry = ev.isin(list(ENTRY_EVENTS))
@@ -198,8 +200,12 @@ def routes(records: DataFrame, message_rows: DataFrame | None = None) -> DataFra
     destination (the entry's record is outside the logs read) are not routes. Each row has
     its message's origin, and what the verdicts on the route need of the rest of the
     message: ``entry_decided`` (the gateway wrote that it let the message go on purpose on
-    the entry's gateway and destination) and ``import_gws`` (the gateways that imported
-    it). ``message_rows`` is ``messages(records)``, given when the caller has it already."""
+    the entry's gateway and destination), ``import_gws`` (the gateways that imported it)
+    and ``dup_drop_gws`` (``message_dup_drop_gws``). For counting messages rather than
+    routes, ``entry_first`` marks the first row of each entry and ``way_first`` the first
+    row of each way out of it (its first delivery to any consumer, and every export: one
+    per transport). ``message_rows`` is ``messages(records)``, given when the caller has it
+    already."""
     m = messages(records) if message_rows is None else message_rows
     parts = F.col("parts")
     # The message's columns first, then one row per entry (computed once per message, not
