@@ -167,8 +167,13 @@ class Tailer:
                     yield f
 
 
+class BatchStopped(Exception):
+    """A micro-batch cut short by stopping the query (``run``)."""
+
+
 class _Reconcile:
-    """The ``foreachBatch`` function: state + new records -> final verdicts, new state."""
+    """The ``foreachBatch`` function: state + new records -> final verdicts, new state.
+    ``stopping`` is set by ``run`` before it stops the query."""
 
     def __init__(self, out: Path, state: Path, grace_ms: float, skew_ms: float,
                  sender_spans_gateways: bool, link_window_ms: float) -> None:
@@ -178,6 +183,7 @@ class _Reconcile:
         self.skew_ms = skew_ms
         self.sender_spans_gateways = sender_spans_gateways
         self.link_window_ms = link_window_ms
+        self.stopping = threading.Event()
 
     def done(self) -> dict[str, Any] | None:
         marker = self.state / "follow.json"
@@ -187,6 +193,25 @@ class _Reconcile:
         return loaded
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        try:
+            self._batch(batch, batch_id)
+        except Exception as e:
+            if not self.stopping.is_set():
+                raise
+            # Stopping the query cancelled this batch's Spark jobs (it is not committed, and
+            # runs again from the checkpoint next time). Spark tells that from a failure only
+            # by the error's text (the batch function's error reaches it as text): an
+            # interruption under a Py4JJavaError. It matches the text with a regular
+            # expression that recurses once a character, which overflows the stream
+            # thread's stack on a Java stack trace as long as a cancelled job's, and prints
+            # a StackOverflowError instead of stopping quietly. So the error is said short.
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise BatchStopped(
+                f"py4j.protocol.Py4JJavaError: An error occurred while calling batch "
+                f"{batch_id}: java.lang.InterruptedException: stopped ({first[:200]})"
+            ) from None
+
+    def _batch(self, batch: DataFrame, batch_id: int) -> None:
         done = self.done()
         if done is not None and batch_id <= done["batch"]:
             return  # given already (a replay after a restart)
@@ -341,11 +366,16 @@ def follow(spark: SparkSession, paths: Sequence[str], out: str, grace_ms: float,
              .option("checkpointLocation", str(base / "stream"))
              .trigger(processingTime=f"{int(trigger_ms)} milliseconds")
              .start())
+    _BATCH_FUNCTIONS[query.id] = reconcile
     if tail_in_thread:
         threading.Thread(target=_tail_while_active,
                          args=(tailer, query, trigger_ms / 1000.0),
                          name="dlog-tailer", daemon=True).start()
     return query
+
+
+# The batch function of each query ``follow`` started, by the query's id (for ``run``).
+_BATCH_FUNCTIONS: dict[str, _Reconcile] = {}
 
 
 def tail(paths: Sequence[str], out: str, checkpoint: str | None = None) -> int:
@@ -393,6 +423,9 @@ def run(query: StreamingQuery, poll_s: float = 0.5) -> int:
         while not stop.wait(poll_s) and query.isActive:
             pass
         if stop.is_set():
+            reconcile = _BATCH_FUNCTIONS.pop(query.id, None)
+            if reconcile is not None:
+                reconcile.stopping.set()
             query.stop()
             print("follow: stopped; run it again with the same checkpoint to go on",
                   file=sys.stderr)
@@ -404,6 +437,7 @@ def run(query: StreamingQuery, poll_s: float = 0.5) -> int:
 
 
 def _ended(query: StreamingQuery) -> int:
+    _BATCH_FUNCTIONS.pop(query.id, None)
     failure = query.exception()
     if failure is None:
         return 0

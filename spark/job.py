@@ -286,12 +286,15 @@ def reconcile(spark: SparkSession, paths: Sequence[str], *, out: str,
         if fmt == "csv":
             writer = writer.option("header", "true")
         writer.format(fmt).save(verdicts_path)
-    summary = route_hour_summary(out_df).cache()
+    # The messages are counted from the route rows, unless the verdicts are not all of
+    # theirs (those reported by the previous run are left out).
+    summary = route_hour_summary(out_df, route_rows if previous is None else None).cache()
     summary.write.mode("overwrite").parquet(run_path(out, SUMMARY_DIR))
     pending_records(read, out_df, window, skew_ms, links).write.mode("overwrite").parquet(
         run_path(out, PENDING_DIR))
     if report and "://" not in out:
-        write_report(os.path.join(out, REPORT_FILE), out_df, summary, records)
+        write_report(os.path.join(out, REPORT_FILE), out_df, summary, records,
+                     route_rows=route_rows)
     message_rows.unpersist()
     return Reconciled(read, records, route_rows, out_df, summary)
 

@@ -2,8 +2,8 @@
 
 ``write_report`` takes the run's verdict rows (``spark.verdicts.VERDICT_COLUMNS``), its
 summary (per route per hour: hour, gw, dest, exit, via, messages, the count of each verdict,
-the loss and duplicate rates and the latency quantiles) and the delivery-log records it read,
-and writes a page with:
+the loss and duplicate rates and the latency quantiles), the delivery-log records it read and
+their route rows (``spark.routes.routes``), and writes a page with:
 
 - the number of rows of each verdict, and the routes' totals (the summary's hours added up);
 - a latency histogram per route (the ``delivered`` rows' ``latency_ms``, one gateway's clock);
@@ -42,7 +42,8 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 
-from spark.schema import DELIVER, ENTRY_EVENTS, EXPORT, IMPORT
+from spark.routes import routes as all_routes
+from spark.schema import DELIVER, EXPORT
 from spark.verdicts import (
     CHANGED,
     DEAD_LETTERED,
@@ -105,16 +106,17 @@ class WorstMessage:
 
 
 def write_report(path: str | Path, verdicts: DataFrame, summary: DataFrame,
-                 records: DataFrame, *, title: str = "Reconciliation report",
-                 worst: int = 20) -> None:
+                 records: DataFrame, *, route_rows: DataFrame | None = None,
+                 title: str = "Reconciliation report", worst: int = 20) -> None:
     """Write the report of one run to ``path`` (an HTML file needing nothing else to be
-    read: no script, no network, no external style sheet or font)."""
+    read: no script, no network, no external style sheet or font). ``route_rows`` is
+    ``spark.routes.routes(records)``, given when the caller has it already."""
     totals = verdict_totals(verdicts)
     histograms = latency_histograms(verdicts)
     hours = hourly(summary)
     routes, route_count = route_totals(summary)
-    hops = gateway_hops(records)
-    entered = entries_per_destination(records)
+    hops = gateway_hops(route_rows if route_rows is not None else all_routes(records))
+    entered = entries_per_destination(summary)
     worst_rows = worst_messages(verdicts, records, worst)
     span = records.agg(F.count(F.lit(1)).alias("n"), F.min("ts").alias("first"),
                        F.max("ts").alias("last")).first()
@@ -228,27 +230,27 @@ def route_totals(summary: DataFrame, max_routes: int = MAX_ROUTES
              for k in r.asDict()} for r in top], total
 
 
-def gateway_hops(records: DataFrame) -> list[dict[str, Any]]:
+def gateway_hops(route_rows: DataFrame) -> list[dict[str, Any]]:
     """The gateway-to-gateway hops: per export (gw, dest, via = the transport) and gateway
-    ``to_gw`` that imported some of its trace ids, the number of trace ids imported there."""
-    exports = (records.where((F.col("event") == F.lit(EXPORT)) & F.col("trace_id").isNotNull())
-               .select("trace_id", "gw", "dest", F.col("client").alias("via")).distinct())
-    imports = (records.where((F.col("event") == F.lit(IMPORT)) & F.col("trace_id").isNotNull())
-               .select("trace_id", F.col("gw").alias("to_gw")).distinct())
-    hops = (exports.join(imports, "trace_id")
+    ``to_gw`` that imported some of its trace ids, the number of trace ids imported there;
+    from the route rows (``spark.routes.routes``: one per exported message and transport,
+    with the gateways that imported the message)."""
+    hops = (route_rows.where(F.col("exit") == F.lit(EXPORT))
+            .select("gw", "dest", F.col("exit_client").alias("via"),
+                    F.explode("import_gws").alias("to_gw"))
             .where(F.col("gw") != F.col("to_gw"))
             .groupBy("gw", "dest", "via", "to_gw")
-            .agg(F.countDistinct("trace_id").alias("imported"))
+            .agg(F.count(F.lit(1)).alias("imported"))
             .orderBy(F.desc("imported"), "gw", "dest", "via", "to_gw")
             .limit(MAX_ROUTES * 4))
     return [r.asDict() for r in hops.collect()]
 
 
-def entries_per_destination(records: DataFrame) -> dict[tuple[str, str], int]:
-    """The number of trace ids that entered each (gw, dest) (publish or import), for the
-    ``MAX_ROUTES * 4`` busiest."""
-    got = (records.where(F.col("event").isin(list(ENTRY_EVENTS)) & F.col("trace_id").isNotNull())
-           .groupBy("gw", "dest").agg(F.countDistinct("trace_id").alias("n"))
+def entries_per_destination(summary: DataFrame) -> dict[tuple[str, str], int]:
+    """The number of messages that entered each (gw, dest) (publish or import), for the
+    ``MAX_ROUTES * 4`` busiest: the summary's entry rows (``exit`` null) added up."""
+    got = (summary.where(F.col("exit").isNull() & (F.col("messages") > 0))
+           .groupBy("gw", "dest").agg(F.sum("messages").alias("n"))
            .orderBy(F.desc("n"), "gw", "dest").limit(MAX_ROUTES * 4).collect())
     return {(r["gw"], r["dest"]): r["n"] for r in got}
 
@@ -263,15 +265,25 @@ def worst_messages(verdicts: DataFrame, records: DataFrame, n: int) -> list[Wors
     rank = F.lit(len(SEVERITY))
     for i, name in reversed(list(enumerate(SEVERITY))):
         rank = F.when(F.col("verdict") == F.lit(name), F.lit(i)).otherwise(rank)
-    ranked = (verdicts.where(F.col("trace_id").isNotNull())
-              .groupBy("trace_id")
-              .agg(F.min(rank).alias("rank"), F.max("latency_ms").alias("worst_latency"))
-              .orderBy("rank", F.desc_nulls_last("worst_latency"), "trace_id")
-              .limit(n))
-    chosen = ranked.collect()
+    traced = verdicts.where(F.col("trace_id").isNotNull())
+    # The messages with a verdict of SEVERITY (few, as a rule) are ranked with all their
+    # rows; only if they are fewer than n do the others follow, by their highest latency
+    # (``_slowest``: no aggregation of every row).
+    severe = traced.where(F.col("verdict").isin(list(SEVERITY))).select("trace_id")
+    chosen: list[tuple[str, int, float | None]] = [
+        (r["trace_id"], r["rank"], r["worst_latency"]) for r in
+        traced.join(severe.distinct(), "trace_id", "left_semi")
+        .groupBy("trace_id")
+        .agg(F.min(rank).alias("rank"), F.max("latency_ms").alias("worst_latency"))
+        .orderBy("rank", F.desc_nulls_last("worst_latency"), "trace_id")
+        .limit(n).collect()]
+    if len(chosen) < n:
+        chosen += [(t, len(SEVERITY), ms) for t, ms in
+                   _slowest(traced, {t for t, _, _ in chosen}, n - len(chosen))]
     if not chosen:
         return []
-    ids = F.broadcast(ranked.select("trace_id"))
+    spark = verdicts.sparkSession
+    ids = F.broadcast(spark.createDataFrame([(t,) for t, _, _ in chosen], "trace_id string"))
     by_trace = Window.partitionBy("trace_id")
     vrows = _first_rows(verdicts.join(ids, "trace_id"), by_trace,
                         [F.asc_nulls_last("exit_ts"), "gw", "dest", "verdict"], MAX_VERDICTS)
@@ -283,13 +295,32 @@ def worst_messages(verdicts: DataFrame, records: DataFrame, n: int) -> list[Wors
         for r in got:
             target.setdefault(r["trace_id"], []).append(r.asDict())
     out = []
-    for r in chosen:
-        vs, hs = v_of.get(r["trace_id"], []), h_of.get(r["trace_id"], [])
+    for trace_id, rank_, latency in chosen:
+        vs, hs = v_of.get(trace_id, []), h_of.get(trace_id, [])
         out.append(WorstMessage(
-            r["trace_id"], SEVERITY[r["rank"]] if r["rank"] < len(SEVERITY) else None,
-            r["worst_latency"], vs, hs,
+            trace_id, SEVERITY[rank_] if rank_ < len(SEVERITY) else None, latency, vs, hs,
             vs[0]["_of"] - len(vs) if vs else 0, hs[0]["_of"] - len(hs) if hs else 0))
     return out
+
+
+def _slowest(rows: DataFrame, skip: set[str], n: int) -> list[tuple[str, float | None]]:
+    """The ``n`` trace ids of ``rows`` not in ``skip`` with the highest ``latency_ms`` on any
+    of their rows (none last, ties by trace id), each with that latency. Read from the rows
+    in that order, the first ``limit`` of them (Spark's top-k, no shuffle of every row),
+    until n trace ids are found or no row is left."""
+    order = [F.desc_nulls_last("latency_ms"), F.asc("trace_id")]
+    limit = 64 * (n + len(skip))
+    while True:
+        top = rows.select("trace_id", "latency_ms").orderBy(*order).limit(limit).collect()
+        found: dict[str, float | None] = {}
+        for r in top:  # a trace id's first row in this order has its highest latency
+            if r["trace_id"] not in skip and r["trace_id"] not in found:
+                found[r["trace_id"]] = r["latency_ms"]
+                if len(found) == n:
+                    return list(found.items())
+        if len(top) < limit:
+            return list(found.items())
+        limit *= 8
 
 
 def _first_rows(df: DataFrame, by: WindowSpec, order: Sequence[str | Column],

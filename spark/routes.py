@@ -34,6 +34,8 @@ from pyspark.sql import functions as F
 from spark.schema import (
     DECISION_EVENTS,
     DELIVER,
+    DROP,
+    DUPLICATE_REASON,
     ENTRY_EVENTS,
     EXIT_EVENTS,
     EXPORT,
@@ -60,10 +62,12 @@ def messages(records: DataFrame) -> DataFrame:
     decision on that gateway and a destination) and ``decisions`` (those records). Records
     without a trace id, and those of no entry, exit or decision event, are left out."""
     ev = F.col("event")
-    # A transport's export is a consumer of the gateway too: its ``deliver`` (the hand-off to
-    # the transport, written before the far side confirmed anything) is no way out, its
-    # ``export`` is. Its connection is the client of that gateway's import and export
-    # records: a handful of (gw, client) pairs, so broadcast.
+    # A transport's export is a consumer of the gateway too. The gateway writes no record of
+    # the hand-off to it, only the ``export``; logs written before it did so (version 1 and
+    # early version 2) have a ``deliver`` of the hand-off, before the far side confirmed
+    # anything, which is no way out. Its client was the transport's connection, then also
+    # the client of that gateway's import and export records: a handful of (gw, client)
+    # pairs, so broadcast (in later logs they are transport names, which no deliver has).
     transports = (records.where(ev.isin(IMPORT, EXPORT)).select("gw", "client").distinct()
                   .withColumn("to_transport", F.lit(True)))
     is_entry = ev.isin(list(ENTRY_EVENTS))
@@ -133,6 +137,15 @@ def message_import_gws(parts: Column) -> Column:
                                         lambda p: p["gw"]))
 
 
+def message_dup_drop_gws(parts: Column) -> Column:
+    """The gateway of each ``drop`` of the message with reason ``duplicate`` (a transport's
+    duplicate window dropped a copy it imported), once per such record."""
+    return F.flatten(F.transform(parts, lambda p: F.transform(
+        F.filter(p["decisions"], lambda d: (d["event"] == F.lit(DROP))
+                 & (d["reason"] == F.lit(DUPLICATE_REASON))),
+        lambda d: p["gw"])))
+
+
 def entries(records: DataFrame) -> DataFrame:
     """One row per (trace_id, gw, dest) where the message entered a gateway: the first
     entry's ``entry_event``, ``entry_client``, ``entry_ts``, ``msg_id``, its version and
@@ -187,29 +200,45 @@ def routes(records: DataFrame, message_rows: DataFrame | None = None) -> DataFra
     destination (the entry's record is outside the logs read) are not routes. Each row has
     its message's origin, and what the verdicts on the route need of the rest of the
     message: ``entry_decided`` (the gateway wrote that it let the message go on purpose on
-    the entry's gateway and destination) and ``import_gws`` (the gateways that imported
-    it). ``message_rows`` is ``messages(records)``, given when the caller has it already."""
+    the entry's gateway and destination), ``import_gws`` (the gateways that imported it)
+    and ``dup_drop_gws`` (``message_dup_drop_gws``). For counting messages rather than
+    routes, ``entry_first`` marks the first row of each entry and ``way_first`` the first
+    row of each way out of it (its first delivery to any consumer, and every export: one
+    per transport). ``message_rows`` is ``messages(records)``, given when the caller has it
+    already."""
     m = messages(records) if message_rows is None else message_rows
     parts = F.col("parts")
     # The message's columns first, then one row per entry (computed once per message, not
     # once per entry).
     per_message = m.select("trace_id", message_origin(parts).alias("o"),
                            message_import_gws(parts).alias("import_gws"),
+                           message_dup_drop_gws(parts).alias("dup_drop_gws"),
                            message_exits(parts).alias("xs"),
                            message_entries(parts).alias("ens"))
     # Every struct is taken apart into columns as soon as it is made: the optimizer's
     # pruning of nested fields through two generators loses fields otherwise.
-    origin = per_message.select("trace_id", *_origin_columns(), "import_gws", "xs", "ens")
+    origin = per_message.select("trace_id", *_origin_columns(), *_MESSAGE_COLUMNS, "xs", "ens")
     entry = origin.select("*", F.explode("ens").alias("en")).select(
         "trace_id", *_entry_columns(), F.col("en.decided").alias("entry_decided"),
-        *ORIGIN_COLUMNS, "import_gws", "xs")
+        *ORIGIN_COLUMNS, *_MESSAGE_COLUMNS, "xs")
     # A join on (gw, dest): a null dest matches nothing.
     same_entry: Callable[[Column], Column] = lambda x: F.coalesce(  # noqa: E731
         (x["gw"] == F.col("gw")) & (x["dest"] == F.col("dest")), F.lit(False))
-    rows = entry.select("*", F.explode_outer(F.filter("xs", same_entry)).alias("x"))
+    mine = entry.select("*", F.filter("xs", same_entry).alias("mine")).drop("xs")
+    # For the summary, which counts messages, not routes: the entry's first route row, and
+    # the first of its deliveries (to any consumer: one way out) and each export.
+    first_deliver = F.array_position(F.transform("mine", lambda x: x["exit"]), F.lit(DELIVER))
+    rows = mine.select("*", first_deliver.alias("first_deliver"),
+                       F.posexplode_outer("mine").alias("pos", "x"))
     return rows.select("trace_id", *_ENTRY_COLUMNS,
                        *[F.col(f"x.{c}").alias(c) for c in _EXIT_FIELDS[2:]],
-                       *ORIGIN_COLUMNS, "entry_decided", "import_gws")
+                       *ORIGIN_COLUMNS, "entry_decided", *_MESSAGE_COLUMNS,
+                       F.coalesce(F.col("pos") == 0, F.lit(True)).alias("entry_first"),
+                       ((F.col("x.exit") == F.lit(EXPORT))
+                        | (F.col("pos") + 1 == F.col("first_deliver"))).alias("way_first"))
+
+
+_MESSAGE_COLUMNS = ["import_gws", "dup_drop_gws"]
 
 
 _EXIT_FIELDS = ["gw", "dest", "exit", "exit_client", "exit_ts", "exit_count", "deliver_count",

@@ -88,6 +88,9 @@ DISCARD = "discard"
 UNDELIVERABLE = "undeliverable"
 REJECT = "reject"
 
+# The reason a transport logs when its duplicate window drops an import (docs/delivery-log.md).
+DUPLICATE_REASON = "duplicate"
+
 # A message enters a gateway (a local producer's publish, or an import through a transport) ...
 ENTRY_EVENTS: tuple[str, ...] = (PUBLISH, IMPORT)
 # ... and leaves it to a consumer (deliver, or redeliver when JMSRedelivered is set) or to

@@ -78,14 +78,17 @@ def route_hour_summary(verdicts: DataFrame, routes: DataFrame | None = None) -> 
     as from the verdict rows, every route and every entry having a verdict row, as long as
     the verdicts are all of those routes' (not a subset)."""
     counted = _routed(verdicts)
-    entered = _entered(routes if routes is not None else verdicts)
     if routes is not None:
-        # The verdict rows then count verdicts only; the messages come from the routes.
-        counted = counted.withColumn("trace_id", F.lit(None).cast("string"))
-    rows = counted.unionByName(entered, allowMissingColumns=True)
+        # The verdict rows then count verdicts only; the messages come from the routes,
+        # one row each (no distinct count: its shuffle of every row, twice).
+        rows = counted.drop("trace_id").unionByName(_entered_once(routes),
+                                                    allowMissingColumns=True)
+        messages = F.coalesce(F.sum("entered"), F.lit(0))
+    else:
+        rows = counted.unionByName(_entered(verdicts), allowMissingColumns=True)
+        messages = F.count_distinct("trace_id")
     summary = (rows.groupBy("hour", *ROUTE_COLUMNS)
-               .agg(F.count_distinct("trace_id").alias("messages"), *_count_aggs(),
-                    *_latency_aggs()))
+               .agg(messages.alias("messages"), *_count_aggs(), *_latency_aggs()))
     return _finish(summary, SUMMARY_COLUMNS)
 
 
@@ -145,6 +148,22 @@ def _entered(rows: DataFrame) -> DataFrame:
         "trace_id")
     entries = seen.select(hour, "gw", "dest", F.lit(None).cast("string").alias("exit"),
                           F.lit(None).cast("string").alias("via"), "trace_id")
+    return ways.unionByName(entries)
+
+
+def _entered_once(routes: DataFrame) -> DataFrame:
+    """(hour, route, ``entered`` = 1) rows, one per message on each way out it left by and
+    on each entry, from route rows (``spark.routes.routes``: ``entry_first`` marks an entry's
+    first route row, ``way_first`` the first of its rows on each way out)."""
+    seen = routes.where(F.col("entry_ts").isNotNull() & F.col("trace_id").isNotNull())
+    hour = _hour(F.col("entry_ts")).alias("hour")
+    one = F.lit(1).alias("entered")
+    ways = seen.where(F.col("way_first")).select(
+        hour, "gw", "dest", "exit",
+        F.when(F.col("exit") == F.lit(EXPORT), F.col("exit_client")).alias("via"), one)
+    entries = seen.where(F.col("entry_first")).select(
+        hour, "gw", "dest", F.lit(None).cast("string").alias("exit"),
+        F.lit(None).cast("string").alias("via"), one)
     return ways.unionByName(entries)
 
 

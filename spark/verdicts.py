@@ -27,7 +27,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from spark.routes import ROUTE_KEY, message_entries, message_origin, messages, routes
+from spark.routes import message_entries, message_origin, messages, routes
 from spark.schema import (
     DECISION_EVENTS,
     DELIVER,
@@ -49,9 +49,6 @@ DROPPED = "dropped"
 DISCARDED = "discarded"
 CHANGED = "changed"
 REORDERED = "reordered"
-
-# The reason a gateway logs when its duplicate window drops an import (docs/delivery-log.md).
-DUPLICATE_REASON = "duplicate"
 
 # The verdict of each event by which the gateway let a message go on purpose.
 DECISION_VERDICTS: dict[str, str] = {
@@ -90,6 +87,10 @@ def delivered(route_rows: DataFrame, grace_ms: float, skew_ms: float = 0.0) -> D
     any reason, a mapping rule's included: ``rules`` names those that ran on an export);
     null when a record of the route is of version 1, which has no hashes (unknown, not
     unchanged: docs/delivery-log.md, "Version 1")."""
+    return _each(route_rows, [_delivered(grace_ms, skew_ms)])
+
+
+def _delivered(grace_ms: float, skew_ms: float) -> Column:
     _check_skew(skew_ms)
     latency = F.col("exit_ts") - F.col("entry_ts")
     e2e = F.col("exit_ts") - F.col("origin_ts")
@@ -98,16 +99,13 @@ def delivered(route_rows: DataFrame, grace_ms: float, skew_ms: float = 0.0) -> D
     contents = F.col("exit_contents")
     rules = F.transform(F.filter(contents, lambda c: c["rules"].isNotNull()),
                         lambda c: c["rules"])
-    return (route_rows
-            .where(F.col("exit").isNotNull())
-            .select(F.lit(DELIVERED).alias("verdict"), *_route_columns(),
-                    latency.alias("latency_ms"),
-                    F.when(within_skew, F.lit(0.0)).otherwise(e2e).alias("e2e_latency_ms"),
-                    (latency > F.lit(float(grace_ms))).alias("late"),
-                    F.col("exit_count").alias("copies"),
-                    F.when(_hashes_known(), F.exists(contents, _differs)).alias("changed"),
-                    F.when(F.size(rules) > 0, F.array_join(F.array_sort(rules), ";"))
-                    .alias("rules")))
+    return _verdict(F.col("exit").isNotNull(), F.lit(DELIVERED),
+                    latency_ms=latency,
+                    e2e_latency_ms=F.when(within_skew, F.lit(0.0)).otherwise(e2e),
+                    late=latency > F.lit(float(grace_ms)),
+                    copies=F.col("exit_count"),
+                    changed=F.when(_hashes_known(), F.exists(contents, _differs)),
+                    rules=F.when(F.size(rules) > 0, F.array_join(F.array_sort(rules), ";")))
 
 
 def changed(route_rows: DataFrame) -> DataFrame:
@@ -119,6 +117,10 @@ def changed(route_rows: DataFrame) -> DataFrame:
     ``delivered`` row says ``changed`` and names the ``rules``). ``changed_parts`` is
     ``body``, ``properties`` or both. A route with a version 1 record gets no verdict: with
     no hashes, whether it changed is unknown."""
+    return _each(route_rows, [_changed()])
+
+
+def _changed() -> Column:
     unexplained = F.filter(F.col("exit_contents"),
                            lambda c: c["rules"].isNull() & _differs(c))
     body = F.exists(unexplained,
@@ -126,10 +128,8 @@ def changed(route_rows: DataFrame) -> DataFrame:
     props = F.exists(unexplained,
                      lambda c: ~c["props_hash"].eqNullSafe(F.col("entry_props_hash")))
     parts = F.concat_ws(",", F.when(body, F.lit("body")), F.when(props, F.lit("properties")))
-    return (route_rows
-            .where(F.col("exit").isNotNull() & _hashes_known() & (F.size(unexplained) > 0))
-            .select(F.lit(CHANGED).alias("verdict"), *_route_columns(),
-                    F.lit(True).alias("changed"), parts.alias("changed_parts")))
+    return _verdict(F.col("exit").isNotNull() & _hashes_known() & (F.size(unexplained) > 0),
+                    F.lit(CHANGED), changed=F.lit(True), changed_parts=parts)
 
 
 def decided(records: DataFrame, message_rows: DataFrame | None = None) -> DataFrame:
@@ -212,23 +212,37 @@ def duplicated(route_rows: DataFrame) -> DataFrame:
     the same transport, from the same gateway and destination. ``copies`` counts them;
     ``flagged`` says whether the gateway marked every copy after the first as a redelivery
     (JMSRedelivered, JMS 1.1 §3.4.7: a client may see a message again only so marked,
-    §4.4.12). An export carries no such mark, so a duplicate export is never flagged."""
+    §4.4.12). An export carries no such mark, so a duplicate export is never flagged.
+
+    ``copies_dropped``: of a duplicate export, how many copies a gateway the transport leads
+    to (``transport_leads``) dropped as duplicates (its ``drop`` records with reason
+    ``duplicate``: the import side's duplicate window, keyed on the trace id), so the copies
+    that went on are ``copies - 1 - copies_dropped``; 0 for a delivery (the consumer got
+    every copy) and for an export through a transport that leads to no gateway read."""
+    return _each(_with_leads(route_rows), [_duplicated()])
+
+
+def _duplicated() -> Column:
     flagged = (F.col("exit") == F.lit(DELIVER)) & (F.col("deliver_count") <= 1)
-    return (route_rows
-            .where(F.col("exit_count") > 1)
-            .select(F.lit(DUPLICATED).alias("verdict"), *_route_columns(),
-                    F.col("exit_count").alias("copies"), flagged.alias("flagged")))
+    dropped = F.size(F.filter("dup_drop_gws", lambda g: F.array_contains("leads_to", g)))
+    exported = (F.col("exit") == F.lit(EXPORT)) & F.col("leads_to").isNotNull()
+    return _verdict(F.col("exit_count") > 1, F.lit(DUPLICATED),
+                    copies=F.col("exit_count"), flagged=flagged,
+                    copies_dropped=F.when(exported, dropped).otherwise(F.lit(0)))
 
 
 def lost(records: DataFrame, route_rows: DataFrame, grace_ms: float) -> DataFrame:
     """A ``lost`` row per entry (trace_id, gw, dest) nothing left from and that the gateway
     did not let go on purpose, when the entry is at or before the watermark; a ``pending``
     row when it is after it (the grace period has not passed yet)."""
-    undecided = route_rows.where(F.col("exit").isNull() & ~F.col("entry_decided"))
-    judged = undecided.crossJoin(watermark(records, grace_ms))
+    return _each(_with_watermark(route_rows, records, grace_ms), [_lost()])
+
+
+def _lost() -> Column:
     verdict = (F.when(F.col("entry_ts") <= F.col("watermark"), F.lit(LOST))
                .otherwise(F.lit(PENDING)))
-    return judged.select(verdict.alias("verdict"), *_route_columns(), "watermark")
+    return _verdict(F.col("exit").isNull() & ~F.col("entry_decided"), verdict,
+                    watermark=F.col("watermark"))
 
 
 def lost_in_transit(records: DataFrame, route_rows: DataFrame, grace_ms: float) -> DataFrame:
@@ -241,17 +255,16 @@ def lost_in_transit(records: DataFrame, route_rows: DataFrame, grace_ms: float) 
     trace id is the same on both sides; the transport names on the two sides need not be).
     An export through a transport that leads to no gateway read (a cloud broker, a bus with
     no gateway listening) gets no verdict here: nothing could have written the import."""
-    exported = route_rows.where(F.col("exit") == F.lit(EXPORT))
-    # The exports through linked transports; one is missing when none of the gateways its
-    # transport leads to imported its trace id.
+    return _each(_with_watermark(_with_leads(route_rows), records, grace_ms), [_in_transit()])
+
+
+def _in_transit() -> Column:
+    # One is missing when none of the gateways its transport leads to imported its trace id.
     missing = ~F.exists("leads_to", lambda g: F.array_contains("import_gws", g))
-    judged = (exported.join(F.broadcast(transport_leads(exported)), on=["gw", "exit_client"],
-                            how="inner")
-              .where(missing)
-              .crossJoin(watermark(records, grace_ms)))
     verdict = (F.when(F.col("exit_ts") <= F.col("watermark"), F.lit(LOST_IN_TRANSIT))
                .otherwise(F.lit(PENDING)))
-    return judged.select(verdict.alias("verdict"), *_route_columns(), "watermark")
+    return _verdict((F.col("exit") == F.lit(EXPORT)) & F.col("leads_to").isNotNull() & missing,
+                    verdict, watermark=F.col("watermark"))
 
 
 def transport_leads(exported: DataFrame) -> DataFrame:
@@ -265,30 +278,6 @@ def transport_leads(exported: DataFrame) -> DataFrame:
             .groupBy("gw", "exit_client").agg(F.collect_set("import_gw").alias("leads_to")))
 
 
-def copies_dropped(duplicates: DataFrame, records: DataFrame,
-                   route_rows: DataFrame) -> DataFrame:
-    """``duplicated`` rows with ``copies_dropped``: of a duplicate export, how many copies a
-    gateway the transport leads to dropped as duplicates (its ``drop`` records with reason
-    ``duplicate``: the import side's duplicate window, keyed on the trace id), so the copies
-    that went on are ``copies - 1 - copies_dropped``; 0 for a delivery (the consumer got
-    every copy) and for an export through a transport that leads to no gateway read."""
-    exported = route_rows.where(F.col("exit") == F.lit(EXPORT))
-    drops = (records
-             .where((F.col("event") == F.lit(DROP)) & (F.col("reason") == F.lit(DUPLICATE_REASON))
-                    & F.col("trace_id").isNotNull())
-             .groupBy(F.col("trace_id").alias("dropped_id"), F.col("gw").alias("drop_gw"))
-             .agg(F.count(F.lit(1)).alias("n")))
-    dups = duplicates.where(F.col("exit") == F.lit(EXPORT)).select(*ROUTE_KEY)
-    counted = (dups.join(F.broadcast(transport_leads(exported)), on=["gw", "exit_client"],
-                         how="inner")
-               .join(drops, (F.col("trace_id") == F.col("dropped_id"))
-                     & F.array_contains("leads_to", F.col("drop_gw")), "inner")
-               .groupBy(*ROUTE_KEY).agg(F.sum("n").alias("dropped")))
-    return (duplicates.join(counted, on=ROUTE_KEY, how="left")
-            .withColumn("copies_dropped", F.coalesce(F.col("dropped"), F.lit(0)).cast("long"))
-            .drop("dropped"))
-
-
 def verdicts(records: DataFrame, grace_ms: float, skew_ms: float = 0.0,
              sender_spans_gateways: bool = False,
              route_rows: DataFrame | None = None,
@@ -296,22 +285,64 @@ def verdicts(records: DataFrame, grace_ms: float, skew_ms: float = 0.0,
     """Every verdict above for the records of one or many gateways, in one DataFrame with
     ``VERDICT_COLUMNS`` (a column a verdict does not set is null). ``route_rows`` is
     ``routes(records)`` and ``message_rows`` ``messages(records)``, given when the caller
-    has them already (cached: the verdicts read them several times)."""
+    has them already (cached: the verdicts read them more than once).
+
+    The verdicts of a route row (delivered, duplicated, changed, lost, lost in transit) are
+    made in one pass over the route rows, each row giving an array of them; the decisions
+    come from the message rows, and ``reordered`` compares routes of different messages (a
+    window over the route rows)."""
     if message_rows is None and route_rows is None:
         message_rows = messages(records)
     if route_rows is None:
         route_rows = routes(records, message_rows)
-    parts = [copies_dropped(duplicated(route_rows), records, route_rows),
-             lost(records, route_rows, grace_ms),
-             lost_in_transit(records, route_rows, grace_ms),
-             decided(records, message_rows),
-             changed(route_rows),
-             reordered(route_rows, skew_ms, sender_spans_gateways)]
-    out = delivered(route_rows, grace_ms, skew_ms)
-    for part in parts:
+    rows = _with_watermark(_with_leads(route_rows), records, grace_ms)
+    out = _each(rows, [_delivered(grace_ms, skew_ms), _duplicated(), _changed(), _lost(),
+                       _in_transit()])
+    for part in (decided(records, message_rows),
+                 reordered(route_rows, skew_ms, sender_spans_gateways)):
         out = out.unionByName(part, allowMissingColumns=True)
     return out.select(*VERDICT_COLUMNS)
 
+
+def _with_leads(route_rows: DataFrame) -> DataFrame:
+    """The route rows with ``leads_to``: the gateways an export's transport leads to (null
+    for a delivery and for a transport that leads to no gateway read)."""
+    leads = transport_leads(route_rows.where(F.col("exit") == F.lit(EXPORT)))
+    return route_rows.join(F.broadcast(leads), on=["gw", "exit_client"], how="left")
+
+
+def _with_watermark(rows: DataFrame, records: DataFrame, grace_ms: float) -> DataFrame:
+    """``rows`` with the ``watermark`` of ``records``."""
+    return rows.crossJoin(F.broadcast(watermark(records, grace_ms)))
+
+
+def _each(rows: DataFrame, candidates: list[Column]) -> DataFrame:
+    """The verdict rows (``VERDICT_COLUMNS``) that ``candidates`` (``_verdict`` structs, null
+    where a row gets no such verdict) make of each of ``rows``."""
+    made = F.filter(F.array(*candidates), lambda v: v.isNotNull())
+    return rows.select(F.explode(made).alias("v")).select("v.*")
+
+
+def _verdict(when: Column, verdict: Column, **given: Column) -> Column:
+    """A verdict row of a route row, when ``when``: a struct of ``VERDICT_COLUMNS``, the
+    route's own columns (``_route_columns``), those ``given``, null for the rest."""
+    assert set(given) <= set(VERDICT_COLUMNS)
+    route = set(_route_columns())
+    fields = []
+    for c in VERDICT_COLUMNS:
+        value = (verdict if c == "verdict" else given[c] if c in given
+                 else F.col(c) if c in route else F.lit(None))
+        fields.append(value.cast(_VERDICT_TYPES.get(c, "string")).alias(c))
+    return F.when(when, F.struct(*fields))
+
+
+# The type of each verdict column that is not a string.
+_VERDICT_TYPES = {
+    **dict.fromkeys(["entry_ts", "exit_ts", "latency_ms", "e2e_latency_ms", "origin_ts",
+                     "watermark"], "double"),
+    **dict.fromkeys(["late", "flagged", "changed"], "boolean"),
+    **dict.fromkeys(["copies", "copies_dropped", "delivery_count", "lost_count"], "long"),
+}
 
 def _route_columns() -> list[str]:
     return ["trace_id", "msg_id", "gw", "dest", "entry_event", "entry_client", "entry_ts",

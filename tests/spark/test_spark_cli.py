@@ -14,13 +14,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dlogrecords import rec, write_log
 from pyspark.sql import SparkSession
 
 from spark.cli import Snapshot, poll
-from spark.follow import run
+from spark.follow import _BATCH_FUNCTIONS, _Reconcile, run
 
 pytestmark = pytest.mark.spark
 
@@ -271,11 +272,16 @@ def test_follow_stops_cleanly_on_ctrl_c(tmp_path: Path):
 class StandInQuery:
     """What ``follow.run`` uses of a streaming query, without Spark."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch_function: Any = None) -> None:
+        self.id = "stand-in"
         self.isActive = True
         self.stopped = threading.Event()
+        self.batch_function = batch_function
+        self.told_first = False  # the batch function knew of the stop before it came
 
     def stop(self) -> None:
+        if self.batch_function is not None:
+            self.told_first = self.batch_function.stopping.is_set()
         self.isActive = False
         self.stopped.set()
 
@@ -285,18 +291,22 @@ class StandInQuery:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_follow_run_stops_the_query_on_sigint_or_sigterm(
-        sig: signal.Signals, capsys: pytest.CaptureFixture[str]):
+        sig: signal.Signals, capsys: pytest.CaptureFixture[str], tmp_path: Path):
     """A service manager's SIGTERM stops a follow run as Ctrl-C does, and the handlers
-    that were there before are put back."""
+    that were there before are put back. The query's batch function is told before the
+    query is stopped (so a batch cut short says so briefly)."""
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    query = StandInQuery()
+    batch_function = _Reconcile(tmp_path / "out", tmp_path / "state", 1000.0, 0.0, False, 0.0)
+    query = StandInQuery(batch_function)
+    _BATCH_FUNCTIONS[query.id] = batch_function
     timer = threading.Timer(0.2, os.kill, (os.getpid(), sig))
     timer.start()
     try:
         assert run(query, poll_s=0.05) == 0  # type: ignore[arg-type]
     finally:
         timer.cancel()
-    assert query.stopped.is_set()
+    assert query.stopped.is_set() and query.told_first
+    assert query.id not in _BATCH_FUNCTIONS
     assert capsys.readouterr().err == (
         "follow: stopped; run it again with the same checkpoint to go on\n")
     assert {s: signal.getsignal(s) for s in before} == before

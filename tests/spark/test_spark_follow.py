@@ -5,6 +5,7 @@ and only once, across batches and across a restart from the checkpoint."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from dlogrecords import rec
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from spark.follow import follow, tail
+from spark.follow import BatchStopped, _Reconcile, follow, tail
 from spark.job import main
 from spark.verdicts import VERDICT_COLUMNS
 
@@ -239,3 +240,35 @@ def test_the_job_follows_in_parquet_only(capsys: pytest.CaptureFixture[str], tmp
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--out", str(tmp_path / "out"), "--follow", "--format", "json"])
     assert "--follow writes Parquet only" in capsys.readouterr().err
+
+
+# Spark's test of a batch function's error for the stop's interruption
+# (StreamExecution.isInterruptionException), as a Python regular expression.
+SPARK_INTERRUPTED = re.compile(
+    r"py4j.protocol.Py4JJavaError: An error occurred while calling((.|\r\n|\r|\n)*)"
+    r"(java.lang.InterruptedException|java.io.InterruptedIOException|"
+    r"java.nio.channels.ClosedByInterruptException)")
+
+
+def test_a_batch_cut_short_by_stopping_fails_with_a_short_interruption(tmp_path: Path,
+                                                                       monkeypatch):
+    # Stopping the query cancels the batch's jobs; the error they raise (a Java stack trace
+    # tens of kilobytes long) must reach Spark short, and read as the stop's interruption.
+    reconcile = _Reconcile(tmp_path / "out", tmp_path / "state", 1000.0, 0.0, False, 0.0)
+    trace = "\n\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages" * 2000
+
+    def cancelled(batch: Any, batch_id: int) -> None:
+        raise RuntimeError("An error occurred while calling o97.parquet.\n: "
+                           "org.apache.spark.SparkException: Job 12 cancelled" + trace)
+
+    monkeypatch.setattr(reconcile, "_batch", cancelled)
+    with pytest.raises(RuntimeError, match="Job 12 cancelled"):
+        reconcile(None, 7)  # not stopping: the error as it is (the query fails)
+
+    reconcile.stopping.set()
+    with pytest.raises(BatchStopped) as stopped:
+        reconcile(None, 7)
+    text = str(stopped.value)
+    assert len(text) < 400 and "o97.parquet" in text
+    assert SPARK_INTERRUPTED.search(text)
+    assert stopped.value.__suppress_context__  # the long error is not printed with it

@@ -25,6 +25,7 @@ from spark.report import (
     write_report,
 )
 from spark.routes import routes
+from spark.summary import route_hour_summary
 from spark.verdicts import verdicts
 
 # The module's fixture runs the whole job once (read, verdicts, summary, report), which is
@@ -119,10 +120,11 @@ def test_latency_histograms_bin_every_delivered_row_of_each_route(run: Run):
 
 
 def test_route_diagram_counts_entries_and_gateway_to_gateway_hops(run: Run):
-    assert entries_per_destination(run.records) == {
+    summary = route_hour_summary(run.verdicts, routes(run.records))
+    assert entries_per_destination(summary) == {
         ("gw-a", "topic:t"): 4, ("gw-a", EVIL): 1, ("gw-b", "topic:t"): 1}
     # t1 exported through to-b and imported at gw-b; t3 exported, never imported.
-    assert gateway_hops(run.records) == [
+    assert gateway_hops(routes(run.records)) == [
         {"gw": "gw-a", "dest": "topic:t", "via": "to-b", "to_gw": "gw-b", "imported": 1}]
 
 

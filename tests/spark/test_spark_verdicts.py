@@ -204,9 +204,10 @@ def test_an_export_the_next_gateway_never_imported_is_lost_in_transit(spark: Spa
 
 
 def test_a_message_handed_to_a_transport_but_never_exported_is_lost(spark: SparkSession):
-    # The gateway logs a transport's export consumer (its connection gw-a:1, the client of
-    # its import and export records) like any consumer: a deliver when the message is handed
-    # to it, an export when the far side took it. t2 was handed over and the gateway died
+    # Logs of earlier gateways (version 1, early version 2) have a transport's export
+    # consumer (its connection gw-a:1, then the client of its import and export records)
+    # like any consumer: a deliver when the message is handed to it, an export when the far
+    # side took it. t2 was handed over and the gateway died
     # before the far side confirmed it; t1 left; t3 went to a local consumer.
     records = frame(spark, [
         rec(1000.0, "gw-a", "publish", "t1", client="gw-a:5"),
