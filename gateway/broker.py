@@ -256,9 +256,20 @@ class Broker:
         return self.loop.call_later(delay, fn)
 
     def dest_text(self, dest: Destination) -> str:
-        """The ``topic:name`` / ``queue:name`` text the delivery log writes (cached on ``dest``)."""
+        """The ``topic:name`` / ``queue:name`` text the delivery log writes (cached on
+        ``dest``): that of the topic or queue of this name when there is one, so that the
+        Destination of each message read back from the store does not make a string of its
+        own."""
         t = dest._text
-        return t if t is not None else str(dest)
+        if t is None:
+            if dest.kind is TOPIC:
+                topic = self.topics.get(dest.name)
+                t = topic.dest_text if topic is not None else str(dest)
+            else:
+                queue = self.queues.get(dest.name)
+                t = queue.log_dest if queue is not None else str(dest)
+            dest._text = t
+        return t
 
     def _sweep(self) -> None:
         now = self.now()
@@ -534,11 +545,17 @@ class Broker:
             self.published += 1
             if self.log_enabled:
                 msg.log_head = None  # logged as published (a producer may send it again)
+                text = dest._text
+                if text is None:
+                    # The topic's or queue's text, made once when it was created (its own
+                    # Destination keeps it), not a string per message; kept on the message's
+                    # Destination (often one of its own, made by the adapter) for the records
+                    # of its deliveries to wildcard subscriptions (Endpoint.log_dest_of).
+                    text = dest._text = target.dest._text or str(dest)
                 if far is None:
-                    self.dlog.record("publish", msg, dest._text or str(dest),
-                                     conn.id if conn else None)
+                    self.dlog.record("publish", msg, text, conn.id if conn else None)
                 else:
-                    self.dlog.record("import", msg, dest._text or str(dest), conn.log_id, 0,
+                    self.dlog.record("import", msg, text, conn.log_id, 0,
                                      None, (None, far[0], far[1], None))
             if is_topic:
                 fut = self._route_topic(target, msg, now)  # type: ignore[arg-type]
@@ -639,7 +656,7 @@ class Broker:
                     self.stats["dropped"] += 1
                     if self.log_enabled:  # the subscriber's connection, when it has one
                         consumers = sub.consumers
-                        self.dlog.record("drop", msg, self.dest_text(sub.dest),
+                        self.dlog.record("drop", msg, topic.dest_text,
                                          consumers[0].session.connection.id if consumers
                                          else None, 0, "max_queued")
                     continue
@@ -653,7 +670,7 @@ class Broker:
                     sub.dropped += 1
                     self.stats["dropped"] += 1
                     if self.log_enabled:
-                        self.dlog.record("drop", msg, self.dest_text(sub.dest), None, 0, "exceeded")
+                        self.dlog.record("drop", msg, topic.dest_text, None, 0, "exceeded")
                     continue
             if persistent and sub.durable:
                 if not msg.store_id:
@@ -1016,7 +1033,7 @@ class Broker:
             copy.size = msg.size
             self.stats["undelivered"] += 1
             if self.log_enabled:
-                self.dlog.record("undeliverable", msg, self.dest_text(ep.dest), None, count, reason)
+                self.dlog.record("undeliverable", msg, ep.log_dest_of(msg), None, count, reason)
             if msg.delivery_mode == PERSISTENT:
                 if not q.stored:
                     self.store.put_endpoint(q.key, {"type": "queue", "name": q.name})
@@ -1031,7 +1048,7 @@ class Broker:
         self.stats["dropped"] += 1
         if self.log_enabled:
             self.dlog.record("expire" if reason == "expired" else "drop", msg,
-                             self.dest_text(ep.dest), None, count, reason)
+                             ep.log_dest_of(msg), None, count, reason)
         log.debug("dropped %s from %s: %s", msg.message_id, ep.key, reason)
 
     # -- subscriptions --------------------------------------------------------------------

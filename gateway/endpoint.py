@@ -61,6 +61,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from gateway import subject
 from gateway.message import (
     PROP_PRESERVE_UNDELIVERED,
     DeliveryMode,
@@ -249,6 +250,9 @@ class Endpoint:
         self.key = key  # store key
         self.dest = dest
         self.log_dest = str(dest)  # ``topic:name`` / ``queue:name``, as the delivery log writes it
+        # The log's ``dest`` is each message's own destination, not ``log_dest`` (a wildcard
+        # subscription's messages come from many topics): see log_dest_of.
+        self.log_msg_dest = False
         self.durable = durable
         self.pending: list[deque[Message]] = [deque() for _ in range(PRIORITIES)]
         self.npending = 0
@@ -459,8 +463,23 @@ class Endpoint:
             client = consumer.log_client
             if client is not None:
                 broker.dlog.record("deliver" if count == 1 else "redeliver", msg,
-                                   self.log_dest, client, count)
+                                   self.log_dest_of(msg) if self.log_msg_dest
+                                   else self.log_dest, client, count)
         consumer.listener(d)
+
+    def log_dest_of(self, msg: Message) -> str:
+        """The ``dest`` of a delivery-log record of ``msg`` here: the destination the message
+        was sent to (docs/delivery-log.md, "Fields"), which the reconciliation matches with
+        that of its ``publish`` or ``import``. That is this endpoint's own name (``log_dest``)
+        but for a wildcard subscription (``log_msg_dest``), whose messages were each published
+        to a topic of their own. The text is the one cached on the message's Destination
+        (the broker's publish puts its topic's there), so no string is made per message."""
+        if self.log_msg_dest:
+            dest = msg.destination
+            if dest is not None:
+                text = dest._text
+                return text if text is not None else self.broker.dest_text(dest)
+        return self.log_dest
 
     def claim(self, store_id: int, consumer: Consumer) -> Delivery | None:
         """Hand the pending message with ``store_id`` to ``consumer`` now, out of turn.
@@ -492,7 +511,7 @@ class Endpoint:
                     client = consumer.log_client
                     if broker.log_enabled and client is not None:
                         broker.dlog.record("deliver" if count == 1 else "redeliver", msg,
-                                           self.log_dest, client, count)
+                                           self.log_dest_of(msg), client, count)
                     return d
         return None
 
@@ -509,7 +528,9 @@ class Endpoint:
         if broker.log_enabled:
             client = d.consumer.log_client
             if client is not None:
-                broker.dlog.record("ack", d.msg, self.log_dest, client, d.count)
+                msg = d.msg
+                broker.dlog.record("ack", msg, self.log_dest_of(msg) if self.log_msg_dest
+                                   else self.log_dest, client, d.count)
         self._remove(d.msg)
         if self.npending and not self.dispatching:
             self.dispatch()
@@ -612,7 +633,7 @@ class Endpoint:
         broker = self.broker
         broker.stats["discarded"] += 1
         if broker.log_enabled:
-            broker.dlog.record("discard", oldest, self.log_dest, None, 0, "discarded")
+            broker.dlog.record("discard", oldest, self.log_dest_of(oldest), None, 0, "discarded")
         return True
 
     def purge(self) -> int:
@@ -998,6 +1019,8 @@ class Subscription(Endpoint):
     ) -> None:
         super().__init__(broker, key, Destination.topic(pattern), durable=durable)
         self.pattern = pattern
+        # Each message's own topic is the destination its records concern, not the pattern.
+        self.log_msg_dest = subject.is_wildcard(pattern)
         self.shared = shared
         self.name = name
         self.client_id = client_id
@@ -1045,7 +1068,8 @@ class Subscription(Endpoint):
             self.dropped += 1
             broker.stats["dropped"] += 1
             if broker.log_enabled:
-                broker.dlog.record("drop", oldest, self.log_dest, conn_id, 0, "slow_consumer")
+                broker.dlog.record("drop", oldest, self.log_dest_of(oldest), conn_id, 0,
+                                   "slow_consumer")
         return freed
 
     def accepts(self, msg: Message) -> bool:
