@@ -10,7 +10,6 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -22,7 +21,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from peers.rabbitmq import RabbitMQ
 from proton import Endpoint
 from proton.utils import BlockingConnection
-from transportlog import check_duplicate_drop, check_transport_records, core_id, events_of
+from transportlog import check_duplicate_drop, exported_records, log_records
 
 from gateway.message import PROP_IMPORTED, DeliveryMode, Destination, Message
 from gateway.types import Char, Float32, Int8, Int16, Int32, UInt16
@@ -435,14 +434,7 @@ def test_the_delivery_log_writes_a_transport_s_traffic_as_its_own(tmp_path, rabb
         assert receiver.receive(timeout=10).body == "out"
         receiver.accept()
         wait_for(lambda: info(g)["far"]["exported"] == 1, what="the export confirmed")
-        records = wait_for(lambda: (r := log_records(g)) and any(
-            x["event"] == "export" for x in r) and r, what="the export record")
-        check_transport_records(records, "far", core_id(g, "far"))
-        (exp,) = [r for r in records if r["event"] == "export"]
-        assert events_of(records, exp) == ["publish", "export"]
-        for imp in (r for r in records if r["event"] == "import"):
-            assert [e for e in events_of(records, imp) if e != "drop"] == [
-                "import", "deliver", "ack"]
+        records = exported_records(g, "far")
         drop = check_duplicate_drop(records, "far", "trace-twice")
         assert drop["msg_id"] == drop["far_id"] == "twice"
     finally:
@@ -484,15 +476,6 @@ def test_exports_wait_in_the_spool_while_rabbitmq_is_down(tmp_path, rabbitmq):
             conn.close()
     finally:
         g.stop()
-
-
-def log_records(g: GatewayThread) -> list[dict[str, Any]]:
-    """Every delivery-log record the gateway has written so far."""
-    g.call(lambda: g.broker.dlog.flush())
-    out: list[dict[str, Any]] = []
-    for f in sorted(Path(g.broker.config.gateway.delivery_log_dir).iterdir()):
-        out += [json.loads(line) for line in f.read_text("utf-8").splitlines()]
-    return out
 
 
 def test_the_delivery_log_names_the_far_side_of_an_import_and_an_export(tmp_path, rabbitmq,

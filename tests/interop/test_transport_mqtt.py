@@ -9,7 +9,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import gw
@@ -20,7 +19,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from peers.mosquitto import start_mosquitto
-from transportlog import check_duplicate_drop, check_transport_records, core_id, events_of
+from transportlog import check_duplicate_drop, exported_records, log_records
 
 from gateway.message import PROP_IMPORTED, DeliveryMode, Destination, Message
 from gateway.types import Int16
@@ -414,15 +413,6 @@ def test_mqtts_to_another_gateway_both_ways(tmp_path):
         far.stop()
 
 
-def log_records(g: GatewayThread) -> list[dict[str, Any]]:
-    """Every delivery-log record the gateway has written so far."""
-    g.call(lambda: g.broker.dlog.flush())
-    out: list[dict[str, Any]] = []
-    for f in sorted(Path(g.broker.config.gateway.delivery_log_dir).iterdir()):
-        out += [json.loads(line) for line in f.read_text("utf-8").splitlines()]
-    return out
-
-
 def test_the_delivery_log_names_the_far_side_of_an_import_and_an_export(tmp_path, mosq):
     """``far_dest`` (and ``far_id``: MQTT has no message id) of the import and export
     records, docs/delivery-log.md; the exported message is unchanged (same hashes)."""
@@ -477,13 +467,7 @@ def test_the_delivery_log_writes_a_transport_s_traffic_as_its_own(tmp_path, mosq
                .send(Message.text("out")))
         wait_for(lambda: remote.got, what="the export")
         wait_for(lambda: info(g)["far"]["exported"] == 1, what="the export confirmed")
-        records = wait_for(lambda: (r := log_records(g)) and any(
-            x["event"] == "export" for x in r) and r, what="the export record")
-        check_transport_records(records, "far", core_id(g, "far"))
-        (exp,) = [r for r in records if r["event"] == "export"]
-        assert events_of(records, exp) == ["publish", "export"]
-        imp = next(r for r in records if r["event"] == "import")
-        assert events_of(records, imp) == ["import", "deliver", "ack"]
+        records = exported_records(g, "far")
         assert [r["client"] for r in records if r["event"] in ("deliver", "ack")] == [
             local.id, local.id] * info(g)["far"]["imported"]
     finally:

@@ -25,7 +25,13 @@ from gw import GatewayThread, wait_for
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from transportlog import check_duplicate_drop, check_transport_records, core_id, events_of
+from transportlog import (
+    check_duplicate_drop,
+    check_transport_records,
+    core_id,
+    events_of,
+    log_records,
+)
 
 import transports.base
 from gateway.message import Destination as GwDestination
@@ -569,15 +575,6 @@ def test_rv_queue_policy_is_the_limit_policy_of_the_bridge_bus_queue(start_gatew
         assert [json.loads(f.body)["n"] for f in st.got] == list(range(20, 30))
     finally:
         st.close()
-
-
-def log_records(g: GatewayThread) -> list[dict[str, Any]]:
-    """Every delivery-log record the gateway has written so far."""
-    g.call(lambda: g.broker.dlog.flush())
-    out: list[dict[str, Any]] = []
-    for f in sorted(Path(g.broker.config.gateway.delivery_log_dir).iterdir()):
-        out += [json.loads(line) for line in f.read_text("utf-8").splitlines()]
-    return out
 
 
 def test_one_trace_id_in_the_delivery_logs_of_two_gateways_on_the_bus(start_gateway, bus):

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gw import GatewayThread
+from gw import GatewayThread, wait_for
 
 HAND_OFF = ("deliver", "redeliver", "ack")
 ENTRIES = ("publish", "import")
@@ -88,3 +88,20 @@ def check_resend_drops(records: list[dict[str, Any]], name: str) -> int:
         first = imports[drop["far_id"]]
         assert {k: drop[k] for k in same} == {k: first[k] for k in same}
     return len(drops)
+
+
+def exported_records(g: GatewayThread, name: str) -> list[dict[str, Any]]:
+    """The gateway's records once transport ``name`` has written its export, checked as
+    ``check_transport_records`` does; the exported message's records are its publish and
+    its export (no hand-off), and each imported one's, a drop of a copy aside, its import,
+    its delivery to the local consumer and the ack."""
+    records: list[dict[str, Any]] = wait_for(
+        lambda: (r := log_records(g)) and any(x["event"] == "export" for x in r) and r,
+        what="the export record")
+    check_transport_records(records, name, core_id(g, name))
+    (exp,) = [r for r in records if r["event"] == "export"]
+    assert events_of(records, exp) == ["publish", "export"]
+    for imp in (r for r in records if r["event"] == "import"):
+        assert [e for e in events_of(records, imp) if e != "drop"] == [
+            "import", "deliver", "ack"]
+    return records
