@@ -188,6 +188,9 @@ _STR_BODY = (str, bytes)
 _CANONICAL = (BodyKind.MAP, BodyKind.STREAM)
 # The typed values (gateway/types.py) a chunk may carry to the writer in its properties.
 _TYPED: frozenset[type] = frozenset({*SCALAR_TYPES.values(), *ARRAY_TYPES})
+# The property value types no one can change (typed arrays are tuples): a set of properties
+# recognised by the identity of its values (DeliveryLog._property_set) holds only these.
+_FIXED: frozenset[type] = frozenset({*_TYPED, str, bytes, int, float, bool})
 _PICKLED = b"\x80"  # what a chunk in pickle's format begins with (PROTO); never marshal's
 # Property sets (DeliveryLog._property_set): while a chunk of R records was made, more than
 # 2 + R // SET_MISSES sets new to the log stop their recognition for the next SET_PAUSE
@@ -268,6 +271,18 @@ def canonical_properties(props: dict[str, Any]) -> bytes:
         write_value(out, name)
         write_value(out, props[name])
     return bytes(out)
+
+
+def _fixed_canonical(props: dict[str, Any]) -> bytes | None:
+    """:func:`canonical_properties` of ``props`` if all their values are of types no one can
+    change (:data:`_FIXED`), else None; None too for a value of no property type (a caller's
+    bug: the writer writes what it can of it, see :func:`format_records`)."""
+    if not _FIXED.issuperset(map(type, props.values())):
+        return None
+    try:
+        return canonical_properties(props)
+    except Exception:
+        return None
 
 
 def hash_json(v: Any) -> str:
@@ -921,10 +936,11 @@ class DeliveryLog:
         each with *the very same value object*: identity, exact where equality is not
         (``Int8(1) == 1 == True``, ``0.0 == -0.0``), and true of the values an adapter
         takes from a table (``mappings/mqtt.py``'s QoS values) or that are unique
-        (``True``). A set is sent as the dict the first time it is met, and its bytes are
-        made the second time in a row (once), so properties that change from message to
-        message cost the copy of their pairs made here, and :meth:`_seal` pauses the
-        recognition while they do (:data:`SET_MISSES`).
+        (``True``); so only a set whose values are of types no one can change
+        (:data:`_FIXED`) is held as its bytes. A set is sent as the dict the first time it
+        is met, and its bytes are made the second time in a row (once), so properties that
+        change from message to message cost the copy of their pairs made here, and
+        :meth:`_seal` pauses the recognition while they do (:data:`SET_MISSES`).
         """
         pairs, canon = self._last_set
         if len(pairs) == len(props):
@@ -933,11 +949,10 @@ class DeliveryLog:
                     break
             else:
                 if canon is None:
-                    try:
-                        canon = canonical_properties(props)
-                    except Exception:  # a value of no property type (a caller's bug)
+                    canon = _fixed_canonical(props)
+                    if canon is None:  # the writer hashes the dict as it finds it
                         self._last_set, self._known_set = ((), None), _NO_SET
-                        return props  # the writer writes what it can (format_records)
+                        return props
                     self._last_set = (pairs, canon)
                     if len(pairs) <= 2:  # record()'s inline test: size, and two names
                         (name1, value1), (name2, value2) = pairs[0], pairs[-1]

@@ -1148,6 +1148,17 @@ def test_a_property_set_met_again_crosses_as_its_canonical_bytes(tmp_path: Path)
     assert len(set(got)) == len(others)  # Int8(1) in another object: the same hash
 
 
+def test_a_property_set_with_a_value_that_may_change_is_not_held_as_bytes() -> None:
+    """Only a set whose values no one can change is recognised by their identity: a list
+    (no property value may be one, but the log takes what it is given) can change between
+    two messages that share it, so it stays a dict, hashed as the writer finds it."""
+    from gateway.types import Int8
+
+    formats, flat = props_chunks([{"JMS_GW_MQTT_QOS": Int8(1), "l": [1, 2]}], 4)
+    assert formats == [True] * 4
+    assert {type(h[5]) for h in flat[2 :: dlog.WIDTH]} == {dict}
+
+
 def test_property_sets_that_change_all_the_time_are_not_recognised() -> None:
     """Messages whose typed properties alternate between sets (or differ every time) make
     the log stop recognising sets for :data:`~gateway.dlog.SET_PAUSE` chunks (their dicts
