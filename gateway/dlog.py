@@ -42,8 +42,13 @@ its import marker before the publish, the in-process producer sends a copy to re
 message), and a copy cost a dict, a tracked object, a message. Hashing 64 bytes on the loop cost about 0.5 µs, a tenth of what a
 publish and its delivery cost in all; sorting and encoding two properties on the loop cost
 1.3 µs, and a quarter of the throughput of messages that carry them (every MQTT publish
-does). ``marshal`` takes no typed value (``Int8`` ...), so a chunk with a typed property is
-sealed with ``pickle`` instead (as fast, in C; see :func:`encode_batch`). The few records with more to say (an import's or
+does). ``marshal`` takes no typed value (``Int8`` ...: every MQTT publish carries its QoS as
+one), so a chunk with a typed property is sealed with ``pickle`` instead (see
+:func:`encode`), which costs the loop about 2,000 instructions a message more. So a head
+holds, for a set of properties met again (the same names with the very same value objects
+as the set met last: an adapter takes its typed values from a table), the set's canonical
+bytes instead of the dict, encoded once per set, and the chunk is marshalled (see
+:meth:`DeliveryLog._property_set`). The few records with more to say (an import's or
 export's far-side names, the rules that changed an export, a bus's count of lost messages)
 carry it in their reason's place, as one tuple with the reason: an eighth value would cost
 every record. A tuple per *record* was a tracked allocation that stayed
@@ -51,17 +56,22 @@ alive until the writer took it; ten thousand of them made the cyclic collector r
 few hundred messages and cost the gateway about 15% of its throughput. A head without
 properties holds only strings, bytes and numbers, so the first collection that sees it stops
 tracking it: measured, the collector costs the gateway under 0.5% more with the log on than
-off. A head with properties stays tracked while its message lives when a value in them is
-typed (``Int8`` ... are tracked objects), as the message's own property dict does: two
-more tracked objects a message, one per message, not per record. The writer process reads
-the records straight from the flat list.
+off. A head that holds a property dict stays tracked while its message lives when a value
+in it is typed (``Int8`` ... are tracked objects), as the dict itself does: two more
+tracked objects a message, one per message, not per record (a head that holds its set's
+canonical bytes is not). The writer process reads the records straight from the flat
+list.
 
 Sealing. The thread that records the 500th pending record seals them: under a lock, it
-copies the pending items out and deletes them (``flat = p[:n]; del p[:n]``, each a single
-C-level list operation under the GIL, as is the hot path's ``+=`` of a tuple, so ``n`` is
-always a whole number of records and a record racing with it lands after them), marshals
-them and appends the bytes to a queue of chunks; the writer thread seals a partial list the
-same way, so chunks queue in the order their records were made. Sealing in the recording
+marshals the pending list as it is and deletes its first ``n`` values (``del p[:n]``, ``n``
+read before): ``marshal`` runs no Python code, so no other thread appends while it runs (a
+length other than ``n`` after it says one did before it: then the first ``n`` values are
+marshalled again, copied out), and the deletion is a single C-level list operation under
+the GIL, as is the hot path's ``+=`` of a tuple, so ``n`` is always a whole number of
+records and a record racing with it lands after them. A chunk to pickle is copied out
+first (``flat = p[:n]``), as the pickler calls Python code, where another thread may
+append. The bytes are appended to a queue of chunks; the writer thread seals a partial list
+the same way, so chunks queue in the order their records were made. Sealing in the recording
 thread, in small chunks, keeps the pending list in the CPU's caches and keeps ``marshal``
 off the writer thread, which would otherwise take the GIL from the event loop once per
 batch; the writer thread only needs the GIL to take the queue and call ``writev`` (released
@@ -88,6 +98,7 @@ import hashlib
 import io
 import logging
 import marshal
+import operator
 import os
 import pickle
 import re
@@ -161,6 +172,9 @@ _FILE_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _BYTES = (bytes, bytearray, memoryview)
 _PLAIN = frozenset({str, int, float, bool, bytes, type(None)})  # what marshal takes as is
 _time = time.time
+# The plain int of an IntEnum (a delivery mode: marshal takes no int subclass), for about a
+# quarter of what int() costs it.
+_index = operator.index
 
 # One record: (time.time(), event, head, dest, client, count, reason), where head is the
 # message's (trace_id, message_id, delivery_mode, size, body, properties), shared by all its
@@ -174,7 +188,19 @@ _STR_BODY = (str, bytes)
 _CANONICAL = (BodyKind.MAP, BodyKind.STREAM)
 # The typed values (gateway/types.py) a chunk may carry to the writer in its properties.
 _TYPED: frozenset[type] = frozenset({*SCALAR_TYPES.values(), *ARRAY_TYPES})
+# The property value types no one can change (typed arrays are tuples): a set of properties
+# recognised by the identity of its values (DeliveryLog._property_set) holds only these.
+_FIXED: frozenset[type] = frozenset({*_TYPED, str, bytes, int, float, bool})
 _PICKLED = b"\x80"  # what a chunk in pickle's format begins with (PROTO); never marshal's
+# Property sets (DeliveryLog._property_set): while a chunk of R records was made, more than
+# 2 + R // SET_MISSES sets new to the log stop their recognition for the next SET_PAUSE
+# chunks with typed values: sets that change that often are not worth it (a miss costs about
+# what marshal saves), and a pause costs what the log cost before it recognised sets.
+SET_MISSES: Final = 16
+SET_PAUSE: Final = 64
+_ABSENT: Any = object()  # no property value is this object
+# record()'s inline test when no set is known: (size, bytes, name, value, name, value).
+_NO_SET: tuple[int, bytes | None, Any, Any, Any, Any] = (-1, None, *(_ABSENT,) * 4)
 
 
 def content(msg: Message) -> tuple[Any, Any]:
@@ -186,7 +212,9 @@ def content(msg: Message) -> tuple[Any, Any]:
     writer). The properties: ``None`` when there are none, else a copy of the dict (the
     writer encodes and hashes it, :func:`canonical_properties`; a copy, as this is for
     :meth:`DeliveryLog.head`, whose message is changed after it; :meth:`DeliveryLog.record`
-    takes the dict itself). ``docs/delivery-log.md`` ("Hashes") defines the bytes.
+    takes the dict itself, or the canonical bytes of a set met again, see
+    :meth:`DeliveryLog._property_set`). ``docs/delivery-log.md`` ("Hashes") defines the
+    bytes.
     """
     props = msg.properties
     return content_body(msg), (dict(props) if props else None)
@@ -245,6 +273,18 @@ def canonical_properties(props: dict[str, Any]) -> bytes:
     return bytes(out)
 
 
+def _fixed_canonical(props: dict[str, Any]) -> bytes | None:
+    """:func:`canonical_properties` of ``props`` if all their values are of types no one can
+    change (:data:`_FIXED`), else None; None too for a value of no property type (a caller's
+    bug: the writer writes what it can of it, see :func:`format_records`)."""
+    if not _FIXED.issuperset(map(type, props.values())):
+        return None
+    try:
+        return canonical_properties(props)
+    except Exception:
+        return None
+
+
 def hash_json(v: Any) -> str:
     """The JSON of a hash slot of a head (see :func:`content`): a quoted hex string or null."""
     if v is None:
@@ -296,8 +336,14 @@ def hashes_json(body: Any, props: Any) -> tuple[str, str]:
 def props_json(props: Any) -> str:
     """The ``props_hash`` JSON of a head's properties slot (not None), cached as
     :func:`hashes_json` says."""
-    if type(props) is not dict:
-        return hash_json(props)  # its canonical bytes already (a record made safe, _coerce)
+    if type(props) is not dict:  # its canonical bytes already (DeliveryLog._property_set)
+        done = _props_hashes.get(props)
+        if done is None:
+            done = hash_json(props)
+            if len(_props_hashes) >= HASH_CACHE:
+                _props_hashes.clear()
+            _props_hashes[props] = done
+        return done
     types = tuple(map(type, props.values()))
     if not _EXACT.issuperset(types):
         return hash_json(props)
@@ -498,10 +544,13 @@ def encode(flat: list[Any], typed: bool) -> tuple[bytes, bool]:
     (:class:`_ChunkPickler`). Which one is found by trying ``marshal`` first, which stops at
     the first value it does not take (the first head with a typed property, as a rule in the
     first record), unless ``typed`` says the last batch held a typed value (then pickle
-    first): no pass over the batch to look. Both cost about the same here; the writer
-    unmarshals twice as fast as it unpickles. A value neither takes (a Destination object,
-    an enum member, a caller's bug) is replaced, in that record only, by what the formatter
-    would have written for it. Returns the bytes and whether the batch held a typed value.
+    first): no pass over the batch to look. Pickling a batch of MQTT publishes costs the
+    event loop about twice what marshalling it costs (and the writer unpickles it at half
+    the speed), which is why :meth:`DeliveryLog.record` holds a set of properties met again
+    as its canonical bytes (:meth:`DeliveryLog._property_set`). A value neither takes (a
+    Destination object, an enum member, a caller's bug) is replaced, in that record only, by
+    what the formatter would have written for it. Returns the bytes and whether the batch
+    held a typed value.
     """
     try:
         if not typed:
@@ -775,6 +824,15 @@ class DeliveryLog:
         self._sealed = 0  # records in _chunks
         self._seal_lock = threading.Lock()  # one seal at a time: chunks stay in order
         self._typed = False  # the last chunk held a typed value (see encode)
+        self._sets = False  # recognise property sets (see _property_set)
+        self._set_misses = 0  # sets new to the log met since the last chunk was sealed
+        self._sets_pause = 0  # chunks with typed values to seal before recognising again
+        # The property set met last: its (name, value) pairs and, once met twice in a row,
+        # its canonical bytes; and for record()'s inline test, when it has at most two names,
+        # (size, bytes, name, value, name, value). Each one tuple, replaced whole, so that no
+        # thread pairs one set's names with another set's bytes.
+        self._last_set: tuple[tuple[tuple[str, Any], ...], bytes | None] = ((), None)
+        self._known_set = _NO_SET
         self._wake = threading.Event()
         self._room = threading.Event()  # set by the writer each time it sends chunks
         self._io_lock = threading.Lock()  # the writer thread vs flush()/close()
@@ -836,19 +894,73 @@ class DeliveryLog:
             head = msg.log_head
             if head is None:  # content(msg), the common case inline
                 body = msg.body
-                kind = type(body)
-                if not ((kind is bytes or kind is str) and len(body) <= SHIP_LIMIT):
+                if not ((type(body) is bytes or type(body) is str) and len(body) <= SHIP_LIMIT):
                     body = content_body(msg)
                 props = msg.properties
+                held: Any = None
+                if props:
+                    if self._sets:  # the set met last, by identity (see _property_set)
+                        n, canon, name1, value1, name2, value2 = self._known_set
+                        try:
+                            if (len(props) == n and props[name1] is value1
+                                    and props[name2] is value2):
+                                held = canon
+                            else:
+                                held = self._property_set(props)
+                        except KeyError:  # (a plain dict: no __missing__)
+                            held = self._property_set(props)
+                    else:
+                        held = props
                 head = msg.log_head = (
-                    msg.trace_id, msg.message_id, int(msg.delivery_mode), msg.size, body,
-                    props or None,
+                    msg.trace_id, msg.message_id, _index(msg.delivery_mode), msg.size, body,
+                    held,
                 )  # fmt: skip
             p = self._pending
             p += (_time(), event, head, dest, client, count,
                   reason if extra is None else (reason, *extra))
             if len(p) >= CHUNK_ITEMS:
                 self._seal()
+
+    def _property_set(self, props: dict[str, Any]) -> Any:
+        """What a head holds for a message's properties ``props`` (not empty) that
+        :meth:`record` did not recognise inline: their canonical bytes if they are the set
+        met last, else the dict itself, which becomes the set met last.
+
+        Why. A typed value (``Int8``: every MQTT publish carries its QoS as one) makes a
+        chunk cross to the writer in ``pickle``'s format, which costs the event loop about
+        2,000 instructions a message more than ``marshal``'s. The canonical bytes
+        (:func:`canonical_properties`: what the writer hashes, so it writes the same
+        ``props_hash``) are plain bytes, made once per set and shared by the heads of the
+        messages that carry it, so a chunk of such messages is marshalled, and the writer
+        neither unpickles nor encodes their properties. "The same set" is the same names,
+        each with *the very same value object*: identity, exact where equality is not
+        (``Int8(1) == 1 == True``, ``0.0 == -0.0``), and true of the values an adapter
+        takes from a table (``mappings/mqtt.py``'s QoS values) or that are unique
+        (``True``); so only a set whose values are of types no one can change
+        (:data:`_FIXED`) is held as its bytes. A set is sent as the dict the first time it
+        is met, and its bytes are made the second time in a row (once), so properties that
+        change from message to message cost the copy of their pairs made here, and
+        :meth:`_seal` pauses the recognition while they do (:data:`SET_MISSES`).
+        """
+        pairs, canon = self._last_set
+        if len(pairs) == len(props):
+            for name, value in pairs:
+                if props.get(name, _ABSENT) is not value:
+                    break
+            else:
+                if canon is None:
+                    canon = _fixed_canonical(props)
+                    if canon is None:  # the writer hashes the dict as it finds it
+                        self._last_set, self._known_set = ((), None), _NO_SET
+                        return props
+                    self._last_set = (pairs, canon)
+                    if len(pairs) <= 2:  # record()'s inline test: size, and two names
+                        (name1, value1), (name2, value2) = pairs[0], pairs[-1]
+                        self._known_set = (len(pairs), canon, name1, value1, name2, value2)
+                return canon
+        self._set_misses += 1
+        self._last_set, self._known_set = (tuple(props.items()), None), _NO_SET
+        return props
 
     def head(self, msg: Message) -> None:
         """Make ``msg``'s head (its hashes, see :func:`content`) now, if it has none: for a
@@ -857,22 +969,46 @@ class DeliveryLog:
         if self.enabled and msg.log_head is None:
             body, props = content(msg)
             msg.log_head = (
-                msg.trace_id, msg.message_id, int(msg.delivery_mode), msg.size, body, props
+                msg.trace_id, msg.message_id, _index(msg.delivery_mode), msg.size, body, props
             )  # fmt: skip
 
     def _seal(self, wait: bool = True) -> None:
-        """Marshal the pending records into a chunk for the writer (see "Sealing" above);
-        wake the writer past a batch, and past ``max_pending`` wait until it has sent some
-        (unless ``wait`` is False: the caller holds ``_io_lock`` and is the one to send)."""
+        """Marshal (or pickle: see :func:`encode`) the pending records into a chunk for the
+        writer (see "Sealing" above); wake the writer past a batch, and past
+        ``max_pending`` wait until it has sent some (unless ``wait`` is False: the caller
+        holds ``_io_lock`` and is the one to send)."""
         with self._seal_lock:
             p = self._pending
             n = len(p)
             if not n:
                 return
-            flat = p[:n]
-            del p[:n]
             records_n = n // WIDTH
-            payload, self._typed = encode(flat, self._typed)
+            typed = self._typed
+            payload = b""
+            if not typed:
+                try:
+                    payload = marshal.dumps(p)  # no Python code: no thread appends meanwhile
+                    if len(p) != n:  # one did before it: exactly n values
+                        payload = marshal.dumps(p[:n])
+                except ValueError:  # a typed value (or a caller's bug): see encode
+                    payload = b""
+            if payload:
+                del p[:n]
+            else:  # the pickler calls Python code, where another thread may append
+                flat = p[:n]
+                del p[:n]
+                payload, typed = encode(flat, True)
+            self._typed = typed
+            if self._sets:  # property sets (see _property_set)
+                if self._set_misses > 2 + records_n // SET_MISSES:
+                    self._sets = False  # they change too often: pause
+                    self._sets_pause = SET_PAUSE
+            elif typed:  # a typed value went in pickle's format: recognise sets
+                if self._sets_pause:
+                    self._sets_pause -= 1
+                else:
+                    self._sets = True
+            self._set_misses = 0
             self._chunks.append((records_n, payload))
             self._sealed += records_n
             sealed = self._sealed
