@@ -336,18 +336,12 @@ def hashes_json(body: Any, props: Any) -> tuple[str, str]:
 def props_json(props: Any) -> str:
     """The ``props_hash`` JSON of a head's properties slot (not None), cached as
     :func:`hashes_json` says."""
-    if type(props) is not dict:  # its canonical bytes already (DeliveryLog._property_set)
-        done = _props_hashes.get(props)
-        if done is None:
-            done = hash_json(props)
-            if len(_props_hashes) >= HASH_CACHE:
-                _props_hashes.clear()
-            _props_hashes[props] = done
-        return done
-    types = tuple(map(type, props.values()))
-    if not _EXACT.issuperset(types):
-        return hash_json(props)
-    key = (tuple(props.items()), types)
+    key: Any = props  # its canonical bytes already (DeliveryLog._property_set)
+    if type(props) is dict:
+        types = tuple(map(type, props.values()))
+        if not _EXACT.issuperset(types):
+            return hash_json(props)
+        key = (tuple(props.items()), types)
     done = _props_hashes.get(key)
     if done is None:
         done = hash_json(props)

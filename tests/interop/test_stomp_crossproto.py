@@ -18,7 +18,6 @@ import hashlib
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import cproton
@@ -30,6 +29,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from test_mqtt_paho import V5, Client
 from test_stomp_errors import Frame, RawStomp, frame
+from transportlog import log_records
 
 from gateway.message import DeliveryMode, Destination, Message
 from gateway.types import Char, Float32, Int8, Int16, Int32, Int64, UInt16
@@ -551,15 +551,6 @@ def test_binary_correlation_id_survives_stomp_as_base64(gw, stomp, core):
     got = gw.call(lambda: back.receive(5)).msg
     assert (got.correlation_id, got.body_kind.name, got.body) == (b"\x00\xff\xfe", "BYTES",
                                                                   b"\x01")
-
-
-def log_records(gw: GatewayThread) -> list[dict[str, Any]]:
-    """Every delivery-log record the gateway has written so far."""
-    gw.call(lambda: gw.broker.dlog.flush())
-    out: list[dict[str, Any]] = []
-    for f in sorted(Path(gw.broker.config.gateway.delivery_log_dir).iterdir()):
-        out += [json.loads(line) for line in f.read_text("utf-8").splitlines()]
-    return out
 
 
 def test_the_delivery_log_hashes_an_mqtt_publish_alike_at_stomp_and_amqp(gw, stomp, mqtt, amqp):

@@ -933,6 +933,19 @@ def tagged_props(props: dict[str, object]) -> bytes:
     return bytes(out)
 
 
+def count_encodings(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The property dicts ``canonical_properties`` encodes from now on (in this process)."""
+    encoded: list[dict[str, Any]] = []
+    canonical = dlog.canonical_properties
+
+    def counted(props: dict[str, Any]) -> bytes:
+        encoded.append(props)
+        return canonical(props)
+
+    monkeypatch.setattr(dlog, "canonical_properties", counted)
+    return encoded
+
+
 def typed_properties() -> dict[str, object]:
     """One property of each type a property may have."""
     from gateway import types as t
@@ -952,14 +965,7 @@ def test_properties_are_encoded_and_hashed_in_the_writer_process(
     """The event loop hands the writer process the properties, typed values and all; it
     encodes a set of them itself at most once, however many messages carry it (encoding
     every message's cost a quarter of the throughput of messages with two properties)."""
-    encoded: list[dict[str, Any]] = []
-    canonical = dlog.canonical_properties
-
-    def counted(props: dict[str, Any]) -> bytes:
-        encoded.append(props)
-        return canonical(props)
-
-    monkeypatch.setattr(dlog, "canonical_properties", counted)
+    encoded = count_encodings(monkeypatch)
     props = typed_properties()
     log = DeliveryLog(str(tmp_path), "gw1")
     n = 4 * dlog.CHUNK_RECORDS // 2  # publish and deliver: four chunks
@@ -1199,14 +1205,7 @@ def test_the_properties_hash_is_kept_apart_from_the_body(
     properties encoded and hashed once, each body hashed on its own."""
     from gateway.types import Int8
 
-    encoded: list[dict[str, Any]] = []
-    canonical = dlog.canonical_properties
-
-    def counted(props: dict[str, Any]) -> bytes:
-        encoded.append(props)
-        return canonical(props)
-
-    monkeypatch.setattr(dlog, "canonical_properties", counted)
+    encoded = count_encodings(monkeypatch)
     props = {"JMS_GW_MQTT_QOS": Int8(1), "apart": "from the body"}  # in no other test
     log = DeliveryLog(str(tmp_path), "gw1", in_process=True)
     bodies = [f"body {i}" for i in range(5)]
