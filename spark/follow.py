@@ -57,6 +57,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
@@ -366,16 +367,25 @@ def follow(spark: SparkSession, paths: Sequence[str], out: str, grace_ms: float,
              .option("checkpointLocation", str(base / "stream"))
              .trigger(processingTime=f"{int(trigger_ms)} milliseconds")
              .start())
-    _BATCH_FUNCTIONS[query.id] = reconcile
+    tailing = threading.Event()  # set: stop feeding the query
+    _FOLLOWING[query.id] = _Following(reconcile, tailing)
     if tail_in_thread:
         threading.Thread(target=_tail_while_active,
-                         args=(tailer, query, trigger_ms / 1000.0),
+                         args=(tailer, query, trigger_ms / 1000.0, tailing),
                          name="dlog-tailer", daemon=True).start()
     return query
 
 
-# The batch function of each query ``follow`` started, by the query's id (for ``run``).
-_BATCH_FUNCTIONS: dict[str, _Reconcile] = {}
+@dataclass(frozen=True)
+class _Following:
+    """What ``run`` needs of a query ``follow`` started: its batch function, and the event
+    that stops its tailer."""
+
+    reconcile: _Reconcile
+    tailing_stopped: threading.Event
+
+
+_FOLLOWING: dict[str, _Following] = {}  # by the query's id
 
 
 def tail(paths: Sequence[str], out: str, checkpoint: str | None = None) -> int:
@@ -385,9 +395,9 @@ def tail(paths: Sequence[str], out: str, checkpoint: str | None = None) -> int:
     return Tailer(paths, base / "incoming", skip=[base, Path(out)]).poll()
 
 
-def _tail_while_active(tailer: Tailer, query: StreamingQuery, every_s: float) -> None:
-    pause = threading.Event()  # never set: a wait that is not a busy loop
-    while not pause.wait(every_s):
+def _tail_while_active(tailer: Tailer, query: StreamingQuery, every_s: float,
+                       stopped: threading.Event) -> None:
+    while not stopped.wait(every_s):
         try:
             if not query.isActive:
                 return
@@ -401,43 +411,70 @@ def _tail_while_active(tailer: Tailer, query: StreamingQuery, every_s: float) ->
 
 def run(query: StreamingQuery, poll_s: float = 0.5) -> int:
     """Wait on the query until it ends or the process is told to stop (Ctrl-C: SIGINT, or
-    SIGTERM from a service manager), then stop it: the batch in progress is finished, or
-    run again from the checkpoint next time. 0 when stopped so, 1 (the error said on
+    SIGTERM from a service manager), then stop it. 0 when stopped so, 1 (the error said on
     stderr) when the query failed.
+
+    Told to stop, it stops tailing and waits until the query is idle: the batch in progress
+    and the lines already copied are reconciled, and the query is stopped between triggers.
+    Stopping a query interrupts its thread, and a thread interrupted in the middle of a
+    batch (writing its checkpoint, say) has Hadoop print a Java stack trace; a query that is
+    idle has nothing to interrupt. Told a second time, it stops now: the batch in progress
+    is cut short and runs again from the checkpoint next time.
 
     The wait is a Python wait, not the query's ``awaitTermination``: a signal that arrives
     while the main thread is inside a call to the JVM would otherwise run PySpark's own
     SIGINT handler, which calls the JVM again on the same connection (a reentrant call that
-    fails and prints tracebacks). Here the handler only sets an event. From a thread other
-    than the main thread (where no handler can be installed) it waits on the query."""
+    fails and prints tracebacks). Here the handler only counts. From a thread other than
+    the main thread (where no handler can be installed) it waits on the query."""
     if threading.current_thread() is not threading.main_thread():
         try:
             query.awaitTermination()
         except StreamingQueryException:
             pass  # said by _ended
         return _ended(query)
+    told: list[int] = []
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda signum, frame: stop.set())
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum: int, frame: Any) -> None:
+        told.append(signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         while not stop.wait(poll_s) and query.isActive:
             pass
-        if stop.is_set():
-            reconcile = _BATCH_FUNCTIONS.pop(query.id, None)
-            if reconcile is not None:
-                reconcile.stopping.set()
-            query.stop()
-            print("follow: stopped; run it again with the same checkpoint to go on",
-                  file=sys.stderr)
-            return 0
+        if not stop.is_set():
+            return _ended(query)
+        following = _FOLLOWING.pop(query.id, None)
+        if following is not None:
+            following.tailing_stopped.set()
+        print("follow: stopping once the batch in progress is done "
+              "(Ctrl-C again to stop now)", file=sys.stderr)
+        pause = threading.Event()  # never set: a wait that is not a busy loop
+        while len(told) < 2 and query.isActive and _busy(query):
+            pause.wait(poll_s)
+        if not query.isActive:
+            return _ended(query)
+        if following is not None:
+            following.reconcile.stopping.set()
+        query.stop()
+        print("follow: stopped; run it again with the same checkpoint to go on",
+              file=sys.stderr)
+        return 0
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return _ended(query)
+        for sig, was in previous.items():
+            signal.signal(sig, was)
+
+
+def _busy(query: StreamingQuery) -> bool:
+    """Whether the query is in a trigger or has data it has not run a batch on yet (after
+    a batch, until the next trigger looks and finds nothing new)."""
+    status = query.status
+    return bool(status["isTriggerActive"] or status["isDataAvailable"])
 
 
 def _ended(query: StreamingQuery) -> int:
-    _BATCH_FUNCTIONS.pop(query.id, None)
+    _FOLLOWING.pop(query.id, None)
     failure = query.exception()
     if failure is None:
         return 0

@@ -21,7 +21,7 @@ from dlogrecords import rec, write_log
 from pyspark.sql import SparkSession
 
 from spark.cli import Snapshot, poll
-from spark.follow import _BATCH_FUNCTIONS, _Reconcile, run
+from spark.follow import _FOLLOWING, _Following, _Reconcile, run
 
 pytestmark = pytest.mark.spark
 
@@ -270,18 +270,26 @@ def test_follow_stops_cleanly_on_ctrl_c(tmp_path: Path):
 
 
 class StandInQuery:
-    """What ``follow.run`` uses of a streaming query, without Spark."""
+    """What ``follow.run`` uses of a streaming query, without Spark. ``busy`` is whether it
+    is in a trigger or has data not run yet."""
 
-    def __init__(self, batch_function: Any = None) -> None:
+    def __init__(self, batch_function: Any = None, busy: bool = False) -> None:
         self.id = "stand-in"
         self.isActive = True
+        self.busy = busy
         self.stopped = threading.Event()
         self.batch_function = batch_function
         self.told_first = False  # the batch function knew of the stop before it came
+        self.busy_when_stopped: bool | None = None
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return {"message": "", "isDataAvailable": False, "isTriggerActive": self.busy}
 
     def stop(self) -> None:
         if self.batch_function is not None:
             self.told_first = self.batch_function.stopping.is_set()
+        self.busy_when_stopped = self.busy
         self.isActive = False
         self.stopped.set()
 
@@ -289,24 +297,78 @@ class StandInQuery:
         return None
 
 
+def follow_stand_in(tmp_path: Path, busy: bool) -> tuple[StandInQuery, threading.Event]:
+    """A stand-in query registered as ``follow`` registers its own; the event stops its
+    (absent) tailer."""
+    batch_function = _Reconcile(tmp_path / "out", tmp_path / "state", 1000.0, 0.0, False, 0.0)
+    query = StandInQuery(batch_function, busy)
+    tailing_stopped = threading.Event()
+    _FOLLOWING[query.id] = _Following(batch_function, tailing_stopped)
+    return query, tailing_stopped
+
+
+STOPPING = "follow: stopping once the batch in progress is done (Ctrl-C again to stop now)\n"
+STOPPED = "follow: stopped; run it again with the same checkpoint to go on\n"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_follow_run_stops_the_query_on_sigint_or_sigterm(
         sig: signal.Signals, capsys: pytest.CaptureFixture[str], tmp_path: Path):
     """A service manager's SIGTERM stops a follow run as Ctrl-C does, and the handlers
-    that were there before are put back. The query's batch function is told before the
-    query is stopped (so a batch cut short says so briefly)."""
+    that were there before are put back. The tailer is stopped, and the query's batch
+    function is told before the query is stopped (so a batch cut short says so briefly)."""
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    batch_function = _Reconcile(tmp_path / "out", tmp_path / "state", 1000.0, 0.0, False, 0.0)
-    query = StandInQuery(batch_function)
-    _BATCH_FUNCTIONS[query.id] = batch_function
+    query, tailing_stopped = follow_stand_in(tmp_path, busy=False)
     timer = threading.Timer(0.2, os.kill, (os.getpid(), sig))
     timer.start()
     try:
         assert run(query, poll_s=0.05) == 0  # type: ignore[arg-type]
     finally:
         timer.cancel()
-    assert query.stopped.is_set() and query.told_first
-    assert query.id not in _BATCH_FUNCTIONS
-    assert capsys.readouterr().err == (
-        "follow: stopped; run it again with the same checkpoint to go on\n")
+    assert query.stopped.is_set() and query.told_first and tailing_stopped.is_set()
+    assert query.id not in _FOLLOWING
+    assert capsys.readouterr().err == STOPPING + STOPPED
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_follow_run_waits_for_the_batch_in_progress(capsys: pytest.CaptureFixture[str],
+                                                    tmp_path: Path):
+    """Told to stop while a batch runs, ``run`` stops the query only once it is idle, the
+    tailer already stopped (so no new batch begins)."""
+    query, tailing_stopped = follow_stand_in(tmp_path, busy=True)
+
+    def idle_later() -> None:  # the batch in progress ends a while after the signal
+        tailing_stopped.wait(30)
+        time.sleep(0.3)
+        query.busy = False
+
+    waiter = threading.Thread(target=idle_later)
+    waiter.start()
+    timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        assert run(query, poll_s=0.02) == 0  # type: ignore[arg-type]
+    finally:
+        timer.cancel()
+        waiter.join()
+    assert tailing_stopped.is_set()
+    assert query.busy_when_stopped is False
+    assert capsys.readouterr().err == STOPPING + STOPPED
+
+
+def test_follow_run_stops_now_when_told_twice(capsys: pytest.CaptureFixture[str],
+                                              tmp_path: Path):
+    """A second Ctrl-C stops the query in the middle of its batch (run again from the
+    checkpoint next time)."""
+    query, tailing_stopped = follow_stand_in(tmp_path, busy=True)
+    first = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
+    second = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGINT))
+    first.start()
+    second.start()
+    try:
+        assert run(query, poll_s=0.02) == 0  # type: ignore[arg-type]
+    finally:
+        first.cancel()
+        second.cancel()
+    assert query.busy_when_stopped is True and query.told_first
+    assert capsys.readouterr().err == STOPPING + STOPPED
