@@ -16,6 +16,8 @@ given; Spark's default is 1 GiB of JVM heap) and no UI, one after the other:
 * **scan**: ``spark.read_dlog`` of the same directories (the same explicit schema, the same
   reader options and version filter) and ``count()``: what reading and parsing the files
   costs, the floor of any job over them;
+* **floor** (with ``--floor``): ``floor`` below, the least any reconciliation of the logs
+  does, written as plain Spark: what the job could at best come down to;
 * **full**: ``spark.job.main`` on the same directories with ``--out`` (Parquet): the job's
   own wiring (read, link, routes, verdicts, summary, pending records, report, write),
   unchanged, with its default grace period and clock-skew tolerance; as nothing sets
@@ -164,6 +166,36 @@ def last_stage(spark: Any) -> int:
     return max(ids)
 
 
+def floor(spark: Any, dirs: list[str], out: Path) -> None:
+    """The least any reconciliation of these logs does, as plain Spark: read the records,
+    shuffle them once by trace id (a message's records are in every gateway's files), give
+    each copy that left (``deliver``, ``export``) a row with its latency from the message's
+    first entry, write those rows as Parquet, and count them with latency quantiles per
+    route and hour. No fallback key, no decisions, duplicates, losses, reordering, pending
+    records or report: a floor, not a job."""
+    from pyspark.sql import functions as F
+
+    from spark.read import read_dlog
+
+    ev = F.col("event")
+    traces = (read_dlog(spark, dirs).where(F.col("trace_id").isNotNull())
+              .groupBy("trace_id")
+              .agg(F.min(F.when(ev.isin("publish", "import"), F.col("ts"))).alias("entry_ts"),
+                   F.collect_list(F.when(ev.isin("deliver", "export"), F.struct(
+                       "event", "gw", "dest", "client", "ts", "msg_id", "v", "body_hash",
+                       "props_hash"))).alias("exits")))
+    rows = (traces.select("trace_id", "entry_ts", F.explode("exits").alias("x"))
+            .select("trace_id", "entry_ts", "x.*")
+            .withColumn("latency_ms", F.col("ts") - F.col("entry_ts")))
+    rows.write.mode("overwrite").parquet(str(out / "rows"))
+    hour = F.floor(F.col("ts") / 3_600_000).alias("hour")
+    (spark.read.parquet(str(out / "rows")).groupBy("gw", "dest", "client", hour)
+     .agg(F.count(F.lit(1)).alias("n"),
+          F.percentile_approx("latency_ms", [0.5, 0.95, 0.99]).alias("q"),
+          F.max("latency_ms").alias("max"))
+     .write.mode("overwrite").parquet(str(out / "summary")))
+
+
 # -- the bench -------------------------------------------------------------------------------
 
 
@@ -193,6 +225,9 @@ def main() -> int:
     ap.add_argument("--out", help="where the job writes (default: a temporary directory)")
     ap.add_argument("--stages", action="store_true", help="print the full run's stages")
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time the least any reconciliation does (``floor``), between "
+                         "the scan and the job")
     args = ap.parse_args()
 
     path, manifest, reused = data(args)
@@ -226,6 +261,16 @@ def main() -> int:
           f"MiB  ({n:,} records, {n / results['scan_s']:,.0f} records/s)", flush=True)
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench-reconcile-"))
+    if args.floor:
+        from spark.job import choose_shuffle_partitions
+        choose_shuffle_partitions(spark, dirs)  # as the job does
+        with PeakRss() as mem:
+            t = time.perf_counter()
+            floor(spark, dirs, out / "floor")
+            results["floor_s"] = time.perf_counter() - t
+        spark.conf.unset("spark.sql.shuffle.partitions")  # the job chooses it again
+        print(f"floor {results['floor_s']:8.1f} s  peak RSS {mem.peak / 2**20:7,.0f} MiB  "
+              f"(floor / scan = {results['floor_s'] / results['scan_s']:.2f})", flush=True)
     before = last_stage(spark)
     with PeakRss() as mem:
         t = time.perf_counter()
@@ -237,6 +282,8 @@ def main() -> int:
     print(f"full  {results['full_s']:8.1f} s  peak RSS {results['full_peak_rss_mib']:7,.0f} "
           f"MiB  (job exit status {rc})", flush=True)
     print(f"# full / scan = {ratio:.2f} (target <= 3){'' if ratio <= 3 else '  OVER TARGET'}")
+    if args.floor:
+        print(f"# full / floor = {results['full_s'] / results['floor_s']:.2f}")
 
     run = stages(spark, before)
     shuffles = sum(1 for s in run if s["shuffle_write_mb"] > 0)
