@@ -1190,34 +1190,3 @@ class DeliveryLog:
         left = child.recover(files)
         if left:
             files.write(left)
-
-
-class NullLog(DeliveryLog):
-    """A delivery log that records nothing and creates no file (benchmarks, unit tests)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__("", "null", enabled=False)
-
-    def record(
-        self,
-        event: str,
-        msg: Message,
-        dest: str | Destination,
-        client: str | None,
-        count: int = 0,
-        reason: str | None = None,
-        extra: tuple[Any, Any, Any, Any] | None = None,
-    ) -> None:
-        pass
-
-    def head(self, msg: Message) -> None:
-        pass
-
-    def start(self) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

@@ -110,10 +110,6 @@ class Destination:
         return self.kind is TOPIC
 
     @property
-    def is_queue(self) -> bool:
-        return self.kind is QUEUE
-
-    @property
     def is_temporary(self) -> bool:
         return self.name.startswith(TEMP_PREFIX)
 

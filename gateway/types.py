@@ -371,11 +371,3 @@ def is_number(value: Any) -> bool:
     return t is not bool and (isinstance(value, int) or isinstance(value, float))
 
 
-def is_exact(value: Any) -> bool:
-    return isinstance(value, int) and type(value) is not bool
-
-
-def property_type(value: Any) -> str:
-    """Type name for a legal property value (raises for bodies-only types)."""
-    check_value(value, nested=False)
-    return type_name(value)

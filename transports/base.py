@@ -700,10 +700,6 @@ class Transport:
 
     # -- importing ----------------------------------------------------------------------------
 
-    def destination_for(self, b: ImportBinding, name: str) -> Destination:
-        """The core destination of a message imported for ``b`` under subject ``name``."""
-        return Destination(b.kind, name)
-
     def imported(self, msg: Message, origin: str | None, hops: int,
                  ack: Callable[[], None] | None, far_dest: str | None = None,
                  far_id: str | None = None, duplicate: bool = False) -> None:

@@ -53,9 +53,6 @@ from adapters.mqtt.packets import (
     v3_connack_return_code,
 )
 from adapters.mqtt.session import MQTT_5, NEVER, MqttSession, SubRecord, sent_publish
-from adapters.mqtt.topics import (
-    mqtt_topic_to_subject,
-)
 from gateway.errors import (
     GatewayError,
     IllegalStateError,
@@ -758,6 +755,3 @@ def publish_reason(exc: GatewayError) -> int:
         return ReasonCode.QUOTA_EXCEEDED
     return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
 
-
-def topic_subject(topic: str) -> str:
-    return mqtt_topic_to_subject(topic)

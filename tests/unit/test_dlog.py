@@ -27,7 +27,7 @@ import pytest
 from corehelp import not_compiled
 
 from gateway import dlog
-from gateway.dlog import EVENTS, FIELDS, SCHEMA_VERSION, DeliveryLog, NullLog
+from gateway.dlog import EVENTS, FIELDS, SCHEMA_VERSION, DeliveryLog
 from gateway.dlog_writer import unreported_lines
 from gateway.message import DeliveryMode, Destination, Message
 
@@ -426,18 +426,6 @@ def test_disabled_writes_nothing(tmp_path: Path) -> None:
     assert not d.exists()
     assert log.records_written == 0
     assert log._child is None  # no writer process was started
-
-
-def test_null_log_does_nothing(tmp_path: Path) -> None:
-    log = NullLog(str(tmp_path), "gw1")
-    log.start()
-    log.record("publish", make_msg(1), "topic:t", "p")
-    log.flush()
-    log.close()
-    assert list(tmp_path.iterdir()) == []
-    assert log.records_written == 0
-    assert isinstance(log, DeliveryLog)
-    assert log._child is None and log._writer_thread is None
 
 
 def test_record_hot_path_cost(tmp_path: Path, make_log: MakeLog) -> None:
@@ -870,11 +858,11 @@ def test_values_marshal_cannot_take_are_written_as_in_process(tmp_path: Path) ->
 def test_writer_process_module_is_not_imported_when_disabled() -> None:
     r = subprocess.run(
         [sys.executable, "-c",
-         "import sys; from gateway.dlog import DeliveryLog, NullLog\n"
+         "import sys; from gateway.dlog import DeliveryLog\n"
          "from gateway.message import Message\n"
-         "for log in (DeliveryLog('/nonexistent', 'g', enabled=False), NullLog()):\n"
-         "    log.start(); log.record('publish', Message.text('x'), 'topic:t', None)\n"
-         "    log.flush(); log.close()\n"
+         "log = DeliveryLog('/nonexistent', 'g', enabled=False)\n"
+         "log.start(); log.record('publish', Message.text('x'), 'topic:t', None)\n"
+         "log.flush(); log.close()\n"
          "assert 'gateway.dlog_writer' not in sys.modules\n"],
         capture_output=True, text=True, timeout=60, cwd=str(ROOT),
     )  # fmt: skip

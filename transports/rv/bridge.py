@@ -256,7 +256,7 @@ class RvTransport(Transport):
                 elif not rs.startswith(NOT_BRIDGED):
                     reply = Destination.topic(rs)
             to_message = self.wire_mapping(dest, "in", rv_to_message)
-            mode = self.params.get("queue_import_dm" if dest.is_queue else "topic_import_dm",
+            mode = self.params.get("topic_import_dm" if dest.is_topic else "queue_import_dm",
                                    DeliveryMode.NON_PERSISTENT)
             msg = to_message(rv, destination=dest, reply_to=reply, delivery_mode=mode,
                              now_ms=self.broker.now())
