@@ -25,7 +25,7 @@ def run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_lint_is_clean():
-    r = run("ruff", "check", "gateway", "adapters", "mappings", "spark", "tests")
+    r = run("ruff", "check", "gateway", "adapters", "mappings", "transports", "spark", "tests")
     assert r.returncode == 0, r.stdout + r.stderr
 
 
