@@ -43,7 +43,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from adapters.mqtt.topics import _element_to_level, mqtt_topic_to_subject, subject_to_mqtt_topic
+from adapters.mqtt.topics import element_to_level, mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway import subject
 from gateway.errors import GatewayError
 from gateway.message import QUEUE, TEMP_PREFIX, Destination, Message
@@ -74,7 +74,7 @@ IMPORT_DESTINATIONS = 10_000  # far-side topics whose core destination is rememb
 def pattern_to_filter(pattern: str) -> str:
     """A core pattern as an MQTT topic filter (``*`` → ``+``, ``>`` → ``#``)."""
     return "/".join("+" if el == subject.STAR else "#" if el == subject.GT
-                    else _element_to_level(el) for el in pattern.split("."))
+                    else element_to_level(el) for el in pattern.split("."))
 
 
 class MqttTransport(Transport):

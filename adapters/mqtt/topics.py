@@ -51,7 +51,8 @@ def _level_to_element(level: str) -> str:
     return level
 
 
-def _element_to_level(el: str) -> str:
+def element_to_level(el: str) -> str:
+    """One element of a core subject as an MQTT topic level (the escapes undone)."""
     if el == EMPTY_LEVEL:
         return ""
     if "%" in el:
@@ -87,7 +88,7 @@ def subject_to_mqtt_topic(name: str) -> str:
     """Map a subject to the MQTT topic name an MQTT subscriber sees."""
     if "%" not in name and "/" not in name and "+" not in name and "#" not in name:
         return name.replace(".", "/")
-    return "/".join([_element_to_level(el) for el in name.split(".")])
+    return "/".join([element_to_level(el) for el in name.split(".")])
 
 
 class MqttFilter(NamedTuple):
