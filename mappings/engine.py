@@ -294,6 +294,7 @@ class MappingSet:
         self._wire = tuple(r for r in self._rules if r.target is not None or r.wire)
         self._cache: dict[tuple[Destination, str, str, str | None], Any] = {}
         self._wire_cache: dict[tuple[Destination, str, str, str | None], Any] = {}
+        self._default_wire: dict[tuple[Destination, str, str, str | None], bool] = {}
         self._names: dict[tuple[Destination, str, str, str | None], Any] = {}
         self._cache_size = cache_size
 
@@ -440,6 +441,22 @@ class MappingSet:
         if fast:
             self._remember(self._wire_cache, key, fn)
         return fn
+
+    def wire_is_default(self, destination: Destination, *, protocol: str, direction: str,
+                        transport: str | None = None) -> bool:
+        """Whether :meth:`wire_for` gives the protocol's hand-written mapping for this key
+        unchanged: no user rule replaces or extends a default rule, or addresses a wire field,
+        here. A caller with a faster codec for the default mapping (``mappings.amqp_fast``)
+        may use it exactly when this is True. Cached per key as :meth:`wire_for` is."""
+        if not self._wire:  # no user rule on the wire side at all
+            return True
+        key = (destination, protocol, direction, transport)
+        default = self._default_wire.get(key)
+        if default is None:
+            default = not any(r.matches(destination, protocol, direction, transport)
+                              for r in self._wire)
+            self._remember(self._default_wire, key, default)
+        return default
 
     def apply(self, msg: Message, *, protocol: str, direction: str,
               transport: str | None = None) -> Message:

@@ -1,15 +1,16 @@
 """The ``amqp`` transport: the gateway as an AMQP 1.0 client of another broker or gateway.
 
 How this works. python-qpid-proton's *engine* does the protocol; the gateway's event loop does
-the I/O, exactly as the AMQP adapter does on the server side (``adapters/amqp/connection.py``)
-and never through proton's ``Container`` or reactor. :meth:`AmqpTransport.connect` opens the
+the I/O through the driver the AMQP adapter's server connections use too
+(:class:`adapters.amqp.driver.EngineDriver`), never through proton's ``Container`` or reactor. :meth:`AmqpTransport.connect` opens the
 TCP (or TLS, ``amqps://``: asyncio's ssl, so proton sees plain bytes) connection with
 ``loop.create_connection``; a thin :class:`Shell` protocol hands every read to
-:meth:`AmqpTransport.data_received`, which pushes it into a client-mode proton
+:meth:`AmqpTransport.data_received`, and the driver pushes it into a client-mode proton
 :class:`~proton.Transport` (SASL PLAIN with ``username``, else ANONYMOUS), dispatches what its
-:class:`~proton.Collector` gathered and writes the output once. Work that makes output between
-reads (an export, an import's acknowledgement) schedules one flush with ``call_soon``;
-heartbeats and the idle timeout (``idle_timeout``) are ``Transport.tick`` on a ``call_later``.
+:class:`~proton.Collector` gathered to the handlers here and writes the output once. Work that
+makes output between reads (an export, an import's acknowledgement) schedules one flush with
+``call_soon``; heartbeats and the idle timeout (``idle_timeout``) are ``Transport.tick`` on a
+``call_later``.
 
 * Export (:class:`~transports.amqp_export.Exports`): one sender link per far address
   (``address_prefix_topic`` + name), attached on the first export to it -- or, with
@@ -44,14 +45,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cproton import PN_ACCEPTED, PN_REJECTED, ffi, lib
 from proton import (
-    Collector,
     Condition,
     Connection,
     Delivery,
@@ -64,11 +63,10 @@ from proton import (
 from proton import Message as ProtonMessage
 from proton import Transport as ProtonTransport
 
+from adapters.amqp.driver import EngineDriver, decode_message, proton_to_message
 from gateway import subject
 from gateway.errors import GatewayError
 from gateway.message import QUEUE, TOPIC, Destination, Message
-from mappings.amqp import amqp_to_message
-from mappings.amqp_fast import decode as fast_decode
 from transports.amqp_export import RELAY, Exports
 from transports.amqp_links import (
     GW_PREFIXES,
@@ -94,7 +92,6 @@ CONNECT_TIMEOUT = 10.0  # seconds for TCP, TLS, SASL and the open/begin exchange
 CREDIT = 1000  # transfers a receiver link may have granted or unconfirmed (adapter's CREDIT)
 _RELAY_CAPS = SymbolList([symbol("ANONYMOUS-RELAY")])
 
-_PN_DELIVERY = Event.DELIVERY.number
 _wrap: Any = Delivery.wrap
 
 
@@ -112,15 +109,11 @@ class AmqpTransport(Transport):
         self.pn: ProtonTransport | None = None
         self.engine: Connection | None = None
         self.pn_session: Any = None
-        self.collector: Collector | None = None
-        self._col: Any = None  # the collector's pn_collector_t
+        self.driver: EngineDriver | None = None  # the engine of the current connection
         self.opened: asyncio.Future[None] | None = None
         self.closed = True
         self.failure: str | None = None
         self.write_paused = False
-        self.flush_scheduled = False
-        self.timer: asyncio.TimerHandle | None = None
-        self.deadline = 0.0
         self.receivers: dict[tuple[Any, str], ReceiverLink] = {}
         self.by_link: dict[Any, SenderLink | ReceiverLink] = {}  # pn_link_t → its handler
         self.out = Exports(self)  # the sender links and what waits on them
@@ -188,13 +181,14 @@ class AmqpTransport(Transport):
             sasl.allow_insecure_mechs = True  # TLS is asyncio's: proton cannot see it
         else:
             sasl.allowed_mechs("ANONYMOUS")
-        collector = self.collector = Collector()
-        c.collect(collector)
-        self._col = collector._impl
         if self.out.use_relay:
             c.desired_capabilities = _RELAY_CAPS
         self.out.relay = False
-        t.bind(c)
+        self.driver = EngineDriver(
+            self.loop, t, c, write=self._write, handlers=self._handlers, links=self.by_link,
+            on_delivery=self._on_delivery, on_over=self._on_over,
+            on_push_error=self._on_push_error, on_internal_error=self._fail_connection,
+            label=f"transport {self.name}", logger=log)
         c.open()
         self.pn_session = c.session()
         self.pn_session.open()
@@ -229,6 +223,8 @@ class AmqpTransport(Transport):
         fut = self.opened
         if fut is not None and not fut.done():
             fut.set_exception(ConnectionError(self.failure))
+        if self.driver is not None:
+            self.driver.close()
         self._drop_links()
         shell, self.shell = self.shell, None
         if shell is not None:
@@ -252,13 +248,13 @@ class AmqpTransport(Transport):
         if fut is not None and fut.done() and not fut.cancelled():
             fut.exception()  # retrieved: connect() raised its own error, or none was waiting
         self._drop_links()
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        if self.driver is not None:
+            self.driver.close()
+            self.driver = None
         shell, self.shell = self.shell, None
         if shell is not None:
             shell.close()
-        self.pn = self.engine = self.pn_session = self.collector = self._col = None
+        self.pn = self.engine = self.pn_session = None
         self.write_paused = False
 
     def disconnect(self) -> None:
@@ -271,99 +267,40 @@ class AmqpTransport(Transport):
     # -- I/O ----------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        t = self.pn
-        if t is None or self.closed:
-            return
-        view = memoryview(data)
-        while view:
-            cap = t.capacity()
-            if cap <= 0:
-                break  # its input side is closed: the rest can only be ignored
-            n = min(cap, len(view))
-            try:
-                t.push(bytes(view[:n]))
-            except Exception as exc:  # noqa: BLE001 - proton's TransportException
-                self.failure = self.failure or str(exc)
-            view = view[n:]
-            self._dispatch()
-        self.flush()
+        if self.driver is not None and not self.closed:
+            self.driver.receive_data(data)
+
+    def _write(self, data: bytes) -> None:
+        shell = self.shell
+        if shell is not None:
+            shell.write(data)
 
     def _changed(self) -> None:
         """Output is waiting (an export, a settlement): write it once, after this batch."""
-        if not self.flush_scheduled and not self.closed:
-            self.flush_scheduled = True
-            self.loop.call_soon(self.flush)
+        if self.driver is not None and not self.closed:
+            self.driver.changed()
 
     def flush(self) -> None:
         """Dispatch, tick, and write what the engine has to send (once per batch)."""
-        self.flush_scheduled = False
-        t = self.pn
-        if t is None or self.closed:
-            return
-        self._dispatch()
-        now = time.monotonic()
-        deadline = t.tick(now)  # heartbeats out, the peer's silence checked
-        self._dispatch()
-        shell = self.shell
-        while not self.closed:
-            n = t.pending()
-            if n < 0:  # our close has been written (or the transport failed): over
-                self.gone(self.failure or "connection closed")
-                return
-            if n == 0:
-                break
-            out = t.peek(n)
-            t.pop(n)
-            if out and shell is not None:
-                shell.write(out)
-        if deadline and not self.closed:
-            if self.timer is not None:
-                if self.deadline <= deadline:
-                    return
-                self.timer.cancel()
-            self.deadline = deadline
-            self.timer = self.loop.call_later(max(0.0, deadline - now), self._on_timer)
+        if self.driver is not None and not self.closed:
+            self.driver.flush()
 
-    def _on_timer(self) -> None:
-        self.timer = None
-        self.flush()
+    def _on_over(self) -> None:
+        """The engine's output is over: our close has been written, or the transport failed."""
+        self.gone(self.failure or "connection closed")
 
-    def _dispatch(self) -> None:
-        """Handle every collected event; transfers and dispositions on proton's C objects
-        (as the adapter does: wrapping each in Python objects costs more than the rest)."""
-        col = self._col
-        if col is None:
-            return
-        peek, pop, etype = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
-        null = ffi.NULL
-        by_link = self.by_link
-        handlers = self._handlers
-        on_disposition = self.out.on_disposition
-        while not self.closed:
-            ev = peek(col)
-            if ev == null:
-                return
-            t = etype(ev)
-            try:
-                if t == _PN_DELIVERY:
-                    dlv = lib.pn_event_delivery(ev)
-                    h = by_link.get(lib.pn_delivery_link(dlv))
-                    if isinstance(h, ReceiverLink):
-                        self._on_transfer(h, dlv)
-                    elif h is not None:
-                        on_disposition(h, dlv)
-                    else:  # a link we closed: nothing of it is wanted any more
-                        self._settle_orphan(dlv)
-                else:
-                    handler = handlers.get(t)
-                    if handler is not None:
-                        handler(Event.wrap(ev))  # type: ignore[no-untyped-call]
-            except Exception:  # a bug here must not leave the connection half-handled
-                log.exception("transport %s: error handling event %s", self.name, t)
-                self._fail_connection(Condition("amqp:internal-error", "internal error"))
-            finally:
-                if self._col is col:
-                    pop(col)
+    def _on_push_error(self, text: str) -> None:
+        self.failure = self.failure or text
+
+    def _on_delivery(self, h: SenderLink | ReceiverLink | None, dlv: Any) -> None:
+        """A transfer (receiver link) or the peer's disposition (sender link); one on a link
+        we closed is taken and dropped (:meth:`_settle_orphan`)."""
+        if isinstance(h, ReceiverLink):
+            self._on_transfer(h, dlv)
+        elif h is not None:
+            self.out.on_disposition(h, dlv)
+        else:
+            self._settle_orphan(dlv)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -381,12 +318,9 @@ class AmqpTransport(Transport):
     # -- the peer ending things ---------------------------------------------------------------
 
     def _fail_connection(self, cond: Condition) -> None:
-        c = self.engine
-        if c is not None and not self.closed:
+        if self.driver is not None and not self.closed:
             self.failure = self.failure or f"{cond.name}: {cond.description}"
-            c.condition = cond
-            c.close()
-            self._changed()
+            self.driver.fail(cond)
 
     def _on_close(self, ev: Any) -> None:
         self.failure = self.failure or f"closed by the peer: {peer_error(ev.connection)}"
@@ -672,25 +606,24 @@ class AmqpTransport(Transport):
         wildcard link), its origin and hops; None when its name is outside the link's
         pattern. Raises on what cannot be decoded or named."""
         now = self.broker.now()
-        msg: Message | None = None
-        if dest is not None and self.wire_mapping(dest, "in", amqp_to_message) is amqp_to_message:
-            msg = fast_decode(data, destination=dest, default_kind=QUEUE, now_ms=now)
-        if msg is None:
+        mappings = self.broker.mappings
+        if dest is not None:
+            msg = decode_message(data, dest, mappings, transport=self.name, default_kind=QUEUE,
+                                 now_ms=now)
+        else:
             pm = ProtonMessage()
             pm.decode(data)  # type: ignore[arg-type]
-            from_subject = False
-            if dest is None:
-                candidates = name_candidates(pm.address, pm.subject, h.prefix)
-                if not candidates:
-                    raise GatewayError("a message on a wildcard link has neither to nor subject")
-                for name, is_subject in candidates:
-                    if subject.matches(h.pattern, name) and valid_name(name):
-                        dest, from_subject = Destination(h.kind, name), is_subject
-                        break
-                else:
-                    return None
-            to_message = self.wire_mapping(dest, "in", amqp_to_message)
-            msg = to_message(pm, destination=dest, default_kind=QUEUE, now_ms=now)
+            candidates = name_candidates(pm.address, pm.subject, h.prefix)
+            if not candidates:
+                raise GatewayError("a message on a wildcard link has neither to nor subject")
+            for name, is_subject in candidates:
+                if subject.matches(h.pattern, name) and valid_name(name):
+                    dest, from_subject = Destination(h.kind, name), is_subject
+                    break
+            else:
+                return None
+            msg = proton_to_message(pm, dest, mappings, transport=self.name,
+                                    default_kind=QUEUE, now_ms=now)
             if from_subject:
                 msg.type = None  # it was the routing key, not a JMSType
         msg.size = len(data)

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 from cproton import PN_ACCEPTED, PN_REJECTED, ffi, lib
 from proton import Delivery, Link
 
+from adapters.amqp.driver import encode_message
 from gateway.endpoint import requeue_all
 from gateway.errors import GatewayError
 from gateway.message import TEMP_PREFIX, TOPIC, Destination, Message
-from mappings.amqp import TOPIC_PREFIX, message_to_amqp
-from mappings.amqp_fast_out import encode as fast_encode
+from mappings.amqp import TOPIC_PREFIX
 from transports.amqp_links import PROP_HOPS, PROP_ORIGIN, SenderLink, far_address
 from transports.base import ExportBinding, RetryLater
 
@@ -143,27 +143,24 @@ class Exports:
         props = out.properties
         props[PROP_ORIGIN] = msg.origin or t.broker.id
         props[PROP_HOPS] = msg.hops
-        now = t.broker.now()
         reply = out.reply_to
-        to_amqp = message_to_amqp if out.destination is None else t.wire_mapping(
-            out.destination, "out", message_to_amqp)  # fmt: skip
-        if reply is None and to is None and to_amqp is message_to_amqp:
-            data = fast_encode(out, delivery_count=count, now_ms=now)
-            if data is not None:
-                return data
-        pm = to_amqp(out, delivery_count=count, now_ms=now)
-        if to is not None:
-            pm.address = to
-        if reply is not None:
-            # a route back (TIBCO EMS User's Guide, chapter "Working With TIBCO Rendezvous",
-            # "Export Issues")
-            if reply.name.startswith(TEMP_PREFIX):
-                pm.reply_to = t.replies.route(reply, t._reply_address)
-            else:
-                prefix = t.topic_prefix if reply.kind is TOPIC else t.queue_prefix
-                pm.reply_to = prefix + reply.name
-        encoded: bytes = pm.encode()
-        return encoded
+        finish = None
+        if reply is not None or to is not None:
+
+            def finish(pm: Any) -> None:  # the far addresses, which the mapping does not know
+                if to is not None:
+                    pm.address = to
+                if reply is not None:
+                    # a route back (TIBCO EMS User's Guide, chapter "Working With TIBCO
+                    # Rendezvous", "Export Issues")
+                    if reply.name.startswith(TEMP_PREFIX):
+                        pm.reply_to = t.replies.route(reply, t._reply_address)
+                    else:
+                        prefix = t.topic_prefix if reply.kind is TOPIC else t.queue_prefix
+                        pm.reply_to = prefix + reply.name
+
+        return encode_message(out, t.broker.mappings, transport=t.name, delivery_count=count,
+                              now_ms=t.broker.now(), finish=finish)
 
     def on_disposition(self, h: SenderLink, dlv: Any) -> None:
         """The peer's outcome for an export (AMQP 1.0 §3.4)."""

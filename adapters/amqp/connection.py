@@ -4,11 +4,13 @@ How this works. The asyncio shell (:mod:`adapters.amqp.server`) hands every read
 :meth:`AmqpConnection.data_received` and writes what :meth:`flush` gives it. Until the AMQP
 header, bytes go to :class:`~adapters.amqp.sasl.SaslServer`; after it, to a proton
 :class:`~proton.Transport` bound to a :class:`~proton.Connection` with a
-:class:`~proton.Collector`. After each push the collected events are dispatched here (never
-through proton's ``Container`` or reactor, which would run an event loop of their own), then
-whatever the transport has to send is written. Proton does the framing, the performatives,
-sessions, windows, link credit accounting and delivery state; this module decides what
-opening, attaching, a transfer or a disposition means for the core.
+:class:`~proton.Collector`, driven by :class:`~adapters.amqp.driver.EngineDriver` (the
+driver the amqp transport's client connections use too; never proton's ``Container`` or
+reactor, which would run an event loop of their own): it pushes the bytes, dispatches the
+collected events to the handlers here, ticks, and writes whatever the transport has to send.
+Proton does the framing, the performatives, sessions, windows, link credit accounting and
+delivery state; this module decides what opening, attaching, a transfer or a disposition
+means for the core.
 
 Events and what they do (AMQP 1.0 §2.4-§2.7):
 
@@ -35,13 +37,10 @@ that close has been written.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cproton import ffi, lib
 from proton import (
-    Collector,
     Condition,
     Connection,
     Endpoint,
@@ -51,10 +50,10 @@ from proton import (
     SymbolList,
     Terminus,
     Transport,
-    TransportException,
     symbol,
 )
 
+from adapters.amqp.driver import EngineDriver
 from adapters.amqp.links import (
     CREDIT,
     BrowseLink,
@@ -80,8 +79,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("adapters.amqp")
 
-_PN_DELIVERY = Event.DELIVERY.number
-
 IDLE_TIMEOUT = 60.0  # seconds of silence from the peer before the connection is dropped
 MAX_FRAME_SIZE = 32 * 1024  # see the note where it is set
 SOLE_CONNECTION = symbol("sole-connection-for-container")
@@ -105,34 +102,28 @@ class AmqpConnection:
             self._authenticate, plain=True, anonymous=server.allow_anonymous
         )
         self.user: str | None = None
-        self.transport: Transport | None = None
         self.engine: Connection | None = None
-        self.collector: Collector | None = None
+        self.driver: EngineDriver | None = None  # from the AMQP header on (after SASL)
         self.core: Any = None
         self.transactions: dict[Any, Transaction] = {}
         self._txn_seq = 0
         self.links: set[Any] = set()
         self.by_link: dict[Any, Any] = {}  # proton's pn_link_t pointer → our link object
-        self._col: Any = None
         self.write_paused = False
         self.flow: Any = None  # the shell's adapters.listener.WriteFlow (admin views)
-        self.flush_scheduled = False
         self.closed = False
-        self._timer: Any = None
-        self._deadline = 0.0
-        self._handlers: dict[Any, Callable[[Any], None]] = {
-            Event.CONNECTION_REMOTE_OPEN: self._on_open,
-            Event.SESSION_REMOTE_OPEN: self._on_begin,
-            Event.LINK_REMOTE_OPEN: self._on_attach,
-            Event.LINK_FLOW: self._on_flow,
-            Event.LINK_REMOTE_DETACH: self._on_detach,
-            Event.LINK_REMOTE_CLOSE: self._on_link_close,
-            Event.SESSION_REMOTE_CLOSE: self._on_end,
-            Event.CONNECTION_REMOTE_CLOSE: self._on_close,
-            Event.TRANSPORT_ERROR: self._on_transport_error,
-            Event.TRANSPORT_TAIL_CLOSED: self._on_tail_closed,
+        self._handlers: dict[int, Callable[[Any], None]] = {
+            Event.CONNECTION_REMOTE_OPEN.number: self._on_open,
+            Event.SESSION_REMOTE_OPEN.number: self._on_begin,
+            Event.LINK_REMOTE_OPEN.number: self._on_attach,
+            Event.LINK_FLOW.number: self._on_flow,
+            Event.LINK_REMOTE_DETACH.number: self._on_detach,
+            Event.LINK_REMOTE_CLOSE.number: self._on_link_close,
+            Event.SESSION_REMOTE_CLOSE.number: self._on_end,
+            Event.CONNECTION_REMOTE_CLOSE.number: self._on_close,
+            Event.TRANSPORT_ERROR.number: self._on_transport_error,
+            Event.TRANSPORT_TAIL_CLOSED.number: self._on_tail_closed,
         }
-        self._raw_handlers = {k.number: v for k, v in self._handlers.items()}
 
     # -- I/O from the shell ----------------------------------------------------------------
 
@@ -154,19 +145,15 @@ class AmqpConnection:
             self.user = sasl.user
             self._start_engine()
             data = sasl.rest
-        self._push(data)
-        self.flush()
+        assert self.driver is not None
+        self.driver.receive_data(data)
 
     def connection_lost(self) -> None:
         if self.closed:
             return
         self.closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-        t = self.transport
-        if t is not None:
-            t.close_tail()
-            t.close_head()
+        if self.driver is not None:
+            self.driver.close()
         self._release_core()
 
     def core_id(self) -> str | None:
@@ -191,124 +178,44 @@ class AmqpConnection:
     # -- the engine -------------------------------------------------------------------------
 
     def _start_engine(self) -> None:
-        t = self.transport = Transport(Transport.SERVER)
+        t = Transport(Transport.SERVER)
         t.max_frame_size = MAX_FRAME_SIZE
         t.idle_timeout = IDLE_TIMEOUT
         c = self.engine = Connection()
-        self.collector = Collector()
-        c.collect(self.collector)
-        self._col = self.collector._impl
-        t.bind(c)
+        self.driver = EngineDriver(
+            self.server.loop, t, c, write=self.write, handlers=self._handlers,
+            links=self.by_link, on_delivery=self._on_delivery, on_over=self.write_closed,
+            on_push_error=self._on_push_error, label=f"amqp {self.address}", logger=log)
 
-    def _push(self, data: bytes) -> None:
-        t = self.transport
-        assert t is not None
-        view = memoryview(data)
-        while view:
-            cap = t.capacity()
-            if cap <= 0:
-                break  # its input side is closed; what is left can only be ignored
-            n = min(cap, len(view))
-            try:
-                t.push(bytes(view[:n]))
-            except TransportException as exc:
-                log.info("amqp %s: %s", self.address, exc)
-            view = view[n:]
-            self._dispatch()
-        self._dispatch()
+    def _on_delivery(self, h: Any, dlv: Any) -> None:
+        """A transfer or disposition (``dlv``: a ``pn_delivery_t``) on one of our links; one
+        on a link we no longer hold is left to proton."""
+        if h is not None:
+            h.on_raw_delivery(dlv)
 
-    def _dispatch(self) -> None:
-        """Handle every event the collector holds.
-
-        Transfers and dispositions -- all but a handful of the events -- are handled on
-        proton's C objects directly (``cproton``): wrapping each event in proton's Python
-        objects cost more than everything else the adapter does with a message.
-        """
-        col = self._col
-        peek, pop, etype = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
-        null = ffi.NULL
-        by_link = self.by_link
-        while True:
-            ev = peek(col)
-            if ev == null:
-                return
-            try:
-                t = etype(ev)
-                if t == _PN_DELIVERY:
-                    dlv = lib.pn_event_delivery(ev)
-                    h = by_link.get(lib.pn_delivery_link(dlv))
-                    if h is not None:
-                        h.on_raw_delivery(dlv)
-                else:
-                    handler = self._raw_handlers.get(t)
-                    if handler is not None:
-                        handler(Event.wrap(ev))  # type: ignore[no-untyped-call]
-            except Exception:  # a bug here must not leave the connection half-handled
-                log.exception("amqp %s: error handling event %s", self.address, t)
-                self._fail(Condition("amqp:internal-error", "internal error"))
-            finally:
-                pop(col)
+    def _on_push_error(self, text: str) -> None:
+        log.info("amqp %s: %s", self.address, text)
 
     def changed(self) -> None:
         """Output is waiting (a delivery from another connection, a confirmation)."""
-        if not self.flush_scheduled and not self.closed:
-            self.flush_scheduled = True
-            self.server.loop.call_soon(self.flush)
+        if self.driver is not None and not self.closed:
+            self.driver.changed()
 
     def flush(self) -> None:
         """Dispatch what is pending and write what the transport has to send."""
-        self.flush_scheduled = False
-        t = self.transport
-        if t is None or self.closed:
-            return
-        self._dispatch()
-        while True:
-            n = t.pending()
-            if n < 0:  # the close has been written: the connection is over
-                self.write_closed()
-                return
-            if n == 0:
-                break
-            out = t.peek(n)
-            t.pop(n)
-            if out:
-                self.write(out)
-        self._tick()
+        if self.driver is not None and not self.closed:
+            self.driver.flush()
 
     def write_closed(self) -> None:
+        """The engine's output is over (our close has been written): the socket goes."""
         self.closed = True
         self._release_core()
         self.close_socket()
-
-    def _tick(self) -> None:
-        t = self.transport
-        if t is None or self.closed:
-            return
-        now = time.monotonic()
-        deadline = t.tick(now)
-        if not deadline:
-            return
-        if self._timer is not None:
-            if self._deadline <= deadline:
-                return  # the armed timer fires first; it ticks again then
-            self._timer.cancel()
-        self._deadline = deadline
-        self._timer = self.server.loop.call_later(max(0.0, deadline - now), self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self.flush()
 
     def _abort(self) -> None:
         self.closed = True
         self._release_core()
         self.close_socket()
-
-    def _fail(self, cond: Condition) -> None:
-        c = self.engine
-        if c is not None:
-            c.condition = cond
-            c.close()
 
     def _release_core(self) -> None:
         for tx in self.transactions.values():

@@ -32,12 +32,11 @@ from cproton import PN_ACCEPTED as _PN_ACCEPTED
 from cproton import ffi, lib
 from proton import Array, Condition, Delivery, Described, Message, Terminus, symbol, ulong
 
+from adapters.amqp.driver import decode_message, encode_message, proton_to_message
 from adapters.listener import LogLimiter, skipped_text
 from gateway.errors import GatewayError, TransactionRolledBackError
 from gateway.message import QUEUE, TOPIC, Destination
-from mappings.amqp import amqp_to_message, message_to_amqp, parse_address
-from mappings.amqp_fast import decode as fast_decode
-from mappings.amqp_fast_out import encode as fast_encode
+from mappings.amqp import parse_address
 
 if TYPE_CHECKING:
     from adapters.amqp.connection import AmqpConnection
@@ -204,37 +203,28 @@ class IncomingLink:
         return msg
 
     def _decoded(self, data: bytearray) -> Any:
-        """The wire side of the mapping: ``amqp_fast`` first when the default rules apply
-        unchanged to the destination (``wire_for`` answers ``amqp_to_message``), else the
-        function ``wire_for`` gives (mappings/README.md, "Overriding the default mappings")."""
+        """The wire side of the mapping (:func:`adapters.amqp.driver.decode_message`:
+        ``amqp_fast`` when the default rules apply unchanged to the destination, else the
+        function ``wire_for`` gives; mappings/README.md, "Overriding the default mappings").
+        On an anonymous link the destination is the message's ``to``."""
         conn = self.conn
         dest = self.dest
         mappings = conn.broker.mappings
-        to_message: Any = amqp_to_message
         # One clock reading for the ttl and the timestamp (JMSExpiration = timestamp + ttl).
         now = conn.broker.now()
         if dest is not None:
-            if mappings is not None:
-                to_message = mappings.wire_for(dest, protocol="amqp", direction="in")
-            if to_message is amqp_to_message:
-                msg = fast_decode(data, destination=dest, default_kind=conn.default_kind,
-                                  now_ms=now)
-                if msg is not None:
-                    msg.size = len(data)
-                    if not msg.timestamp:
-                        msg.timestamp = now
-                    return msg
-        pm = Message()
-        pm.decode(data)  # type: ignore[arg-type]
-        if dest is None:
+            msg = decode_message(data, dest, mappings, transport=None,
+                                 default_kind=conn.default_kind, now_ms=now)
+        else:
+            pm = Message()
+            pm.decode(data)  # type: ignore[arg-type]
             if not pm.address:
                 raise _NoAddress("a message on an anonymous link has no `to` address")
             ann = pm.annotations
             hint = ann.get(symbol("x-opt-jms-dest")) if ann else None
             dest = parse_address(pm.address, hint=hint, default=conn.default_kind)
-            if mappings is not None:
-                to_message = mappings.wire_for(dest, protocol="amqp", direction="in")
-        msg = to_message(pm, destination=dest, default_kind=conn.default_kind, now_ms=now)
+            msg = proton_to_message(pm, dest, mappings, transport=None,
+                                    default_kind=conn.default_kind, now_ms=now)
         msg.size = len(data)
         if not msg.timestamp:
             msg.timestamp = now
@@ -415,26 +405,20 @@ class OutgoingLink:
 def encode_outgoing(conn: AmqpConnection, msg: CoreMessage, delivery_count: int,
                     now: int) -> bytes:
     """The transfer payload of ``msg`` for a receiving link (consumer or browser): through
-    the declarative mappings (direction ``out``) when there are any, then the default
-    mapping -- ``amqp_fast`` when the default rules apply unchanged to the destination,
-    else the wire function the rules give (mappings/README.md, "Overriding the default
-    mappings"). The delivered message itself is never changed.
+    the declarative mappings (direction ``out``) when there are any, then the wire side
+    (:func:`adapters.amqp.driver.encode_message`: ``amqp_fast_out`` when the default rules
+    apply unchanged to the destination, else the wire function the rules give;
+    mappings/README.md, "Overriding the default mappings"). The delivered message itself is
+    never changed.
 
     Raises:
         GatewayError: a mapping rule refused the message (MappingFailed).
     """
     mappings = conn.broker.mappings
-    to_amqp: Any = message_to_amqp
     if mappings is not None:
         msg = mappings.apply(msg, protocol="amqp", direction="out")
-        if msg.destination is not None:
-            to_amqp = mappings.wire_for(msg.destination, protocol="amqp", direction="out")
-    data = None
-    if to_amqp is message_to_amqp:
-        data = fast_encode(msg, delivery_count=delivery_count, now_ms=now)
-    if data is None:
-        data = to_amqp(msg, delivery_count=delivery_count, now_ms=now).encode()
-    return data  # type: ignore[no-any-return]
+    return encode_message(msg, mappings, transport=None, delivery_count=delivery_count,
+                          now_ms=now)
 
 
 class BrowseLink:
