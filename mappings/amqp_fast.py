@@ -2,7 +2,7 @@
 
 Why this exists. The default mapping (:mod:`mappings.amqp`) works on :class:`proton.Message`,
 whose Python layer moves every field through ``proton.Data`` one call at a time. Measured with
-``timeit`` on the 2-CPU development machine (best of 10 runs, CPython 3.11, proton 0.40) for a
+``timeit`` on a 2-vCPU x86-64 virtual machine (best of 10 runs, CPython 3.11, proton 0.40) for a
 64-byte data body with a durable header and a ``to`` address: ``proton.Message().decode()``
 6 µs + ``amqp_to_message`` 4.5 µs in, ``message_to_amqp`` 5.5 µs + ``encode()`` 13 µs out;
 for a Qpid JMS TextMessage with two annotations, an id, a creation time and three string
