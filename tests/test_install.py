@@ -49,15 +49,16 @@ def pip_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("pip-cache")
 
 
-def install(tmp_path: Path, pip_cache: Path, **env: str) -> tuple[Path, str]:
-    """Runs the README's setup steps in a copy of the tree; returns the venv and the output
-    (pip at -v, so the build's own lines are in it)."""
+def install(tmp_path: Path, pip_cache: Path, steps: list[str] | None = None,
+            **env: str) -> tuple[Path, str]:
+    """Runs the README's setup steps (or ``steps``) in a copy of the tree; returns the venv
+    and the output (pip at -v, so the build's own lines are in it)."""
     tree = tmp_path / "tree"
     shutil.copytree(ROOT, tree, ignore=compiled_tree.SKIP)
     run_env = {k: v for k, v in os.environ.items()
                if not k.startswith(("PIP_CACHE", "PIP_NO_CACHE", "GATEWAY_", "VIRTUAL_ENV"))}
     run_env.update(PIP_CACHE_DIR=str(pip_cache), PIP_VERBOSE="1", **env)
-    r = subprocess.run(" && ".join(readme_setup_steps()), shell=True, cwd=tree, env=run_env,
+    r = subprocess.run(" && ".join(steps or readme_setup_steps()), shell=True, cwd=tree, env=run_env,
                        capture_output=True, text=True, timeout=1500, check=False)  # fmt: skip
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
@@ -100,7 +101,7 @@ def test_the_readme_run_command_installs_the_compiled_build(
     assert sorted(files) == sorted(compiled_modules())
     site = str(venv / "lib")
     assert all(f.startswith(site) and f.endswith(".so") for f in files.values()), files
-    assert WARNING not in out
+    assert WARNING not in out and "__mypyc" in out  # pip at -v shows the compile
     assert gateway_command(venv, tmp_path, "--version").strip().endswith("(compiled)")
     assert "serve" in gateway_command(venv, tmp_path, "--help")
 
@@ -118,3 +119,18 @@ def test_a_failing_compiler_installs_pure_python_with_one_warning(
     assert not list((venv / "lib").rglob("*__mypyc*")), "a compiled part was installed"
     assert gateway_command(venv, tmp_path, "--version").strip().endswith("(pure Python)")
     assert "serve" in gateway_command(venv, tmp_path, "--help")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_editable_and_GATEWAY_COMPILE_0_install_pure_python_without_a_warning(
+        tmp_path: Path, pip_cache: Path) -> None:
+    # The test command's install (editable) and the explicit pure one: no compile, no word.
+    for name, env, args in [("editable", {}, ["-e", "."]),
+                            ("pure", {"GATEWAY_COMPILE": "0"}, ["."])]:  # fmt: skip
+        steps = ["python3 -m venv .venv", ".venv/bin/pip install " + " ".join(args)]
+        venv, out = install(tmp_path / name, pip_cache, steps=steps, **env)
+        assert WARNING not in out and "__mypyc" not in out, out[-6000:]
+        files = imported_files(venv, tmp_path)
+        assert all(f.endswith(".py") for f in files.values()), files
+        assert gateway_command(venv, tmp_path, "--version").strip().endswith("(pure Python)")
