@@ -21,6 +21,17 @@ from typing import Any
 from gateway.errors import ConfigError, ConfigErrors, GatewayError
 
 
+def _build() -> str:
+    """Which build runs: "compiled" when the modules of setup.py's COMPILED list are mypyc's
+    extension modules (gateway.message is one), "pure Python" otherwise (README "The
+    compiled build"); found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gateway.message")
+    origin = spec.origin if spec is not None else None
+    return "pure Python" if origin is None or origin.endswith(".py") else "compiled"
+
+
 def main(argv: list[str] | None = None) -> int:
     from gateway import __version__
 
@@ -28,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="gateway",
         description="A protocol gateway between messaging systems: MQTT, AMQP 1.0 and STOMP "
                     "clients and brokers through one JMS-style core broker.")
-    parser.add_argument("--version", action="version", version=f"gateway {__version__}")
+    parser.add_argument("--version", action="version",
+                        version=f"gateway {__version__} ({_build()})")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     sub = parser.add_subparsers(dest="command", required=True)
     p_serve = sub.add_parser("serve", help="run the gateway")

@@ -90,7 +90,10 @@ def test_version_and_help():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     v = subprocess.run([sys.executable, "-m", "gateway", "--version"], capture_output=True,
                        text=True, env=env, timeout=60)
-    assert (v.returncode, v.stdout.strip()) == (0, f"gateway {__version__}")
+    import gateway.message
+
+    build = "pure Python" if gateway.message.__file__.endswith(".py") else "compiled"
+    assert (v.returncode, v.stdout.strip()) == (0, f"gateway {__version__} ({build})")
     h = subprocess.run([sys.executable, "-m", "gateway", "--help"], capture_output=True,
                        text=True, env=env, timeout=60)
     assert h.returncode == 0 and "protocol gateway" in h.stdout and "check-config" in h.stdout
