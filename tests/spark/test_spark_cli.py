@@ -311,6 +311,27 @@ STOPPING = "follow: stopping once the batch in progress is done (Ctrl-C again to
 STOPPED = "follow: stopped; run it again with the same checkpoint to go on\n"
 
 
+def run_told(query: StandInQuery, sig: signal.Signals = signal.SIGINT, times: int = 1) -> int:
+    """``run(query)``, sent ``sig`` ``times`` times (0.3 s apart) once ``run`` has put its
+    handler in place (so the signal never reaches the test runner's own handler)."""
+    before = signal.getsignal(sig)
+
+    def send() -> None:
+        deadline = time.monotonic() + 60
+        while signal.getsignal(sig) is before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for i in range(times):
+            time.sleep(0.3 if i else 0.0)
+            os.kill(os.getpid(), sig)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        return run(query, poll_s=0.02)  # type: ignore[arg-type]
+    finally:
+        sender.join()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_follow_run_stops_the_query_on_sigint_or_sigterm(
         sig: signal.Signals, capsys: pytest.CaptureFixture[str], tmp_path: Path):
@@ -319,12 +340,7 @@ def test_follow_run_stops_the_query_on_sigint_or_sigterm(
     function is told before the query is stopped (so a batch cut short says so briefly)."""
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     query, tailing_stopped = follow_stand_in(tmp_path, busy=False)
-    timer = threading.Timer(0.2, os.kill, (os.getpid(), sig))
-    timer.start()
-    try:
-        assert run(query, poll_s=0.05) == 0  # type: ignore[arg-type]
-    finally:
-        timer.cancel()
+    assert run_told(query, sig) == 0
     assert query.stopped.is_set() and query.told_first and tailing_stopped.is_set()
     assert query.id not in _FOLLOWING
     assert capsys.readouterr().err == STOPPING + STOPPED
@@ -338,18 +354,15 @@ def test_follow_run_waits_for_the_batch_in_progress(capsys: pytest.CaptureFixtur
     query, tailing_stopped = follow_stand_in(tmp_path, busy=True)
 
     def idle_later() -> None:  # the batch in progress ends a while after the signal
-        tailing_stopped.wait(30)
+        tailing_stopped.wait(60)
         time.sleep(0.3)
         query.busy = False
 
     waiter = threading.Thread(target=idle_later)
     waiter.start()
-    timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
     try:
-        assert run(query, poll_s=0.02) == 0  # type: ignore[arg-type]
+        assert run_told(query) == 0
     finally:
-        timer.cancel()
         waiter.join()
     assert tailing_stopped.is_set()
     assert query.busy_when_stopped is False
@@ -360,15 +373,7 @@ def test_follow_run_stops_now_when_told_twice(capsys: pytest.CaptureFixture[str]
                                               tmp_path: Path):
     """A second Ctrl-C stops the query in the middle of its batch (run again from the
     checkpoint next time)."""
-    query, tailing_stopped = follow_stand_in(tmp_path, busy=True)
-    first = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
-    second = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGINT))
-    first.start()
-    second.start()
-    try:
-        assert run(query, poll_s=0.02) == 0  # type: ignore[arg-type]
-    finally:
-        first.cancel()
-        second.cancel()
+    query, _ = follow_stand_in(tmp_path, busy=True)  # busy until stopped
+    assert run_told(query, times=2) == 0
     assert query.busy_when_stopped is True and query.told_first
     assert capsys.readouterr().err == STOPPING + STOPPED
