@@ -30,7 +30,7 @@ Connection states, and what moves the session between them (:data:`TRANSITIONS`)
 Outgoing PUBLISH (§4.3, §4.9). A QoS 1/2 message gets a packet id that no unfinished
 exchange uses ([MQTT-2.2.1-3]: PUBLISH, SUBSCRIBE and UNSUBSCRIBE share the client's ids),
 counting up and wrapping from 65,535 to 1. At most ``min(max_inflight, the server's Receive
-Maximum)`` are unacknowledged at once ([MQTT-4.9.0-2]); more wait in order, unencoded, and go
+Maximum)`` are unacknowledged at once ([MQTT-3.3.4-7]); more wait in order, unencoded, and go
 out as acknowledgements free the window. A message is :class:`Published` on PUBACK, or on
 PUBCOMP (or a PUBREC with a failure reason code, which ends the exchange, §4.3.3), with the
 reason code the server gave; the owner's ``token`` names it.
@@ -41,7 +41,7 @@ owner decides when it is taken: :meth:`~ClientSession.ack` sends its PUBACK (QoS
 a PUBLISH sent again with the same packet id is the same message ([MQTT-4.3.3-10]) and is not
 delivered again; one the owner acked while the connection was down is answered when the
 server sends it again. Topic aliases are never allowed to the server (Topic Alias Maximum 0,
-so a PUBLISH with one is TOPIC_ALIAS_INVALID, [MQTT-3.2.2-17]) nor used.
+so a PUBLISH with one is TOPIC_ALIAS_INVALID, [MQTT-3.1.2-27]) nor used.
 
 Keepalive (§3.1.2.10, §4.12 of 3.1.1). The session has no clock of its own: :meth:`tick`
 notes whether anything was handed out for writing or came in since the previous tick, so
@@ -253,7 +253,7 @@ class ClientSession:
 
     Args:
         client_id: the Client Identifier; "" lets the server assign one (MQTT 5 tells it in
-            CONNACK: :attr:`client_id` is updated, [MQTT-3.2.2-16]).
+            CONNACK: :attr:`client_id` is updated, §3.2.2.3.7).
         protocol_level: 4 (3.1.1) or 5.
         clean_start: 3.1.1's Clean Session / MQTT 5's Clean Start, on every CONNECT.
         keepalive: seconds, 0 for none (MQTT 5.0 §3.1.2.10).
@@ -364,12 +364,12 @@ class ClientSession:
 
         Raises:
             MqttLocalProtocolError: a Session Expiry Interval after CONNECT said 0
-                ([MQTT-3.14.2-2] forbids it), or no connection.
+                (MQTT 5.0 §3.14.2.2.2), or no connection.
         """
         if (properties and properties.get("session_expiry_interval")
                 and not self.session_expiry):
             raise MqttLocalProtocolError("session expiry set in DISCONNECT after 0 in CONNECT "
-                                         "[MQTT-3.14.2-2]")
+                                         "(3.14.2.2.2)")
         if self.state is DISCONNECTED:
             raise MqttLocalProtocolError("disconnect without a connection")
         self.codec.send(Disconnect(reason_code if self.v5 else ReasonCode.NORMAL_DISCONNECTION,
@@ -502,7 +502,7 @@ class ClientSession:
         """Send an application message (MQTT 5.0 §3.3, §4.3).
 
         QoS 0 goes out at once. QoS 1/2 goes out when the in-flight window has room
-        ([MQTT-4.9.0-2]), else waits; :class:`Published` with ``token`` reports its end.
+        ([MQTT-3.3.4-7]), else waits; :class:`Published` with ``token`` reports its end.
 
         Raises:
             MqttLocalProtocolError: not connected; QoS above the server's Maximum QoS
@@ -522,7 +522,13 @@ class ClientSession:
             return
         if self._waiting or len(self._out) >= self._window:
             # Check now what would fail later, so the caller hears of it.
-            encode_publish(topic, payload, qos, retain, False, 1, properties, self.level)
+            size = len(encode_publish(topic, payload, qos, retain, False, 1, properties,
+                                      self.level))
+            limit = self.codec.peer_max_packet_size
+            if limit is not None and size > limit:
+                raise MqttLocalProtocolError(
+                    f"{size}-byte PUBLISH exceeds the server's Maximum Packet Size {limit} "
+                    "[MQTT-3.2.2-15]", ReasonCode.PACKET_TOO_LARGE)
             self._waiting.append((topic, payload, qos, retain, properties, token))
             return
         self._send_publish(topic, payload, qos, retain, properties, token)
@@ -620,7 +626,7 @@ class ClientSession:
         if self.state is not CONNECTED:
             raise _protocol_error("PUBLISH before CONNACK [MQTT-3.2.0-1]")
         if p.properties and "topic_alias" in p.properties:
-            raise MqttRemoteProtocolError("a Topic Alias we did not allow [MQTT-3.2.2-17]",
+            raise MqttRemoteProtocolError("a Topic Alias we did not allow [MQTT-3.1.2-27]",
                                           ReasonCode.TOPIC_ALIAS_INVALID)
         qos = p.qos
         if not qos:
@@ -676,6 +682,9 @@ class ClientSession:
             return
         if p.session_present and self.clean_start:
             raise _protocol_error("Session Present after Clean Start [MQTT-3.2.2-2]")
+        # Session Present 1 to a client "without Session State" must close ([MQTT-3.2.2-4]);
+        # an empty session is taken as one here, as other clients take it: a gateway that
+        # restarts with a persistent client id gets its subscriptions back this way.
         self._move("connack_ok")
         props = p.properties
         if props:

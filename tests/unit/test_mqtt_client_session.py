@@ -296,6 +296,19 @@ def test_inflight_window_is_the_servers_receive_maximum():
     assert (s.inflight, s.queued) == (2, 1)
 
 
+def test_a_waiting_publish_is_checked_when_it_is_queued():
+    link = Link(5)
+    link.open(props={"receive_maximum": 1, "maximum_packet_size": 100})
+    s = link.session
+    s.publish("t", b"", 1)
+    with pytest.raises(MqttLocalProtocolError) as info:
+        s.publish("t", b"x" * 100, 1)  # would wait: refused now, not when its turn comes
+    assert info.value.reason_code == R.PACKET_TOO_LARGE
+    with pytest.raises(MqttLocalProtocolError):
+        s.publish("a/#", b"", 1)
+    assert s.queued == 0
+
+
 def test_inflight_window_is_our_own_bound_on_311():
     link = Link(4, max_inflight=1)
     link.open()
@@ -633,7 +646,7 @@ def test_disconnect_with_reason_and_the_session_expiry_rule():
     link = Link(5)  # Session Expiry 0 in CONNECT
     link.open()
     with pytest.raises(MqttLocalProtocolError):
-        link.session.disconnect(properties={"session_expiry_interval": 5})  # [MQTT-3.14.2-2]
+        link.session.disconnect(properties={"session_expiry_interval": 5})  # 3.14.2.2.2
     link.session.disconnect(R.DISCONNECT_WITH_WILL_MESSAGE)
     assert link.to_server() == [Disconnect(R.DISCONNECT_WITH_WILL_MESSAGE)]
 
