@@ -80,9 +80,11 @@ from adapters.mqtt.codec import (
     validate_topic_filter,
 )
 from adapters.mqtt.packets import (
+    DISCONNECT,
     MQTT_3_1_1,
     MQTT_5,
     PROTOCOL_NAMES,
+    REASON_CODES_ALLOWED,
     ConnAck,
     Connect,
     Disconnect,
@@ -392,7 +394,10 @@ class ClientSession:
         if self.state is DISCONNECTED:
             return
         if self.v5 and self.state is CONNECTED:
-            self.codec.send(Disconnect(error.reason_code))
+            code = error.reason_code
+            if code not in REASON_CODES_ALLOWED[DISCONNECT]:  # (none the codec raises today)
+                code = ReasonCode.PROTOCOL_ERROR
+            self.codec.send(Disconnect(code))
         self._close(Closed(error.reason_code, str(error), error=error))
 
     def _discard_session(self) -> None:
