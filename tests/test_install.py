@@ -5,7 +5,8 @@ from a copy of the tree, with pip's build isolation and its default index.
 It installs the compiled build (setup.py, README "The compiled build"): the modules of
 setup.py's COMPILED list import as extension modules. With a C compiler that fails, the same
 command installs pure Python and the build says why in one warning line. The two installs
-share one pip cache, so the dependencies are downloaded (and python-qpid-proton built) once.
+use pip's own cache, as a user's installs do: the dependencies the test command's install
+downloaded (and python-qpid-proton, which pip builds from source) are taken from it.
 """
 
 from __future__ import annotations
@@ -44,20 +45,15 @@ def readme_setup_steps() -> list[str]:
     return steps[:-1]
 
 
-@pytest.fixture(scope="session")
-def pip_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("pip-cache")
-
-
-def install(tmp_path: Path, pip_cache: Path, steps: list[str] | None = None,
+def install(tmp_path: Path, steps: list[str] | None = None,
             **env: str) -> tuple[Path, str]:
     """Runs the README's setup steps (or ``steps``) in a copy of the tree; returns the venv
     and the output (pip at -v, so the build's own lines are in it)."""
     tree = tmp_path / "tree"
     shutil.copytree(ROOT, tree, ignore=compiled_tree.SKIP)
     run_env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("PIP_CACHE", "PIP_NO_CACHE", "GATEWAY_", "VIRTUAL_ENV"))}
-    run_env.update(PIP_CACHE_DIR=str(pip_cache), PIP_VERBOSE="1", **env)
+               if not k.startswith(("PIP_NO_CACHE", "GATEWAY_", "VIRTUAL_ENV"))}
+    run_env.update(PIP_VERBOSE="1", **env)
     r = subprocess.run(" && ".join(steps or readme_setup_steps()), shell=True, cwd=tree, env=run_env,
                        capture_output=True, text=True, timeout=1500, check=False)  # fmt: skip
     out = r.stdout + r.stderr
@@ -85,11 +81,10 @@ def gateway_command(venv: Path, cwd: Path, *args: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def compiled_install(tmp_path_factory: pytest.TempPathFactory,
-                     pip_cache: Path) -> tuple[Path, str]:
+def compiled_install(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The README's install as it is; run first by both tests, so that the second finds the
-    dependencies in the cache (python-qpid-proton built already, not by a failing CC)."""
-    return install(tmp_path_factory.mktemp("compiled"), pip_cache)
+    dependencies in pip's cache (python-qpid-proton built already, not by a failing CC)."""
+    return install(tmp_path_factory.mktemp("compiled"))
 
 
 @pytest.mark.slow
@@ -109,8 +104,8 @@ def test_the_readme_run_command_installs_the_compiled_build(
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_failing_compiler_installs_pure_python_with_one_warning(
-        tmp_path: Path, pip_cache: Path, compiled_install: tuple[Path, str]) -> None:
-    venv, out = install(tmp_path, pip_cache, CC="false")  # the C compiler fails
+        tmp_path: Path, compiled_install: tuple[Path, str]) -> None:
+    venv, out = install(tmp_path, CC="false")  # the C compiler fails
     warnings = [line for line in out.splitlines() if WARNING in line]
     assert len(warnings) == 1, out[-6000:]
     assert "the C build failed" in warnings[0] and "GATEWAY_COMPILE=0" in warnings[0]
@@ -124,12 +119,12 @@ def test_a_failing_compiler_installs_pure_python_with_one_warning(
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_editable_and_GATEWAY_COMPILE_0_install_pure_python_without_a_warning(
-        tmp_path: Path, pip_cache: Path) -> None:
+        tmp_path: Path) -> None:
     # The test command's install (editable) and the explicit pure one: no compile, no word.
     for name, env, args in [("editable", {}, ["-e", "."]),
                             ("pure", {"GATEWAY_COMPILE": "0"}, ["."])]:  # fmt: skip
         steps = ["python3 -m venv .venv", ".venv/bin/pip install " + " ".join(args)]
-        venv, out = install(tmp_path / name, pip_cache, steps=steps, **env)
+        venv, out = install(tmp_path / name, steps=steps, **env)
         assert WARNING not in out and "__mypyc" not in out, out[-6000:]
         files = imported_files(venv, tmp_path)
         assert all(f.endswith(".py") for f in files.values()), files
