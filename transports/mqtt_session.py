@@ -413,18 +413,20 @@ class ClientSession:
         if self.state is not DISCONNECTED:
             self.codec.receive_data(data)
 
-    def events_received(self) -> list[Event]:
+    def events_received(self, packets: bool = True) -> list[Event]:
         """Handle every complete packet received so far; return (and forget) the events
-        raised since the previous call, from the packets and from the calls in between."""
-        if self.state is not DISCONNECTED:
+        raised since the previous call, from the packets and from the calls in between.
+        With ``packets`` false the packets wait (the owner stopped reading): only the events
+        of the calls are returned."""
+        if packets and self.state is not DISCONNECTED:
             try:
-                packets = self.codec.events_received()
+                received = self.codec.events_received()
             except MqttRemoteProtocolError as exc:
                 self._handle_all(exc.events)
                 self._fail(exc)
             else:
-                if packets:
-                    self._handle_all(packets)
+                if received:
+                    self._handle_all(received)
         events = self._events
         if events:
             self._events = []
