@@ -227,9 +227,7 @@ class MqttTransport(Transport):
         """Handle the packets received (unless reading is paused) and the events raised since
         the last call; the session's output leaves at the end of this loop turn."""
         self._handle(self.mqtt.events_received(packets=not self.reading_paused))
-        if not self.write_soon and self.wire is not None:
-            self.write_soon = True
-            self.loop.call_soon(self._write)
+        self._write_soon()
 
     def _handle(self, events: list[Any]) -> None:
         for ev in events:
