@@ -54,6 +54,7 @@ COMPILED = [
     "adapters/mqtt/topics.py",
     "mappings/mqtt.py",
     "mappings/typedtext.py",
+    "transports/mqtt_session.py",
 ]
 
 

@@ -1,9 +1,12 @@
 """The ``mqtt`` transport: the gateway as an MQTT 3.1.1 / 5.0 client of another broker.
 
-How this works. paho-mqtt does the protocol; the gateway's event loop does the I/O, so every
-paho callback runs on the gateway's loop and touches core state directly. The client is
-paho's with the I/O and per-message fast paths of :mod:`transports.mqtt_client`. Only the
-blocking TCP (and TLS) connect runs in an executor thread.
+How this works. The MQTT session is :class:`transports.mqtt_session.ClientSession`, sans-I/O on
+the MQTT adapter's codec in its CLIENT role; this module is its asyncio shell. The connection
+is the event loop's (``loop.create_connection``, TLS by asyncio's ``ssl`` for ``mqtts://``),
+and :class:`Wire`, its protocol, feeds what arrives to the session; the events the session
+raises are handled at once and what it has to write leaves once per loop turn (many exports
+and acknowledgements in one write). A timer ticks the session every second (keepalive,
+the CONNACK timeout).
 
 * Names: core subject ``a.b`` ↔ topic ``<remote_prefix>a/b`` (``adapters/mqtt/topics.py``,
   the same reversible escapes as the MQTT adapter); a wildcard entry ``a.*`` / ``a.>``
@@ -16,13 +19,16 @@ blocking TCP (and TLS) connect runs in an executor thread.
   the mapping reads back on import, so the duplicate window and the delivery logs of both
   gateways see one trace.
 * Export: QoS ``qos`` (1 by default); a QoS 1 / 2 export is acknowledged to the core on
-  PUBACK / PUBCOMP (``on_publish``), a QoS 0 one once written. At most the far side's
-  Receive Maximum (MQTT 5) are unconfirmed at once: beyond it the export consumers pause.
-  One paho client serves the transport's whole life: reconnecting it keeps its session, so
-  unconfirmed exports are resent with their packet ids.
+  PUBACK / PUBCOMP (:class:`~transports.mqtt_session.Published`), a QoS 0 one once written.
+  At most the far side's Receive Maximum (MQTT 5) are unconfirmed at once, and nothing more
+  is exported while the connection's write buffer is full: the export consumers pause. One
+  session serves the transport's whole life: reconnecting keeps it, so unconfirmed exports
+  are resent with their packet ids (MQTT 5.0 §4.4); when the far side has no session for us
+  (``clean_start``, or a broker that lost it) they go back to the spool and are sent again
+  as new messages.
 * Import: subscriptions at QoS ``qos`` (MQTT 5: with no-local, so the transport does not get
-  its own exports back); paho's ``manual_ack`` holds the PUBACK / PUBCOMP of each imported
-  message until the core has taken it.
+  its own exports back); the PUBACK / PUBREC of each imported message waits until the core
+  has taken it.
 * MQTT 3.1.1 has no user properties, so no origin can travel: the transport remembers the
   (topic, payload) of its recent exports and drops one matching import for each, which is
   what comes back when it imports a topic it exports.
@@ -32,17 +38,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import ssl
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
-import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
-from paho.mqtt.subscribeoptions import SubscribeOptions
-
+from adapters.mqtt.packets import ReasonCode, SubscriptionOptions
 from adapters.mqtt.topics import element_to_level, mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway import subject
 from gateway.errors import GatewayError
@@ -55,7 +56,18 @@ from transports.base import (
     RetryLater,
     Transport,
 )
-from transports.mqtt_client import FAST_FIRST, PAHO_NAMES, Client, Packed, Wire
+from transports.mqtt_session import (
+    CONNECTED,
+    DISCONNECTED,
+    NEVER_EXPIRES,
+    Abandoned,
+    ClientSession,
+    Closed,
+    Connected,
+    MessageReceived,
+    Published,
+    Subscribed,
+)
 
 if TYPE_CHECKING:
     from gateway.endpoint import Delivery
@@ -65,11 +77,9 @@ log = logging.getLogger("transports.mqtt")
 ORIGIN = "gw-origin"
 HOPS = "gw-hops"
 CONNECT_TIMEOUT = 10.0
-MISC_INTERVAL = 1.0  # seconds between paho's loop_misc calls (keepalive, retries)
+TICK_INTERVAL = 1.0  # seconds between session ticks (keepalive, the CONNACK timeout)
 RECENT_EXPORTS = 10_000  # exports remembered for 3.1.1 loop detection
-READ_BATCH = 1000  # packets read per readable callback at most (then the loop runs others)
 IMPORT_DESTINATIONS = 10_000  # far-side topics whose core destination is remembered
-
 
 def pattern_to_filter(pattern: str) -> str:
     """A core pattern as an MQTT topic filter (``*`` → ``+``, ``>`` → ``#``)."""
@@ -77,9 +87,60 @@ def pattern_to_filter(pattern: str) -> str:
                     else element_to_level(el) for el in pattern.split("."))
 
 
+def reason_name(code: int) -> str:
+    """An MQTT 5 reason code as its name (MQTT 5.0 §2.4), for logs and errors."""
+    try:
+        return f"{ReasonCode(code).name} ({code:#04x})"
+    except ValueError:
+        return f"reason code {code:#04x}"
+
+
+class Wire(asyncio.Protocol):
+    """The event loop's protocol over the connection to the far broker: what arrives goes to
+    the transport's session, and a full write buffer holds the exports back."""
+
+    def __init__(self, owner: MqttTransport) -> None:
+        self.owner = owner
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # (uvloop's is no subclass)
+        self.owner.wire = self
+
+    def data_received(self, data: bytes) -> None:
+        owner = self.owner
+        if owner.wire is self:
+            owner.mqtt.receive_data(data)
+            if not owner.reading_paused:
+                owner.process()
+
+    def eof_received(self) -> bool | None:
+        return None  # close: connection_lost tells the session
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        owner = self.owner
+        if owner.wire is self:
+            if not owner.reading_paused:
+                owner.process()  # the packets that came with the end
+            owner.mqtt.connection_lost(f"connection lost: {exc}" if exc is not None
+                                       else "connection closed by the far side")
+            owner.process()
+
+    def pause_writing(self) -> None:
+        if self.owner.wire is self:
+            self.owner.write_full = True
+
+    def resume_writing(self) -> None:
+        if self.owner.wire is self:
+            self.owner.write_full = False
+            self.owner.unthrottle()
+
+
 class MqttTransport(Transport):
     type = "mqtt"
-    keeps_inflight = True
+    keeps_inflight = True  # the session resends unconfirmed exports after reconnecting
 
     def __init__(self, manager: Any, tdef: Any) -> None:
         super().__init__(manager, tdef)
@@ -87,288 +148,215 @@ class MqttTransport(Transport):
         self.v5 = p["protocol_version"] == "5"
         self.qos = int(p["qos"])
         self.prefix = str(p.get("remote_prefix") or "")
-        self.client: Client | None = None
-        self.write_soon = False  # a _writable call is scheduled
-        self.write_waits = False  # the socket was full: the writer callback is registered
-        self.sock: int | None = None  # the socket's file descriptor while connected
-        self.polled = False  # the loop watches the socket (TLS); plain TCP goes through a Wire
-        self.pending: dict[int, tuple[Delivery, ExportBinding]] = {}
-        self.recent: OrderedDict[tuple[str, bytes], int] = OrderedDict()
-        self.connack: asyncio.Future[None] | None = None
-        self.misc: asyncio.TimerHandle | None = None
+        clean = bool(p.get("clean_start"))
+        password = p.get("password")
+        self.mqtt = ClientSession(
+            str(p.get("client_id") or f"gw-{self.broker.id}-{self.name}"[:64]),
+            protocol_level=5 if self.v5 else 4, clean_start=clean,
+            keepalive=max(1, int(float(p.get("keepalive", 60.0)))),
+            username=p.get("username"),
+            password=None if password is None else str(password).encode(),
+            session_expiry=0 if clean else NEVER_EXPIRES, max_inflight=EXPORT_WINDOW,
+            connect_timeout=CONNECT_TIMEOUT)
         self.loop = self.broker.loop
-        self.receive_max = EXPORT_WINDOW  # the far side's Receive Maximum (MQTT 5)
-        self.throttled = False  # export consumers paused: receive_max exports unconfirmed
+        self.wire: Wire | None = None
+        self.write_soon = False  # a _write call is scheduled
+        self.write_full = False  # the connection's write buffer is above its high-water mark
+        self.throttled = False  # export consumers paused: window full or write buffer full
+        self.connack: asyncio.Future[None] | None = None
+        self.ticker: asyncio.TimerHandle | None = None
+        # The far side's sessions counted: an import's acknowledgement from an earlier one
+        # (whose packet id may name another message now) is not sent.
+        self.epoch = 0
+        self.recent: OrderedDict[tuple[str, bytes], int] = OrderedDict()
         # Far-side topic → core destination of its imports (cleared when an entry is bound).
         self.import_dests: dict[str, Destination] = {}
-        # Temporary reply destinations exported as a response topic, both ways.
+        self.subscribing: dict[int, str] = {}  # SUBSCRIBE packet id -> topic filter
 
-    # -- connecting ---------------------------------------------------------------------------
-
-    def _make_client(self) -> Client:
-        p = self.params
-        client_id = p.get("client_id") or f"gw-{self.broker.id}-{self.name}"[:64]
-        clean = bool(p.get("clean_start"))
-        c = Client(
-            CallbackAPIVersion.VERSION2, client_id=client_id,
-            protocol=MQTTProtocolVersion.MQTTv5 if self.v5 else MQTTProtocolVersion.MQTTv311,
-            clean_session=None if self.v5 else clean, manual_ack=True,
-            reconnect_on_failure=False,
-        )
-        if p.get("username") is not None:
-            c.username_pw_set(p["username"], p.get("password"))
-        url = p["url"]
-        if url.tls:
-            ctx = ssl.create_default_context(cafile=p.get("tls_ca"))
-            if p.get("tls_cert"):
-                ctx.load_cert_chain(p["tls_cert"], p.get("tls_key"))
-            c.tls_set_context(ctx)
-        c.max_inflight_messages_set(EXPORT_WINDOW)
-        c.max_queued_messages_set(0)
-        c.on_connect = self._on_connect
-        c.on_disconnect = self._on_disconnect
-        c.on_message = self._on_message
-        c.on_publish_packet = self._on_publish_packet
-        c.on_publish = self._on_publish
-        if log.isEnabledFor(logging.DEBUG):
-            c.enable_logger(log)
-        return c
+    # -- the connection -----------------------------------------------------------------------
 
     async def connect(self) -> None:
         p = self.params
         url = p["url"]
-        c = self.client
-        first = c is None
-        if c is None:
-            c = self.client = self._make_client()
+        self._teardown()
+        ctx = None
+        if url.tls:
+            ctx = ssl.create_default_context(cafile=p.get("tls_ca"))
+            if p.get("tls_cert"):
+                ctx.load_cert_chain(p["tls_cert"], p.get("tls_key"))
         self.connack = self.loop.create_future()
-        props = None
-        if self.v5:
-            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-            props.SessionExpiryInterval = 0 if p.get("clean_start") else 0xFFFFFFFF
-        keepalive = max(1, int(float(p.get("keepalive", 60.0))))
-
-        def blocking_connect() -> None:
-            # One paho client for the transport's life: reconnecting it keeps its session
-            # state, so unconfirmed QoS 1/2 exports are resent with their packet ids (and a
-            # QoS 2 one is not duplicated) and a re-sent PUBREL finds its import done.
-            if first:
-                c.connect(url.host, url.port, keepalive,
-                          clean_start=bool(p.get("clean_start")) if self.v5 else 3,
-                          properties=props)
-            else:
-                c.reconnect()
-
         try:
-            await self.loop.run_in_executor(None, blocking_connect)
-            paho_sock = c.socket()
-            if paho_sock is None:
-                raise ConnectionError("no socket after connect")
-            if not url.tls:
-                # paho leaves Nagle's algorithm on: a PUBLISH written while the previous
-                # one is unacknowledged would wait for the far side's TCP ACK.
-                paho_sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[attr-defined]
-            sock = self.sock = paho_sock.fileno()  # by number: paho closes the socket itself
-            c.on_socket_register_write = self._register_write
-            c.on_socket_close = self._socket_closed
-            c.buffered = True
-            if url.tls:
-                self.polled = True
-                self.loop.add_reader(sock, self._readable)
-            else:
-                c.eof = False
-                c.wire_loop = self.loop
-                await self.loop.connect_accepted_socket(lambda: Wire(self, c), sock=paho_sock)
-            if c.want_write():
-                self._register_write(c, None, None)
-            self.misc = self.loop.call_later(MISC_INTERVAL, self._tick)
-            await asyncio.wait_for(self.connack, CONNECT_TIMEOUT)
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                wire = Wire(self)
+                await self.loop.create_connection(
+                    lambda: wire, url.host, url.port, ssl=ctx,
+                    server_hostname=url.host if ctx is not None else None)
+                if wire.closed or self.wire is not wire:
+                    raise ConnectionError("connection closed by the far side")
+                self.mqtt.connect(self.loop.time())
+                self.process()  # CONNECT (and what a clean start abandons)
+                self.ticker = self.loop.call_later(TICK_INTERVAL, self._tick)
+                await self.connack
         except BaseException:
             self._teardown()
             raise
 
-    def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any,
-                    properties: Any) -> None:
-        fut = self.connack
-        if fut is None or fut.done():
-            return
-        if reason.is_failure:
-            fut.set_exception(ConnectionRefusedError(f"CONNACK: {reason}"))
-            return
-        # MQTT 5 3.2.2.3.3: never more QoS 1/2 PUBLISHes in flight than the server's Receive
-        # Maximum (mosquitto says 20 and silently drops QoS 2 messages beyond it). paho cannot
-        # change its window once connected, so the transport holds the core back instead.
-        receive_max = getattr(properties, "ReceiveMaximum", None) if self.v5 else None
-        self.receive_max = min(EXPORT_WINDOW, receive_max or EXPORT_WINDOW)
-        fut.set_result(None)
-
-    def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any,
-                       properties: Any) -> None:
-        self._teardown()
-        if self.params.get("clean_start"):
-            # The far side forgets the session: paho's resends would be new messages.
-            self.pending.clear()
-            self.release_inflight()
-        self.lost(f"disconnected: {reason}")
-
     def _teardown(self) -> None:
-        sock = self.sock
-        self.write_waits = False
-        if sock is not None:
-            if self.polled:
-                self.loop.remove_reader(sock)
-                self.loop.remove_writer(sock)
-                self.polled = False
-            self.sock = None
-        if self.misc is not None:
-            self.misc.cancel()
-            self.misc = None
+        """Close the connection, if any, and end the session's side of it quietly."""
+        wire, self.wire = self.wire, None
+        if wire is not None and wire.transport is not None:
+            wire.transport.close()
+        if self.ticker is not None:
+            self.ticker.cancel()
+            self.ticker = None
+        self.write_full = False
+        m = self.mqtt
+        if m.state is not DISCONNECTED:
+            m.connection_lost("closed by the gateway")
+            m.data_to_send()  # (nothing can carry it now)
+            self._handle([ev for ev in m.events_received(packets=False)
+                          if type(ev) is not Closed])
 
-    def _register_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
-        # paho has packets to write: they go to its buffer once in this loop iteration.
-        if self.sock is not None and not self.write_soon:
-            self.write_soon = True
-            self.loop.call_soon(self._writable)
-
-    def _socket_closed(self, client: paho.Client, userdata: Any, sock: Any) -> None:
+    def disconnect(self) -> None:
+        if self.mqtt.state is CONNECTED:
+            self.mqtt.disconnect()
+            self.process()  # Closed: the DISCONNECT written, the connection closed
         self._teardown()
 
-    def _readable(self) -> None:
-        # paho's loop_read() reads one packet per call when nothing of ours is in flight (it
-        # ignores max_packets) and reports "nothing more to read" as success, so a burst
-        # would cost a callback, or a select(), per packet. Its packet reader (paho 2.x) is
-        # called directly instead until the socket is empty; loop_read() is the fallback.
-        c = self.client
-        if c is None:
-            return
-        read = getattr(c, "_packet_read", None)
-        handle = getattr(c, "_loop_rc_handle", None)
-        if read is None or handle is None:
-            c.loop_read()
-            return
-        again = MQTTErrorCode.MQTT_ERR_AGAIN
-        budget = READ_BATCH
-        while budget > 0:
-            if c is not self.client or self.sock is None or self.reading_paused:
-                return  # (resume_reading comes back for what is buffered)
-            if c.inpos < len(c.inbuf) and c.inbuf[c.inpos] in FAST_FIRST:
-                taken, rc = c.take_packets(budget)  # whole packets in the buffer, if plain
-                if rc > 0:
-                    handle(rc)
-                    return
-                if taken:
-                    budget -= taken
-                    continue
-            rc = read()  # paho's reader: from the socket, a partial packet, anything else
-            budget -= 1
-            if rc == again:
-                return
-            if rc > 0:
-                handle(rc)
-                return
-        if c.has_input():  # READ_BATCH packets taken; the rest is buffered here, not in the socket
-            self.loop.call_soon(self._readable)
+    def process(self) -> None:
+        """Handle the packets received (unless reading is paused) and the events raised since
+        the last call; the session's output leaves at the end of this loop turn."""
+        self._handle(self.mqtt.events_received(packets=not self.reading_paused))
+        self._write_soon()
 
-    def _writable(self) -> None:
+    def _handle(self, events: list[Any]) -> None:
+        for ev in events:
+            kind = type(ev)
+            if kind is MessageReceived:
+                self._received(ev)
+            elif kind is Published:
+                self._export_done(ev)
+            elif kind is Connected:
+                self._connected(ev)
+            elif kind is Subscribed:
+                self._subscribed(ev)
+            elif kind is Abandoned:
+                self._abandoned(ev)
+            elif kind is Closed:
+                self._closed(ev)
+
+    def _write_soon(self) -> None:
+        if not self.write_soon and self.wire is not None:
+            self.write_soon = True
+            self.loop.call_soon(self._write)
+
+    def _write(self) -> None:
         self.write_soon = False
-        c = self.client
-        if c is None or self.sock is None:
-            return
-        c.loop_write()
-        if c.buffered and not self.write_waits:
-            self._flush()
-
-    def _flush(self) -> None:
-        c = self.client
-        sock = self.sock
-        if c is None or sock is None:
-            return
-        try:
-            done = c.flush()
-        except OSError as exc:  # the connection broke: paho finds out on its next read
-            log.info("transport %s: write failed: %s", self.name, exc)
-            done = True
-            c.out.clear()
-        if done:
-            if self.write_waits:
-                self.write_waits = False
-                self.loop.remove_writer(sock)
-        elif not self.write_waits:
-            self.write_waits = True
-            self.loop.add_writer(sock, self._flush)
+        data = self.mqtt.data_to_send()
+        wire = self.wire
+        if data and wire is not None and wire.transport is not None:
+            wire.transport.write(data)
 
     def _tick(self) -> None:
-        c = self.client
-        if c is None or self.sock is None:
+        self.ticker = None
+        if self.wire is None:
             return
-        c.loop_misc()
-        if self.sock is not None:
-            self.misc = self.loop.call_later(MISC_INTERVAL, self._tick)
+        self.mqtt.tick(self.loop.time())
+        self.process()
+        if self.wire is not None:
+            self.ticker = self.loop.call_later(TICK_INTERVAL, self._tick)
+
+    def _connected(self, ev: Connected) -> None:
+        if not ev.session_present:
+            self.epoch += 1
+        fut = self.connack
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def _closed(self, ev: Closed) -> None:
+        wire = self.wire
+        if wire is not None and wire.transport is not None:
+            data = self.mqtt.data_to_send()  # a DISCONNECT the session sent as it ended
+            if data:
+                wire.transport.write(data)
+        self._teardown()
+        reason = f"{reason_name(ev.reason_code)}: {ev.reason}"
+        fut = self.connack
+        if fut is not None and not fut.done():
+            fut.set_exception(ConnectionRefusedError(f"CONNACK: {reason}") if ev.by_server
+                              else ConnectionError(reason))
+            return
+        self.lost(f"disconnected: {reason}")
+
+    def _abandoned(self, ev: Abandoned) -> None:
+        """The far side has no session for us: what it had not confirmed goes back to the
+        spool, to be exported again as new messages (in their order)."""
+        deliveries = []
+        for token in ev.tokens:
+            d, binding = cast("tuple[Delivery, ExportBinding]", token)
+            binding.inflight -= 1
+            deliveries.append(d)
+        self.session.release_all(deliveries, count_delivery=False)
 
     def may_export(self) -> bool:
-        # paho resends what was unconfirmed when the connection dropped: those count.
-        self.throttled = len(self.pending) >= self.receive_max
+        m = self.mqtt
+        self.throttled = self.write_full or m.inflight + m.queued >= m.window
         return not self.throttled
+
+    def unthrottle(self) -> None:
+        """Resume the export consumers the window or a full write buffer held back."""
+        if self.throttled and self.state == "up" and self.may_export():
+            for b in self.exports.values():
+                b.consumer.core.resume()
 
     def _on_up(self) -> None:
         super()._on_up()
-        c = self.client
-        if c is not None:
-            for topic in self.replies.names:
-                c.subscribe(topic, qos=self.qos)
-
-    def disconnect(self) -> None:
-        c = self.client
-        if c is not None:
-            c.on_disconnect = None
-            c.disconnect()
-            c.loop_write()
-            if c.buffered:
-                try:
-                    c.flush()  # the DISCONNECT, if the socket takes it now
-                except OSError:
-                    pass
-        self._teardown()
-        self.pending.clear()
+        for topic in self.replies.names:
+            self.reply_subscribe(topic)
 
     def pause_reading(self) -> None:
-        c = self.client
-        if c is None:
-            return
-        c.hold = True  # (take_packets stops between packets)
-        if c.wire is not None:
-            c.wire.pause_reading()
-        elif self.polled and self.sock is not None:
-            self.loop.remove_reader(self.sock)
+        wire = self.wire
+        if wire is not None and wire.transport is not None:
+            wire.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        c = self.client
-        if c is None:
-            return
-        c.hold = False
-        if c.wire is not None:
-            c.wire.resume_reading()
-        elif self.polled and self.sock is not None:
-            self.loop.add_reader(self.sock, self._readable)
-        if self.sock is not None and (c.has_input() or c.eof):
-            self.loop.call_soon(self._readable)
+        wire = self.wire
+        if wire is not None and wire.transport is not None:
+            wire.transport.resume_reading()
+            self.loop.call_soon(self.process)  # what arrived before the pause
 
     # -- subscriptions ------------------------------------------------------------------------
 
+    def _subscribe(self, topic_filter: str, no_local: bool) -> None:
+        if self.mqtt.state is CONNECTED:
+            pid = self.mqtt.subscribe([(topic_filter, SubscriptionOptions(
+                qos=self.qos, no_local=no_local and self.v5))])
+            self.subscribing[pid] = topic_filter
+            self._write_soon()
+
+    def _unsubscribe(self, topic_filter: str) -> None:
+        if self.mqtt.state is CONNECTED:
+            self.mqtt.unsubscribe([topic_filter])
+            self._write_soon()
+
+    def _subscribed(self, ev: Subscribed) -> None:
+        topic_filter = self.subscribing.pop(ev.packet_id, "?")
+        for code in ev.reason_codes:
+            if code >= 0x80:
+                log.warning("transport %s: the far side refused the subscription %r: %s",
+                            self.name, topic_filter, reason_name(code))
+
     def remote_subscribe(self, pattern: str, kind: Any) -> None:
-        c = self.client
-        if c is None:
-            return
-        topic_filter = self.prefix + pattern_to_filter(pattern)
-        if self.v5:
-            c.subscribe(topic_filter, options=SubscribeOptions(qos=self.qos, noLocal=True))
-        else:
-            c.subscribe(topic_filter, qos=self.qos)
+        self._subscribe(self.prefix + pattern_to_filter(pattern), True)
 
     def remote_unsubscribe(self, pattern: str, kind: Any) -> None:
-        c = self.client
-        if c is not None:
-            c.unsubscribe(self.prefix + pattern_to_filter(pattern))
+        self._unsubscribe(self.prefix + pattern_to_filter(pattern))
+
+    def reply_subscribe(self, topic: str) -> None:
+        self._subscribe(topic, False)
+
+    def reply_unsubscribe(self, topic: str) -> None:
+        self._unsubscribe(topic)
 
     # -- export -------------------------------------------------------------------------------
 
@@ -379,8 +367,8 @@ class MqttTransport(Transport):
                       else None)
 
     def export(self, d: Delivery, binding: ExportBinding) -> bool:
-        c = self.client
-        if c is None:
+        m = self.mqtt
+        if m.state is not CONNECTED:
             raise RetryLater("not connected")
         msg = self.outgoing(d.msg)
         dest = msg.destination
@@ -401,24 +389,17 @@ class MqttTransport(Transport):
             marks = [(ORIGIN, msg.origin or self.broker.id), (HOPS, str(msg.hops))]
             fields["user_property"] = trace_user_property(
                 fields.get("user_property"), msg.trace_id) + marks
-        else:
+        qos = self.qos
+        m.publish(topic, out.payload, qos, properties=fields, token=(d, binding))
+        self._write_soon()
+        if not self.v5:
             key = (topic, out.payload)
             self.recent[key] = self.recent.get(key, 0) + 1
             if len(self.recent) > RECENT_EXPORTS:
                 self.recent.popitem(last=False)
-        mid = c.publish_fields(topic, out.payload, self.qos, fields)
-        if mid is None:
-            info = c.publish(topic, out.payload, qos=self.qos,
-                             properties=Packed(fields) if fields else None)  # type: ignore[arg-type]
-            if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
-                raise RetryLater("not connected")
-            if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-                raise GatewayError(f"publish failed: {paho.error_string(info.rc)}")
-            if self.qos == 0:
-                return True
-            mid = info.mid
-        self.pending[mid] = (d, binding)
-        if len(self.pending) >= self.receive_max and not self.throttled:
+        if not qos:
+            return True
+        if not self.throttled and (self.write_full or m.inflight + m.queued >= m.window):
             self.throttled = True
             for b in self.exports.values():
                 b.consumer.core.pause()
@@ -427,58 +408,35 @@ class MqttTransport(Transport):
     def _reply_topic(self, *parts: str) -> str:
         return self.prefix + "/".join(parts)
 
-    def reply_subscribe(self, topic: str) -> None:
-        c = self.client
-        if c is not None:
-            c.subscribe(topic, qos=self.qos)
-
-    def reply_unsubscribe(self, topic: str) -> None:
-        c = self.client
-        if c is not None and self.sock is not None:
-            c.unsubscribe(topic)
-
-    def _on_publish(self, client: paho.Client, userdata: Any, mid: int, reason: Any,
-                    properties: Any) -> None:
-        entry = self.pending.pop(mid, None)
-        if entry is None:
-            return
-        d, binding = entry
-        if reason is not None and getattr(reason, "is_failure", False):
-            self.failed(d, binding, str(reason))
+    def _export_done(self, ev: Published) -> None:
+        d, binding = cast("tuple[Delivery, ExportBinding]", ev.token)
+        if ev.reason_code >= 0x80:
+            self.failed(d, binding, reason_name(ev.reason_code))
         else:
             self.confirmed(d, binding)
-        if self.throttled and len(self.pending) < self.receive_max and self.state == "up":
-            self.throttled = False
-            for b in self.exports.values():
-                b.consumer.core.resume()
+        if self.throttled:
+            self.unthrottle()
 
     # -- import -------------------------------------------------------------------------------
 
-    def _on_message(self, client: paho.Client, userdata: Any, message: Any) -> None:
-        """paho's callback, for what the fast path (:meth:`Client._handle_publish`) leaves
-        to paho: QoS 2, and PUBLISH packets paho itself must judge."""
-        props: dict[str, Any] = {}
-        pp = message.properties
-        if pp is not None and self.v5:
-            for codec_name, paho_name in PAHO_NAMES.items():
-                if hasattr(pp, paho_name):
-                    props[codec_name] = getattr(pp, paho_name)
-        self._on_publish_packet(client, message.topic, bytes(message.payload), message.qos,
-                                bool(message.retain), message.mid, props)
+    def _received(self, ev: MessageReceived) -> None:
+        """One PUBLISH from the far side."""
+        topic = ev.topic
+        payload = ev.payload
+        qos = ev.qos
+        ack: Callable[[], None] | None = None
+        if qos:
+            epoch = self.epoch
+            pid = ev.packet_id
 
-    def _on_publish_packet(self, client: paho.Client, topic: str, payload: bytes, qos: int,
-                           retain: bool, mid: int, props: dict[str, Any]) -> None:
-        """One PUBLISH from the far side (``props`` by the MQTT codec's names)."""
-
-        def ack() -> None:
-            if qos and self.client is client and self.sock is not None:
-                if qos == 1:
-                    client.send_puback(mid)
-                else:
-                    client.ack(mid, qos)
+            def ack() -> None:
+                if self.epoch == epoch:
+                    self.mqtt.ack(pid)
+                    self._write_soon()
 
         if not topic.startswith(self.prefix):
-            ack()
+            if ack is not None:
+                ack()
             return
         if not self.v5:
             key = (topic, payload)
@@ -489,8 +447,10 @@ class MqttTransport(Transport):
                 else:
                     self.recent[key] = n - 1
                 self.stats["dropped_loop"] += 1
-                ack()
+                if ack is not None:
+                    ack()
                 return
+        props = ev.properties
         try:
             if topic in self.replies:
                 dest = self.replies.target(topic)  # None: the temporary destination is gone
@@ -502,19 +462,21 @@ class MqttTransport(Transport):
                     if dest is not None and len(self.import_dests) < IMPORT_DESTINATIONS:
                         self.import_dests[topic] = dest
             if dest is None:
-                ack()
+                if ack is not None:
+                    ack()
                 return
             origin, hops, reply = self._markers(props)
             msg = self.wire_mapping(dest, "in", mqtt_to_message)(
-                payload=payload, qos=qos, retain=retain, properties=props,
+                payload=payload, qos=qos, retain=ev.retain, properties=props,
                 level=5 if self.v5 else 4, destination=dest, reply_to=reply,
                 now_ms=self.broker.now())
         except Exception as exc:  # noqa: BLE001 - a message the core cannot take
             self.stats["failed"] += 1
             log.warning("transport %s: cannot import from %r: %s", self.name, topic, exc)
-            ack()
+            if ack is not None:
+                ack()
             return
-        self.imported(msg, origin, hops, ack if qos else None, topic)
+        self.imported(msg, origin, hops, ack, topic)
 
     def bind_import(self, pattern: str, kind: Any) -> bool:
         self.import_dests.clear()  # a new entry may send a topic elsewhere (a queue)

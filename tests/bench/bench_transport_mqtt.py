@@ -59,10 +59,11 @@ Scenarios (QoS 1 everywhere):
    ``/api/v1/transports`` shows the far-side subscription ``bench.t``.
 
    In 1 and 2 every mosquitto (near and far) runs with ``max_queued_messages 0`` (no
-   limit), as in bench_mqtt.py: with the default of 1000, a client that falls behind (the
-   bridge, the transport, the subscriber) has messages dropped by mosquitto and the run
-   never completes (``--default-queues`` shows it: such a run fails saying how many
-   arrived).
+   limit), as in bench_mqtt.py, and the gateway with its equivalent
+   ``mqtt_max_queued_messages = 0``: with the default of 1000, a client that falls behind
+   (the bridge, the transport, the subscriber) has messages dropped by mosquitto or the
+   gateway and the run never completes (``--default-queues`` shows it: such a run fails
+   saying how many arrived).
    A run starts when a warm-up message, published again and again with growing pauses, has
    reached the subscriber (proving bridge and subscriptions are in place); the clock runs
    from starting the publisher until the N-th distinct message arrives; the figure is N /
@@ -332,6 +333,7 @@ def start_near(system: str, workdir: Path, far: Any, scenario: str, limits: list
     (conf / "gateway.conf").write_text(
         f"listen = mqtt://{HOST}:{port}\nlisten = http://{HOST}:{api}\n"
         f"store = {workdir / 'data'}\nmqtt_transports = enabled\n"
+        + ("mqtt_max_queued_messages = 0\n" if limits else "")
         + "".join(line + "\n" for line in args.gateway_conf))
     (conf / "transports.conf").write_text(
         f"[far]\ntype = mqtt\nurl = mqtt://{HOST}:{far.port}\n"
