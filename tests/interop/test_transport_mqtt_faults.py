@@ -120,6 +120,36 @@ def test_exports_survive_resets_mid_stream_exactly_once(tmp_path, toxiproxy):
             g.stop()
 
 
+def test_a_silent_far_side_times_out_and_a_clean_start_sends_the_unconfirmed_again(
+        tmp_path, toxiproxy):
+    """Nothing comes back from the far side (its answers are held): the keepalive ends the
+    connection (no answer to PINGREQ, MQTT 5.0 3.12.4). With ``clean_start = true`` the far
+    side keeps no session, so the exports it never confirmed go back to the spool and are
+    exported again as new messages: none is lost (QoS 2 cannot remove the copies then)."""
+    with start_mosquitto(tmp_path / "mosq") as mosq:
+        g, proxy = proxied_gateway(tmp_path / "gw", toxiproxy, mosq.port,
+                                   'f.> export="far"\n>\n', clean_start="true")
+        far = Collector(mosq.port, "f/#")
+        try:
+            wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+            time.sleep(0.2)
+            proxy.add_toxic(name="mute", type="timeout", stream="downstream",
+                            attributes={"timeout": 0})
+            send_persistent(g, "f.c", N // 2)
+            wait_for(lambda: info(g)["far"]["state"] != "up", timeout=30,
+                     what="the keepalive to end the connection")
+            assert "KEEP_ALIVE_TIMEOUT" in info(g)["far"]["last_error"]
+            assert info(g)["far"]["exported"] < N // 2  # some were never confirmed
+            proxy.destroy_toxic("mute")
+            wait_for(lambda: info(g)["far"]["exported"] == N // 2
+                     and info(g)["far"]["spooled"] == 0, timeout=30,
+                     what="every export confirmed after the reconnect")
+            wait_for(lambda: set(far.got) == set(expected(N // 2)), what="every message")
+        finally:
+            far.close()
+            g.stop()
+
+
 def test_exports_keep_order_through_latency(tmp_path, toxiproxy):
     with start_mosquitto(tmp_path / "mosq") as mosq:
         g, proxy = proxied_gateway(tmp_path / "gw", toxiproxy, mosq.port, 'f.> export="far"\n>\n')
