@@ -46,6 +46,7 @@ COMPILED = [
     "gateway/serial.py",
     "gateway/subindex.py",
     "gateway/store/sqlite.py",
+    "gateway/store/sqlite_batch.py",
     "adapters/mqtt/codec.py",
     "adapters/mqtt/connection.py",
     "adapters/mqtt/encoding.py",
