@@ -50,6 +50,7 @@ COMPILED = [
     "adapters/mqtt/codec.py",
     "adapters/mqtt/connection.py",
     "adapters/mqtt/encoding.py",
+    "adapters/mqtt/overlap.py",
     "adapters/mqtt/properties.py",
     "adapters/mqtt/session.py",
     "adapters/mqtt/topics.py",
