@@ -35,7 +35,7 @@ whose text the server puts in its ERROR frame; ``exc.frames`` holds the good fra
 in the same feed. After that the parser is dead. Encoding a header that the version cannot
 carry raises :class:`~gateway.errors.LocalProtocolError`.
 A well-formed frame the server refuses (in the wrong state, naming an unknown destination
-...) raises :class:`ProtocolError`, which the server answers with an ERROR frame as well.
+...) raises :class:`FrameRefused`, which the server answers with an ERROR frame as well.
 """
 
 from __future__ import annotations
@@ -46,9 +46,8 @@ from gateway.errors import LocalProtocolError, RemoteProtocolError
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE", "DEFAULT_MAX_HEADERS", "DEFAULT_MAX_HEADER_BYTES", "HEARTBEAT",
-    "MAX_COMMAND_LENGTH", "SUPPORTED_VERSIONS", "Frame", "FrameTooLarge", "Parser",
-    "ProtocolError", "StompError",
-    "encode", "encode_frame", "escape", "negotiate_version",
+    "MAX_COMMAND_LENGTH", "SUPPORTED_VERSIONS", "Frame", "FrameRefused", "FrameTooLarge",
+    "Parser", "StompError", "encode", "encode_frame", "escape", "negotiate_version",
 ]
 
 HEARTBEAT = b"\n"
@@ -99,7 +98,7 @@ class FrameTooLarge(StompError):
     reason = "frame-too-large"
 
 
-class ProtocolError(Exception):
+class FrameRefused(Exception):
     """A frame the connection refuses: the ERROR frame's ``message`` and body."""
 
     def __init__(self, message: str, detail: str = "") -> None:

@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from adapters.stomp.codec import Frame, Parser, ProtocolError, StompError, encode
+from adapters.stomp.codec import Frame, FrameRefused, Parser, StompError, encode
 from adapters.stomp.subscriptions import (
     StompSubscription,
     handle_abort,
@@ -152,7 +152,7 @@ class StompConnection:
                 return
             try:
                 _HANDLERS.get(frame.command, StompConnection._unknown)(self, frame)
-            except ProtocolError as exc:
+            except FrameRefused as exc:
                 self.error(exc.message, exc.detail, frame.get("receipt"))
             except GatewayError as exc:
                 self.error(_refusal_title(frame.command, exc), str(exc), frame.get("receipt"))
@@ -218,7 +218,7 @@ class StompConnection:
 
     def _connect(self, frame: Frame) -> None:
         if self.core is not None:
-            raise ProtocolError("already connected", f"a second {frame.command} frame")
+            raise FrameRefused("already connected", f"a second {frame.command} frame")
         accepted = frame.get("accept-version")
         if accepted is None:
             version = "1.0"
@@ -247,7 +247,7 @@ class StompConnection:
                 password=frame.get("passcode") or "", protocol="stomp", address=self.address,
             )
         except SecurityError as exc:
-            raise ProtocolError("authentication failed", str(exc)) from None
+            raise FrameRefused("authentication failed", str(exc)) from None
         self.core = core
         self.version = version
         self.parser.version = version
@@ -305,7 +305,7 @@ class StompConnection:
     def require_connected(self, frame: Frame) -> Connection:
         core = self.core
         if core is None:
-            raise ProtocolError("not connected", f"{frame.command} before CONNECT")
+            raise FrameRefused("not connected", f"{frame.command} before CONNECT")
         return core
 
     def _disconnect(self, frame: Frame) -> None:
@@ -314,7 +314,7 @@ class StompConnection:
         self.shutdown()
 
     def _unknown(self, frame: Frame) -> None:
-        raise ProtocolError("unknown command", f"{frame.command!r} is not a STOMP client frame")
+        raise FrameRefused("unknown command", f"{frame.command!r} is not a STOMP client frame")
 
     # -- receipts ---------------------------------------------------------------------------------
 
@@ -360,7 +360,7 @@ class StompConnection:
                     ) -> Destination:
         """The core destination a STOMP destination header names."""
         if text is None:
-            raise ProtocolError(f"missing {header} header", f"{frame.command} needs {header}")
+            raise FrameRefused(f"missing {header} header", f"{frame.command} needs {header}")
         for prefix in PREFIXES:
             if text.startswith(prefix):
                 kind, temporary = PREFIXES[prefix]
@@ -369,7 +369,7 @@ class StompConnection:
         else:
             return self._rabbit_destination(text)
         if not name:
-            raise ProtocolError("unknown destination", f"{text!r} names no destination")
+            raise FrameRefused("unknown destination", f"{text!r} names no destination")
         if not temporary:
             return Destination(kind, _rabbit_wildcard(name, text) if kind == TOPIC else name)
         dest = self.temp_by_alias.get((kind, name))
@@ -379,7 +379,7 @@ class StompConnection:
             dest = Destination(kind, name)
             exists = (self.broker.queues if kind == QUEUE else self.broker.topics).get(name)
             if exists is None:
-                raise ProtocolError("unknown destination",
+                raise FrameRefused("unknown destination",
                                     f"temporary destination {text!r} no longer exists")
             return dest
         core = self.require_connected(frame)
@@ -396,9 +396,9 @@ class StompConnection:
         if text.startswith(AMQ_QUEUE_PREFIX):
             name = text[len(AMQ_QUEUE_PREFIX):]
             if not name:
-                raise ProtocolError("unknown destination", f"{text!r} names no queue")
+                raise FrameRefused("unknown destination", f"{text!r} names no queue")
             if self.broker.queues.get(name) is None:
-                raise ProtocolError("unknown destination", f"{text!r}: queue {name!r} does not "
+                raise FrameRefused("unknown destination", f"{text!r}: queue {name!r} does not "
                                     "exist (/amq/queue/ names an existing queue)")
             return Destination(QUEUE, name)
         if text.startswith(EXCHANGE_PREFIX):
@@ -406,25 +406,25 @@ class StompConnection:
             if exchange == "amq.fanout":
                 return Destination(TOPIC, FANOUT_TOPIC)
             if not key and exchange in ("amq.topic", "amq.direct"):
-                raise ProtocolError("unknown destination",
+                raise FrameRefused("unknown destination",
                                     f"{text!r}: {exchange} needs a routing key")
             if exchange == "amq.topic":
                 return Destination(TOPIC, _rabbit_wildcard(key, text))
             if exchange == "amq.direct":
                 if "*" in key or "#" in key or ">" in key:
-                    raise ProtocolError("unknown destination", f"{text!r}: a direct "
+                    raise FrameRefused("unknown destination", f"{text!r}: a direct "
                                         "exchange's routing key is literal; the gateway's "
                                         "topics read *, # and > as wildcards")
                 return Destination(TOPIC, key)
-            raise ProtocolError("unknown destination", f"{text!r}: exchange {exchange!r} is "
+            raise FrameRefused("unknown destination", f"{text!r}: exchange {exchange!r} is "
                                 "not one the gateway has (amq.topic, amq.direct, amq.fanout)")
         if text.startswith(REPLY_QUEUE_PREFIX):
             name = text[len(REPLY_QUEUE_PREFIX):]
             if name.startswith(TEMP_PREFIX) and self.broker.queues.get(name) is not None:
                 return Destination(QUEUE, name)
-            raise ProtocolError("unknown destination",
+            raise FrameRefused("unknown destination",
                                 f"reply queue {text!r} does not exist (any more)")
-        raise ProtocolError(
+        raise FrameRefused(
             "unknown destination",
             f"{text!r}: a destination starts with /queue/, /topic/, /temp-queue/, "
             "/temp-topic/, /amq/queue/, /exchange/ or /reply-queue/",
@@ -447,7 +447,7 @@ class StompConnection:
         dest = self.destination(headers.get("destination"), frame)
         transformation = headers.get("transformation")
         if transformation is not None and transformation not in SEND_TRANSFORMATIONS:
-            raise ProtocolError("unsupported transformation",
+            raise FrameRefused("unsupported transformation",
                                 f"{transformation!r}: a SEND may name "
                                 + ", ".join(sorted(SEND_TRANSFORMATIONS)))
         rt_text = headers.get("reply-to")
@@ -467,9 +467,9 @@ class StompConnection:
             if mappings is not None:
                 msg = mappings.apply(msg, protocol="stomp", direction="in")
         except MappingFailed as exc:
-            raise ProtocolError("message refused by a mapping", str(exc)) from None
+            raise FrameRefused("message refused by a mapping", str(exc)) from None
         except GatewayError as exc:
-            raise ProtocolError("malformed message", str(exc)) from None
+            raise FrameRefused("malformed message", str(exc)) from None
         txn = headers.get("transaction")
         if txn is not None:
             transaction(self, txn, frame).send(msg)
@@ -480,7 +480,7 @@ class StompConnection:
             if not fut.done():
                 self.wait_for_confirmation(fut)
             elif fut.exception() is not None:
-                raise ProtocolError("message not accepted", str(fut.exception()))
+                raise FrameRefused("message not accepted", str(fut.exception()))
         self.receipt(frame)
 
 
@@ -510,7 +510,7 @@ def _rabbit_wildcard(name: str, text: str) -> str:
     if "#" not in words:
         return name  # '#' inside a word is a character of the name
     if words.index("#") != len(words) - 1:
-        raise ProtocolError("unknown destination", f"{text!r}: '#' is supported only as the "
+        raise FrameRefused("unknown destination", f"{text!r}: '#' is supported only as the "
                             "last word of a routing key (the gateway's '>')")
     words[-1] = ">"
     return ".".join(words)
@@ -519,7 +519,7 @@ def _rabbit_wildcard(name: str, text: str) -> str:
 def _heartbeats(text: str) -> tuple[int, int]:
     parts = text.split(",")
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise ProtocolError("bad heart-beat header", f"{text!r} is not two numbers cx,cy")
+        raise FrameRefused("bad heart-beat header", f"{text!r} is not two numbers cx,cy")
     return int(parts[0]), int(parts[1])
 
 

@@ -4,7 +4,7 @@ The frame handlers of ``SUBSCRIBE`` / ``UNSUBSCRIBE``, ``ACK`` / ``NACK`` and ``
 ``COMMIT`` / ``ABORT``: :data:`adapters.stomp.connection._HANDLERS` calls them with the
 :class:`~adapters.stomp.connection.StompConnection` and the frame, as it calls the
 connection's own methods for the other frames, and a refusal is a
-:class:`~adapters.stomp.codec.ProtocolError` the connection turns into an ERROR frame.
+:class:`~adapters.stomp.codec.FrameRefused` the connection turns into an ERROR frame.
 
 * ``SUBSCRIBE`` makes a :class:`StompSubscription`: a core consumer whose listener
   (:meth:`StompSubscription.deliver`) writes ``MESSAGE`` frames. ``ack:auto`` consumes on a
@@ -31,7 +31,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from adapters.stomp.codec import Frame, ProtocolError, escape
+from adapters.stomp.codec import Frame, FrameRefused, escape
 from gateway.message import TOPIC, Destination
 from mappings.stomp import SUBSCRIBE_TRANSFORMATIONS
 
@@ -112,26 +112,26 @@ def handle_subscribe(conn: StompConnection, frame: Frame) -> None:
     sid = headers.get("id")
     if sid is None:
         if conn.version != "1.0":
-            raise ProtocolError("missing id header", "SUBSCRIBE needs an id (STOMP 1.1+)")
+            raise FrameRefused("missing id header", "SUBSCRIBE needs an id (STOMP 1.1+)")
         sid = text or ""
     if sid in conn.subscriptions:
-        raise ProtocolError("duplicate subscription id", f"subscription {sid!r} exists")
+        raise FrameRefused("duplicate subscription id", f"subscription {sid!r} exists")
     dest = conn.destination(text, frame)
     ack = headers.get("ack", "auto")
     if ack not in ACK_MODES:
-        raise ProtocolError("bad ack mode", f"ack {ack!r}: use auto, client or "
+        raise FrameRefused("bad ack mode", f"ack {ack!r}: use auto, client or "
                             "client-individual")
     transformation = headers.get("transformation")
     if transformation is not None and transformation not in SUBSCRIBE_TRANSFORMATIONS:
-        raise ProtocolError("unsupported transformation",
+        raise FrameRefused("unsupported transformation",
                             f"{transformation!r}: a subscription may ask for "
                             + ", ".join(sorted(SUBSCRIBE_TRANSFORMATIONS)))
     durable = _header(headers, DURABLE_HEADERS)
     if durable is not None:
         if dest.kind != TOPIC:
-            raise ProtocolError("durable subscriptions are for topics", text or "")
+            raise FrameRefused("durable subscriptions are for topics", text or "")
         if not core.client_id:
-            raise ProtocolError("durable subscription needs a client-id",
+            raise FrameRefused("durable subscription needs a client-id",
                                 "send client-id in CONNECT to name durable subscriptions")
     rabbit_durable = durable is None and dest.kind == TOPIC and _rabbit_durable(headers)
     if rabbit_durable:
@@ -152,7 +152,7 @@ def handle_subscribe(conn: StompConnection, frame: Frame) -> None:
         window = DEFAULT_PREFETCH
     else:
         if not prefetch_text.isdigit() or int(prefetch_text) < 1:
-            raise ProtocolError("bad prefetch", f"{prefetch_text!r} is not a positive number")
+            raise FrameRefused("bad prefetch", f"{prefetch_text!r} is not a positive number")
         window = int(prefetch_text)
     no_local = (_header(headers, NO_LOCAL_HEADERS) or "").lower() == "true"
     sub = StompSubscription(conn, sid, dest, ack)
@@ -221,15 +221,15 @@ def handle_unsubscribe(conn: StompConnection, frame: Frame) -> None:
         conn.receipt(frame)
         return
     if sid is None and durable is None:
-        raise ProtocolError("missing id header", "UNSUBSCRIBE needs the subscription id")
+        raise FrameRefused("missing id header", "UNSUBSCRIBE needs the subscription id")
     sub = conn.subscriptions.pop(sid, None) if sid is not None else None
     if sub is None and durable is None:
-        raise ProtocolError("unknown subscription", f"no subscription {sid!r}")
+        raise FrameRefused("unknown subscription", f"no subscription {sid!r}")
     if sub is not None and sub.consumer is not None:
         sub.consumer.close()
     if durable is not None:
         if not core.client_id:
-            raise ProtocolError("durable subscription needs a client-id",
+            raise FrameRefused("durable subscription needs a client-id",
                                 "send client-id in CONNECT to name durable subscriptions")
         assert conn.durable_session is not None
         conn.durable_session.unsubscribe(durable)
@@ -244,7 +244,7 @@ def handle_ack(conn: StompConnection, frame: Frame) -> None:
 
 def handle_nack(conn: StompConnection, frame: Frame) -> None:
     if conn.version == "1.0":
-        raise ProtocolError("unknown command", "NACK is STOMP 1.1 and later")
+        raise FrameRefused("unknown command", "NACK is STOMP 1.1 and later")
     _settle(conn, frame, nack=True)
 
 
@@ -287,9 +287,9 @@ def _find_delivery(conn: StompConnection, headers: dict[str, str], frame: Frame
     if conn.version == "1.2":
         ack_id = headers.get("id")
         if ack_id is None:
-            raise ProtocolError("missing id header", f"{frame.command} needs the ack id")
+            raise FrameRefused("missing id header", f"{frame.command} needs the ack id")
         if not ack_id.isdigit() or int(ack_id) >= session.next_tag:
-            raise ProtocolError("unknown ack id", f"no message was sent with ack {ack_id!r}")
+            raise FrameRefused("unknown ack id", f"no message was sent with ack {ack_id!r}")
         tag = int(ack_id)
         d = session.unacked.get(tag)
         if d is None:
@@ -300,12 +300,12 @@ def _find_delivery(conn: StompConnection, headers: dict[str, str], frame: Frame
         return None, None
     mid = headers.get("message-id")
     if mid is None:
-        raise ProtocolError("missing message-id header", f"{frame.command} needs message-id")
+        raise FrameRefused("missing message-id header", f"{frame.command} needs message-id")
     sid = headers.get("subscription")
     if sid is not None:
         named = conn.subscriptions.get(sid)
         if named is None:
-            raise ProtocolError("unknown subscription", f"no subscription {sid!r}")
+            raise FrameRefused("unknown subscription", f"no subscription {sid!r}")
         candidates = [named]
     else:
         candidates = list(conn.subscriptions.values())
@@ -339,14 +339,14 @@ def _tags(conn: StompConnection, sub: StompSubscription, tag: int) -> list[int]:
 def transaction(conn: StompConnection, txn: str | None, frame: Frame) -> Transaction:
     tx = conn.transactions.get(txn) if txn is not None else None
     if tx is None:
-        raise ProtocolError("unknown transaction", f"no transaction {txn!r} was begun")
+        raise FrameRefused("unknown transaction", f"no transaction {txn!r} was begun")
     return tx
 
 
 def _txn_header(frame: Frame) -> str:
     txn = frame.get("transaction")
     if txn is None:
-        raise ProtocolError("missing transaction header", f"{frame.command} needs one")
+        raise FrameRefused("missing transaction header", f"{frame.command} needs one")
     return txn
 
 
@@ -354,7 +354,7 @@ def handle_begin(conn: StompConnection, frame: Frame) -> None:
     core = conn.require_connected(frame)
     txn = _txn_header(frame)
     if txn in conn.transactions:
-        raise ProtocolError("transaction already begun", f"transaction {txn!r} is open")
+        raise FrameRefused("transaction already begun", f"transaction {txn!r} is open")
     conn.transactions[txn] = core.transaction()
     conn.receipt(frame)
 
