@@ -34,7 +34,7 @@ makes output between reads (an export, an import's acknowledgement) schedules on
   ``<address_prefix_topic>gw-reply.<gateway id>.<key>`` (:class:`ReplyRoutes`); a receiver link
   from it, made with the route and after each reconnect, imports the replies into the temporary
   destination; routes whose destination is gone are dropped (checked every
-  :data:`~transports.base.REPLY_SWEEP` s, and on each reply).
+  :data:`~transports.reply.REPLY_SWEEP` s, and on each reply).
 
 The names, the RabbitMQ wildcard rule (``>`` → ``#``) and the message rules are in
 ``transports/README.md`` ("amqp").

@@ -69,7 +69,7 @@ Temporary reply-to (TIBCO EMS User's Guide, chapter "Working With TIBCO Rendezvo
 "Export Issues"): an export whose JMSReplyTo is a temporary destination of the gateway gets
 ``reply-to:<topic_prefix>gw-reply.<gateway id>.<q|t><n>``; the transport subscribes that topic
 (again after every reconnect) and imports what arrives there into the temporary destination
-while it exists (:class:`~transports.base.ReplyRoutes`). Every :data:`~transports.base.REPLY_SWEEP`
+while it exists (:class:`~transports.reply.ReplyRoutes`). Every :data:`~transports.reply.REPLY_SWEEP`
 seconds routes whose destination is gone are dropped and unsubscribed.
 """
 

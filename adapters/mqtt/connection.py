@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from adapters.mqtt.codec import MqttCodec, Side, encode_publish, validate_topic_filter
+from adapters.mqtt.overlap import SubRecord
 from adapters.mqtt.packets import (
     Auth,
     ConnAck,
@@ -52,7 +53,7 @@ from adapters.mqtt.packets import (
     UnsupportedProtocolVersion,
     v3_connack_return_code,
 )
-from adapters.mqtt.session import MQTT_5, NEVER, MqttSession, SubRecord, sent_publish
+from adapters.mqtt.session import MQTT_5, NEVER, MqttSession, sent_publish
 from gateway.errors import (
     GatewayError,
     IllegalStateError,

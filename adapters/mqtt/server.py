@@ -23,10 +23,11 @@ from typing import Any
 from adapters.listener import BatchedProtocol, Listener, LogLimiter, listen, skipped_text
 from adapters.mqtt.codec import encode_publish
 from adapters.mqtt.connection import MqttConnection, publish_reason
+from adapters.mqtt.overlap import SubRecord
 from adapters.mqtt.packets import Publish, ReasonCode, SubscriptionOptions, Will
 from adapters.mqtt.retained import NAMESPACE as RETAINED_NS
 from adapters.mqtt.retained import RetainedStore
-from adapters.mqtt.session import INFLIGHT_NS, NEVER, SESSION_NS, MqttSession, SubRecord
+from adapters.mqtt.session import INFLIGHT_NS, NEVER, SESSION_NS, MqttSession
 from adapters.mqtt.topics import mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway.errors import GatewayError, InvalidDestinationError
 from gateway.message import TEMP_PREFIX, TOPIC, Destination, Message

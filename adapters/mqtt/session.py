@@ -20,18 +20,8 @@ Interval > 0) and owns:
 * the incoming QoS 2 ids awaiting PUBREL, so a re-sent PUBLISH is not published twice
   ([MQTT-4.3.3-10]: exactly once).
 
-Overlapping subscriptions. When several (non-shared) subscriptions of a session match one
-message (``a`` and ``a/#``, ``a/+`` and ``a/#``), each core consumer delivers it, but the
-client gets one PUBLISH: at the highest QoS granted among them (capped by the message's),
-carrying every matching Subscription Identifier, with the RETAIN flag by the Retain As
-Published option of the subscription with the highest QoS (the first subscribed of those, on a
-tie). MQTT 5.0 §3.3.4 allows one copy or one per subscription; one is what clients expect.
-The first delivery to arrive sends the PUBLISH and leaves a :class:`Merge` behind that names
-the other matching subscriptions; their deliveries of that message, whenever they come (a
-paused consumer's later, a detached session's after the reconnect), join the in-flight entry
-and are acknowledged in the core with it (PUBACK, or PUBREC for QoS 2), or at once when the
-exchange is over. At most :data:`MERGES_KEPT` merges are remembered: past that a very late
-delivery would go out as a copy of its own. Shared subscriptions are never merged.
+Overlapping subscriptions (several of a session matching one message) get one PUBLISH
+between them: :mod:`adapters.mqtt.overlap`.
 
 The protocol logic of one network connection is :mod:`adapters.mqtt.connection`.
 
@@ -47,16 +37,19 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from adapters.mqtt.codec import MqttCodec, Side, encode_publish
+from adapters.mqtt.overlap import (
+    Merge,
+    SubRecord,
+    forget_merge,
+    join_merge,
+    matching_others,
+    remember_merge,
+)
 from adapters.mqtt.packets import (
     Publish,
     PubRel,
-    SubscriptionOptions,
     Will,
 )
-from adapters.mqtt.topics import (
-    mqtt_filter_to_subject,
-)
-from gateway import subject
 from gateway.client import AckMode
 from gateway.endpoint import Delivery
 from gateway.errors import (
@@ -79,10 +72,6 @@ SESSION_NS = "mqtt.session"
 # packet ids are used again after a gateway restart ([MQTT-4.4.0-1]).
 INFLIGHT_NS = "mqtt.inflight"
 NEVER = 0xFFFFFFFF  # Session Expiry Interval meaning "never expires" (MQTT 5 3.1.2.11.2)
-# Merges of overlapping subscriptions' deliveries remembered per session: each is dropped as
-# soon as every matching subscription has delivered, so only deliveries held back (a paused
-# or filtered consumer) keep one; the oldest goes first past this.
-MERGES_KEPT = 4096
 TOO_LARGE = "packet_too_large"  # delivery log reason: over the client's Maximum Packet Size
 
 
@@ -105,53 +94,6 @@ def sent_publish(packet: bytes, level: int, aliases: dict[int, str]) -> Publish:
 RETAINED_BATCH = 256
 
 
-class SubRecord:
-    """One MQTT subscription of a session and the core consumer behind it."""
-
-    __slots__ = ("filter", "options", "sub_id", "consumer", "pattern", "parent", "share",
-                 "durable", "overlaps", "overlaps_version")
-
-    def __init__(self, flt: str, options: SubscriptionOptions, sub_id: int | None) -> None:
-        self.filter = flt
-        self.options = options
-        self.sub_id = sub_id
-        self.consumer: Any = None
-        # Its core subscription is the durable ``mqtt:<filter>``: it stays durable for the
-        # session's life even when a resumed connection sets Session Expiry Interval 0.
-        self.durable = False
-        f = mqtt_filter_to_subject(flt)
-        self.pattern, self.parent, self.share = f.pattern, f.parent_match, f.share
-        # The session's other non-shared subscriptions whose filters intersect this one's,
-        # as of the session's subs_version (MqttSession._matching_others).
-        self.overlaps: tuple[SubRecord, ...] = ()
-        self.overlaps_version = -1
-
-    def matches(self, name: str) -> bool:
-        """Whether this subscription's filter matches the subject ``name``."""
-        pattern = self.pattern
-        if subject.matches(pattern, name):
-            return True
-        # MQTT's "a/#" also matches "a" itself [MQTT-4.7.1-2].
-        return self.parent and pattern.endswith(".>") and subject.matches(pattern[:-2], name)
-
-
-class Merge:
-    """One message that several subscriptions of a session match, sent once (module
-    docstring, "Overlapping subscriptions")."""
-
-    __slots__ = ("msg", "store_id", "waiting", "flight")
-
-    def __init__(self, msg: Message, waiting: list[SubRecord], flight: OutFlight | None) -> None:
-        self.msg = msg  # kept, so its id() is not reused while the merge lives
-        # Its id in the store when it was sent: after a restart each durable subscription
-        # may hold a message object of its own, and the id is what they share. (Read now:
-        # the store forgets it, and the message gets a new one, when its first stored copy
-        # is acknowledged before the next subscription has it -- dispatch is synchronous.)
-        self.store_id = msg.store_id
-        self.waiting = waiting  # the subscriptions whose delivery of it has not come yet
-        self.flight = flight  # the PUBLISH it went out in (None: QoS 0, or not sent)
-
-
 class OutFlight:
     """An outgoing QoS 1/2 PUBLISH awaiting its acknowledgement (or a PUBREL awaiting PUBCOMP)."""
 
@@ -164,7 +106,7 @@ class OutFlight:
         self.released = False  # PUBREC received, PUBREL sent
         self.saved = False  # recorded in the store (INFLIGHT_NS)
         # Deliveries of the same message to the session's other matching subscriptions,
-        # settled with ``delivery`` (module docstring, "Overlapping subscriptions").
+        # settled with ``delivery`` (:mod:`adapters.mqtt.overlap`).
         self.joined: list[Delivery] | None = None
 
 
@@ -270,7 +212,7 @@ class MqttSession:
                 if rec in m.waiting:
                     m.waiting.remove(rec)
                     if not m.waiting:
-                        self._forget_merge(m)
+                        forget_merge(self, m)
         if drop and rec.share is None:
             # By name, not by ``rec.durable``: a subscription replaced while the session
             # was not persistent leaves the durable it replaced.
@@ -322,7 +264,7 @@ class MqttSession:
             self.core_session.release(d, count_delivery=False)
             return
         if rec.share is None and len(self.subs) > 1:
-            # Overlapping subscriptions (module docstring): this message may have gone out
+            # Overlapping subscriptions (adapters.mqtt.overlap): this message may have gone out
             # already for another subscription, or another may match it too.
             merges = self.merges
             if merges:
@@ -332,9 +274,9 @@ class MqttSession:
                 if m is None and msg.store_id:
                     m = self.merges_stored.get(msg.store_id)
                 if m is not None and rec in m.waiting:
-                    self._join(m, d, rec)
+                    join_merge(self, m, d, rec)
                     return
-            others = self._matching_others(rec, msg)
+            others = matching_others(self, rec, msg)
             if others:
                 self._deliver_merged(d, rec, others, conn)
                 return
@@ -366,22 +308,7 @@ class MqttSession:
         if len(self.outgoing) >= self.receive_maximum:
             self.pause()
 
-    # -- overlapping subscriptions (module docstring) ----------------------------------------
-
-    def _matching_others(self, rec: SubRecord, msg: Message) -> list[SubRecord]:
-        """The session's other non-shared subscriptions that get ``msg`` too."""
-        if rec.overlaps_version != self.subs_version:
-            rec.overlaps = tuple(r for r in self.subs.values()
-                                 if r is not rec and r.share is None and _intersect(r, rec))
-            rec.overlaps_version = self.subs_version
-        if not rec.overlaps or msg.destination is None:
-            return []
-        name = msg.destination.name
-        own = msg.producer_conn is not None and self.core is not None and \
-            msg.producer_conn == self.core.id
-        return [r for r in rec.overlaps
-                if r.consumer is not None and not (own and r.options.no_local)
-                and r.matches(name)]
+    # -- overlapping subscriptions (adapters.mqtt.overlap) -----------------------------------
 
     def _deliver_merged(self, d: Delivery, rec: SubRecord, others: list[SubRecord],
                         conn: MqttConnection) -> None:
@@ -423,38 +350,9 @@ class MqttSession:
                         # Restored after a restart from the durable of the highest QoS,
                         # which does not acknowledge on delivery as a QoS 0 one does.
                         self.save_inflight(f, msg.store_id, lead.filter)
-        self._remember_merge(Merge(msg, [r for r in recs if r is not rec], f))
+        remember_merge(self, Merge(msg, [r for r in recs if r is not rec], f))
         if f is not None and len(self.outgoing) >= self.receive_maximum:
             self.pause()
-
-    def _remember_merge(self, m: Merge) -> None:
-        merges = self.merges
-        if len(merges) >= MERGES_KEPT:
-            self._forget_merge(next(iter(merges.values())))
-        merges[id(m.msg)] = m
-        if m.store_id:
-            self.merges_stored[m.store_id] = m
-
-    def _forget_merge(self, m: Merge) -> None:
-        if self.merges.get(id(m.msg)) is m:
-            del self.merges[id(m.msg)]
-        if m.store_id and self.merges_stored.get(m.store_id) is m:
-            del self.merges_stored[m.store_id]
-
-    def _join(self, m: Merge, d: Delivery, rec: SubRecord) -> None:
-        """A delivery of a message sent already for another subscription: it is settled
-        with that PUBLISH, or now if that exchange is over (or went at QoS 0)."""
-        m.waiting.remove(rec)
-        if not m.waiting:
-            self._forget_merge(m)
-        f = m.flight
-        if f is not None and not f.released and self.outgoing.get(f.pid) is f:
-            if f.joined is None:
-                f.joined = [d]
-            else:
-                f.joined.append(d)
-        else:
-            self.core_session.ack(d)
 
     def settle(self, f: OutFlight) -> None:
         """Acknowledge in the core every delivery ``f`` carries (PUBACK, PUBREC, PUBCOMP)."""
@@ -508,7 +406,7 @@ class MqttSession:
                 continue
             assert rec is not None  # claim() found it through rec
             # The other subscriptions matching it deliver it again: they join this one.
-            others = self._matching_others(rec, d.msg) if rec.share is None else []
+            others = matching_others(self, rec, d.msg) if rec.share is None else []
             merged = [r for r in self.subs.values() if r is rec or r in others] or None
             try:
                 out, qos, topic, props = self._prepare(d.msg, rec, conn,
@@ -527,7 +425,7 @@ class MqttSession:
             f.saved = True
             self.next_pid = max(self.next_pid, pid % 65535 + 1)
             if others:
-                self._remember_merge(Merge(d.msg, others, f))
+                remember_merge(self, Merge(d.msg, others, f))
 
     def _prepare(self, msg: Message, rec: SubRecord, conn: MqttConnection, now: int,
                  merged: list[SubRecord] | None = None) -> tuple[Any, int, str, dict[str, Any]]:
@@ -814,10 +712,3 @@ class MqttSession:
             store.delete_kv(SESSION_NS, self.client_id)
             store.commit(None)
             self.stored = False
-
-
-def _intersect(a: SubRecord, b: SubRecord) -> bool:
-    """Whether some topic matches both subscriptions' filters (with "a/#" matching "a")."""
-    pa = [a.pattern, a.pattern[:-2]] if a.parent and a.pattern.endswith(".>") else [a.pattern]
-    pb = [b.pattern, b.pattern[:-2]] if b.parent and b.pattern.endswith(".>") else [b.pattern]
-    return any(subject.intersects(x, y) for x in pa for y in pb)

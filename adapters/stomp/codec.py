@@ -34,6 +34,8 @@ Errors. A malformed frame raises :class:`StompError` (:class:`FrameTooLarge` for
 whose text the server puts in its ERROR frame; ``exc.frames`` holds the good frames before it
 in the same feed. After that the parser is dead. Encoding a header that the version cannot
 carry raises :class:`~gateway.errors.LocalProtocolError`.
+A well-formed frame the server refuses (in the wrong state, naming an unknown destination
+...) raises :class:`FrameRefused`, which the server answers with an ERROR frame as well.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ from gateway.errors import LocalProtocolError, RemoteProtocolError
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE", "DEFAULT_MAX_HEADERS", "DEFAULT_MAX_HEADER_BYTES", "HEARTBEAT",
-    "MAX_COMMAND_LENGTH", "SUPPORTED_VERSIONS", "Frame", "FrameTooLarge", "Parser", "StompError",
-    "encode", "encode_frame", "escape", "negotiate_version",
+    "MAX_COMMAND_LENGTH", "SUPPORTED_VERSIONS", "Frame", "FrameRefused", "FrameTooLarge",
+    "Parser", "StompError", "encode", "encode_frame", "escape", "negotiate_version",
 ]
 
 HEARTBEAT = b"\n"
@@ -96,6 +98,15 @@ class FrameTooLarge(StompError):
     reason = "frame-too-large"
 
 
+class FrameRefused(Exception):
+    """A frame the connection refuses: the ERROR frame's ``message`` and body."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+
 class Frame:
     """One STOMP frame: command, headers in wire order (repeats kept), body octets."""
 
@@ -113,6 +124,15 @@ class Frame:
             if key == name:
                 return value
         return default
+
+    def first_headers(self) -> dict[str, str]:
+        """The headers by name, the first of repeated ones winning (1.2 "Repeated Header
+        Entries")."""
+        out: dict[str, str] = {}
+        for name, value in self.headers:
+            if name not in out:
+                out[name] = value
+        return out
 
     def __repr__(self) -> str:
         shown = self.headers[:4]

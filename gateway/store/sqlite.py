@@ -11,11 +11,8 @@ a single ``call_soon_threadsafe``. While it commits, new units queue up for the 
 the batch grows with the load and the fsync cost is shared (group commit). With ``sync=False``,
 ``synchronous=NORMAL`` survives a process crash but may lose the last batches on power loss.
 
-Before executing a batch the writer coalesces it: a message put and deleted in the same
-batch, or an entry added and removed, never reaches the database; the rest goes out with one
-``executemany`` per statement kind. Entries keep their insertion order through an integer
-primary key (``seq``). ``delete_endpoint`` is a barrier: the entries collected before it are
-written first, so it deletes exactly the entries submitted before it.
+Before executing a batch the writer coalesces it (:mod:`gateway.store.sqlite_batch`, which
+turns a batch of ops into SQL): what is undone within the batch never reaches the database.
 
 Reads (message swapping: the broker drops the bodies of persistent messages from memory and
 asks for them back before delivery) go through the same queue as the units, so the writer
@@ -87,6 +84,7 @@ from gateway.store.base import (
     Recovered,
     StoreError,
 )
+from gateway.store.sqlite_batch import DELETE_ENDPOINT, MAX_ROWS, apply_ops
 
 try:
     import fcntl
@@ -111,50 +109,13 @@ _SCHEMA = (
     " WHERE endpoint >= 'sub:' AND endpoint < 'sub;'",
 )
 
-# Multi-row statements as (head, one row, tail): see _execute_rows.
-_PUT_MESSAGES = ("INSERT OR REPLACE INTO messages (id, data) VALUES ", "(?,?)", "")
-_DELETE_MESSAGES = ("DELETE FROM messages WHERE id IN (", "?", ")")
-_INSERT_ENTRIES = (
-    "INSERT INTO entries (endpoint, msg, count) VALUES ",
-    "(?,?,?)",
-    " ON CONFLICT (endpoint, msg) DO UPDATE SET count = excluded.count",
-)
-_DELETE_ENTRIES = ("DELETE FROM entries WHERE endpoint = ? AND msg IN (", "?", ")")
 _DELETE_MESSAGE = "DELETE FROM messages WHERE id = ?"
-# The terms must be those of the index's WHERE for SQLite to use the partial index.
-_SUB_ENTRY = "endpoint >= 'sub:' AND endpoint < 'sub;'"
-_DELETE_UNREFERENCED = (
-    "DELETE FROM messages WHERE id IN (",
-    "?",
-    ") AND NOT EXISTS (SELECT 1 FROM entries WHERE entries.msg = messages.id AND "
-    + _SUB_ENTRY + ")",
-)
-# A durable subscription's messages no other durable subscription references (before its
-# entries go).
-_DELETE_SUB_MESSAGES = (
-    "DELETE FROM messages WHERE id IN (SELECT msg FROM entries WHERE endpoint = ?) AND NOT "
-    "EXISTS (SELECT 1 FROM entries AS e2 WHERE e2.msg = messages.id AND e2.endpoint != ? AND "
-    "e2." + _SUB_ENTRY.replace("AND endpoint", "AND e2.endpoint") + ")"
-)
 _SELECT_TAIL = (
     "SELECT e.msg, e.count, m.data FROM entries AS e JOIN messages AS m ON m.id = e.msg "
     "WHERE e.endpoint = ? AND e.msg > ? ORDER BY e.msg LIMIT ?"
 )
 _SELECT_MESSAGES = ("SELECT id, data FROM messages WHERE id IN (", "?", ")")
-_UPDATE_ENTRY = "UPDATE entries SET count = ? WHERE endpoint = ? AND msg = ?"
-_DELETE_ENDPOINT_ENTRIES = "DELETE FROM entries WHERE endpoint = ?"
-_PUT_ENDPOINT = "INSERT OR REPLACE INTO endpoints (key, def) VALUES (?, ?)"
-_DELETE_ENDPOINT = "DELETE FROM endpoints WHERE key = ?"
-_PUT_KV = "INSERT OR REPLACE INTO kv (ns, key, value) VALUES (?, ?, ?)"
-_DELETE_KV = "DELETE FROM kv WHERE ns = ? AND key = ?"
 _PUT_META = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
-
-# Net state of one (endpoint, id) entry within a batch.
-_NEW = 1  # added in this batch: insert (a remove cancels it)
-_UPDATE = 2  # existed before: update the count
-_DELETE = 3  # existed before: delete
-_REINSERT = 4  # existed, removed, added again: delete, then insert at the end
-_UPSERT = 5  # updated, then added: insert where added, or update the count if it exists
 
 # How long flush() waits between checks that the writer thread is still alive.
 _FLUSH_POLL_S = 1.0
@@ -539,7 +500,7 @@ class SqliteStore:
                     raise ValueError("not a JSON object")
             except ValueError as exc:
                 self._corrupt(f"endpoint {key!r}", exc)
-                conn.execute(_DELETE_ENDPOINT, (key,))
+                conn.execute(DELETE_ENDPOINT, (key,))
                 continue
             rec.endpoints[key] = definition
         backlog = self._backlog
@@ -609,8 +570,8 @@ class SqliteStore:
         ids = sorted({mid for kept in entries.values() for mid, _ in kept})
         rows: list[tuple[Any, Any]] = []
         head, row, tail_sql = _SELECT_MESSAGES
-        for i in range(0, len(ids), _MAX_ROWS):
-            chunk = ids[i : i + _MAX_ROWS]
+        for i in range(0, len(ids), MAX_ROWS):
+            chunk = ids[i : i + MAX_ROWS]
             rows.extend(conn.execute(head + ",".join([row] * len(chunk)) + tail_sql, chunk))
         return rows
 
@@ -663,8 +624,8 @@ class SqliteStore:
         ids = read.ids
         head, row, tail = _SELECT_MESSAGES
         try:
-            for i in range(0, len(ids), _MAX_ROWS):
-                chunk = ids[i : i + _MAX_ROWS]
+            for i in range(0, len(ids), MAX_ROWS):
+                chunk = ids[i : i + MAX_ROWS]
                 sql = head + ",".join([row] * len(chunk)) + tail
                 for mid, data in conn.execute(sql, chunk):
                     try:
@@ -734,7 +695,8 @@ class SqliteStore:
     def _transaction(self, conn: sqlite3.Connection, op_lists: list[list[tuple[Any, ...]]]) -> None:
         conn.execute("BEGIN")
         try:
-            max_id = self._apply(conn, op_lists)
+            max_id, netted = apply_ops(conn, op_lists)
+            self.stats["netted"] += netted
             if max_id > self._max_id_written:
                 conn.execute(_PUT_META, ("max_id", max_id))
             conn.execute("COMMIT")
@@ -787,173 +749,3 @@ class SqliteStore:
             call_soon(fn, arg)
         except RuntimeError as exc:  # the loop is closed; nobody is left to tell
             log.warning("store %s: cannot run callbacks, loop is gone: %s", self.path, exc)
-
-    def _apply(self, conn: sqlite3.Connection, op_lists: Iterable[list[tuple[Any, ...]]]) -> int:
-        """Coalesce and execute the ops; returns the highest fresh message id seen."""
-        msgs: dict[int, bytes | None] = {}
-        fresh: set[int] = set()
-        ents: dict[tuple[str, int], tuple[int, int]] = {}
-        kvs: dict[tuple[str, str], bytes | None] = {}
-        eps: dict[str, str | None] = {}
-        unref: list[int] = []  # conditional deletes (delete_unreferenced), after the entries
-        unref_fresh: list[int] = []  # ... of messages put in this batch: perhaps netted
-        max_id = netted = 0
-        for ops in op_lists:
-            for op in ops:
-                code = op[0]
-                if code == OP_PUT_MESSAGE:
-                    sid = op[1]
-                    msgs[sid] = op[2]
-                    if op[3]:
-                        fresh.add(sid)
-                        if sid > max_id:
-                            max_id = sid
-                elif code == OP_ADD_ENTRY:
-                    key = (op[1], op[2])
-                    prev = ents.get(key)
-                    if prev is None or prev[0] == _NEW:
-                        ents[key] = (_NEW, op[3])
-                    elif prev[0] == _DELETE:
-                        del ents[key]  # re-added: goes to the end
-                        ents[key] = (_REINSERT, op[3])
-                    elif prev[0] == _REINSERT:
-                        ents[key] = (_REINSERT, op[3])
-                    else:
-                        if prev[0] == _UPDATE:
-                            del ents[key]  # its place is where it is added
-                        ents[key] = (_UPSERT, op[3])
-                elif code == OP_REMOVE_ENTRY:
-                    key = (op[1], op[2])
-                    prev = ents.get(key)
-                    if prev is not None and prev[0] == _NEW:
-                        del ents[key]
-                        netted += 2
-                    else:
-                        ents[key] = (_DELETE, 0)
-                elif code == OP_UPDATE_ENTRY:
-                    key = (op[1], op[2])
-                    prev = ents.get(key)
-                    if prev is None:
-                        ents[key] = (_UPDATE, op[3])
-                    elif prev[0] != _DELETE:
-                        ents[key] = (prev[0], op[3])
-                elif code == OP_DELETE_MESSAGE:
-                    sid = op[1]
-                    if sid in fresh:
-                        fresh.discard(sid)
-                        del msgs[sid]
-                        netted += 2
-                    else:
-                        msgs[sid] = None
-                elif code == OP_DELETE_UNREFERENCED:
-                    if op[1] in fresh:
-                        unref_fresh.append(op[1])
-                    else:
-                        unref.append(op[1])
-                elif code == OP_PUT_KV:
-                    kvs[op[1], op[2]] = op[3]
-                elif code == OP_DELETE_KV:
-                    kvs[op[1], op[2]] = None
-                elif code == OP_PUT_ENDPOINT:
-                    eps[op[1]] = op[2]
-                elif code == OP_DELETE_ENDPOINT:
-                    if ents:  # a barrier: entries submitted before it go first
-                        _write_entries(conn, ents)
-                        ents = {}
-                    if op[1].startswith("sub:"):
-                        # A durable subscription: the rows only it references (its tail's
-                        # among them) go with its entries, so the messages put before it
-                        # are written first, and none of them is netted any more.
-                        if msgs:
-                            _write_messages(conn, msgs)
-                            msgs = {}
-                        fresh.clear()
-                        unref.extend(unref_fresh)
-                        unref_fresh = []
-                        conn.execute(_DELETE_SUB_MESSAGES, (op[1], op[1]))
-                    conn.execute(_DELETE_ENDPOINT_ENTRIES, (op[1],))
-                    eps[op[1]] = None
-                else:  # pragma: no cover - a bug in this module
-                    raise AssertionError(f"unknown store op {op!r}")
-        if unref_fresh:
-            # Put in this batch: if none of its entries is left either, it never was.
-            live = {k[1] for k, v in ents.items() if v[0] != _DELETE and v[0] != _UPDATE}
-            for sid in unref_fresh:
-                if sid in live or sid not in msgs:
-                    unref.append(sid)
-                else:
-                    del msgs[sid]
-                    netted += 2
-        if msgs:
-            _write_messages(conn, msgs)
-        if ents:
-            _write_entries(conn, ents)
-        if unref:
-            _execute_rows(conn, _DELETE_UNREFERENCED, [(k,) for k in unref])
-        if kvs:
-            conn.executemany(_PUT_KV, [(k[0], k[1], v) for k, v in kvs.items() if v is not None])
-            conn.executemany(_DELETE_KV, [k for k, v in kvs.items() if v is None])
-        if eps:
-            conn.executemany(_PUT_ENDPOINT, [(k, v) for k, v in eps.items() if v is not None])
-            conn.executemany(_DELETE_ENDPOINT, [(k,) for k, v in eps.items() if v is None])
-        self.stats["netted"] += netted
-        return max_id
-
-
-def _write_messages(conn: sqlite3.Connection, msgs: dict[int, bytes | None]) -> None:
-    puts = [(k, v) for k, v in msgs.items() if v is not None]
-    if puts:
-        _execute_rows(conn, _PUT_MESSAGES, puts)
-    if len(puts) != len(msgs):
-        _execute_rows(conn, _DELETE_MESSAGES, [(k,) for k, v in msgs.items() if v is None])
-
-
-def _write_entries(conn: sqlite3.Connection, ents: dict[tuple[str, int], tuple[int, int]]) -> None:
-    deletes: dict[str, list[tuple[int]]] = {}
-    inserts: list[tuple[str, int, int]] = []
-    updates: list[tuple[int, str, int]] = []
-    for key, (state, count) in ents.items():
-        if state == _NEW or state == _UPSERT:
-            inserts.append((key[0], key[1], count))
-        elif state == _UPDATE:
-            updates.append((count, key[0], key[1]))
-        else:
-            deletes.setdefault(key[0], []).append((key[1],))
-            if state == _REINSERT:
-                inserts.append((key[0], key[1], count))
-    for endpoint, ids in deletes.items():
-        _execute_rows(conn, _DELETE_ENTRIES, ids, (endpoint,))
-    if inserts:
-        _execute_rows(conn, _INSERT_ENTRIES, inserts)
-    if updates:
-        conn.executemany(_UPDATE_ENTRY, updates)
-
-
-# Rows per statement in _execute_rows. The sqlite3 module releases the GIL around every step,
-# and each release can hand the GIL to the loop thread and wait up to the switch interval to
-# get it back; one statement for many rows keeps the writer from slowing the loop down.
-# 3 x 256 parameters stay below SQLite's historic 999-variable limit.
-_MAX_ROWS = 256
-_SQL_CACHE: dict[tuple[tuple[str, str, str], int], str] = {}
-
-
-def _execute_rows(
-    conn: sqlite3.Connection,
-    template: tuple[str, str, str],
-    rows: list[tuple[Any, ...]],
-    prefix: tuple[Any, ...] = (),
-) -> None:
-    """Execute ``template`` for all ``rows`` with few statements of 2**k rows each."""
-    head, row, tail = template
-    i, total = 0, len(rows)
-    while i < total:
-        n = min(total - i, _MAX_ROWS)
-        n = 1 << (n.bit_length() - 1)  # a power of two, so few distinct statements
-        sql = _SQL_CACHE.get((template, n))
-        if sql is None:
-            sql = _SQL_CACHE[template, n] = head + ",".join([row] * n) + tail
-        params = list(prefix)
-        for r in rows[i : i + n]:
-            params.extend(r)
-        conn.execute(sql, params)
-        i += n

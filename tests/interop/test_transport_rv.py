@@ -33,7 +33,7 @@ from transportlog import (
     log_records,
 )
 
-import transports.base
+import transports.reply
 from gateway.message import Destination as GwDestination
 from gateway.message import Message as GwMessage
 from transports.rv import Listener, Message, RequestTimeout, RvType, Transport
@@ -637,7 +637,7 @@ def test_the_least_recently_used_inbox_temporary_goes_first_past_the_limit(
         start_gateway, bus, monkeypatch):
     """At most MAX_REPLY_TEMPORARIES inboxes stand as temporary topics (here 2): a request
     from a third inbox deletes the temporary topic of the one used longest ago."""
-    monkeypatch.setattr(transports.base, "MAX_REPLY_TEMPORARIES", 2)
+    monkeypatch.setattr(transports.reply, "MAX_REPLY_TEMPORARIES", 2)
     g = start_gateway(">\n", listen=(), queues='req import="bus"\n>\n')
     wait_for(lambda: info(g)["imports"] == {"req": ["req"]}, what="the queue import")
     bridge = bridge_of(g)

@@ -19,7 +19,7 @@ from proton import Collector, Connection, Delivery, Endpoint, Event, Transport
 
 import transports.amqp as amqp_transport
 import transports.amqp_export as amqp_export
-import transports.base as transport_base
+import transports.reply
 from adapters.amqp.sasl import SaslError, SaslServer
 from gateway.errors import GatewayError
 from gateway.message import PROP_IMPORTED, DeliveryMode, Destination, Message
@@ -513,7 +513,7 @@ async def test_topic_import_link_follows_local_subscriptions(tmp_path):
 
 
 async def test_a_temporary_reply_to_is_routed_back_while_it_exists(tmp_path, monkeypatch):
-    monkeypatch.setattr(transport_base, "REPLY_SWEEP", 0.05)
+    monkeypatch.setattr(transports.reply, "REPLY_SWEEP", 0.05)
     peer = await FakePeer().start()
     async with bridge(tmp_path, peer, topics='svc.> export="far"\n>\n') as (b, t):
         await until(lambda: t.state == "up", what="up")

@@ -24,11 +24,11 @@ destination's name. Messages cross by the RV mapping
   and ``export_headers`` / ``export_properties`` do not remove it. A marker without a blank
   (another bus program's, or an older gateway's) is a gateway id alone.
 * Replies: an export whose ``JMSReplyTo`` is a temporary destination gets an inbox of this
-  bridge as its reply subject (:class:`~transports.base.ReplyRoutes`: what comes to the inbox
+  bridge as its reply subject (:class:`~transports.reply.ReplyRoutes`: what comes to the inbox
   goes to the temporary destination while it exists); a named ``JMSReplyTo`` is sent as its
   name. An import whose reply subject is an inbox gets ``JMSReplyTo`` = a temporary topic of
   the gateway standing for that inbox (EMS User's Guide, "JMSReplyTo"; one per inbox, so
-  several requests from one inbox share it; :class:`~transports.base.ReplyTemporaries`):
+  several requests from one inbox share it; :class:`~transports.reply.ReplyTemporaries`):
   whatever is published to it (by an MQTT, AMQP or STOMP responder, or a client of the
   core) goes point to point to the inbox. It is deleted ``temp_destination_timeout``
   seconds after its last use (a request or a reply), and when the bridge disconnects. Any

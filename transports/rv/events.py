@@ -1,10 +1,11 @@
 """What the RV-style engine hands its shell: events, advisories, counters, and its errors.
 
+Datagrams go to a :data:`Dest`: :data:`MULTICAST` or an (ip, port) pair.
 :class:`Delivered` is one whole message from another engine; :class:`Advisory` is a system
 advisory as plain data (the Rendezvous subject and its fields, named as in TIBCO Rendezvous
 Concepts, Appendix A, System Advisory Messages), which the API layer turns into a message;
 :class:`Stats` holds the counters HOST.STATUS reports. :mod:`transports.rv.engine` re-exports
-all of them.
+the events, advisory subjects, counters and errors.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from typing import Final
 MAX_MESSAGE: Final = 64 * 1024 * 1024
 #: Who sent a message: (IP, inbox port, incarnation).
 Sender = tuple[str, int, int]
+#: Where a datagram goes: MULTICAST (the service's group or broadcast address) or (ip, port).
+MULTICAST: Final = None
+Dest = tuple[str, int] | None
 
 DATALOSS_INBOUND_BCAST: Final = "_RV.ERROR.SYSTEM.DATALOSS.INBOUND.BCAST"
 DATALOSS_INBOUND_PTP: Final = "_RV.ERROR.SYSTEM.DATALOSS.INBOUND.PTP"

@@ -16,7 +16,8 @@ import heapq
 import random
 from collections.abc import Callable
 
-from transports.rv.engine import MULTICAST, Advisory, Delivered, Engine, Event
+from transports.rv.engine import Advisory, Delivered, Engine, Event
+from transports.rv.events import MULTICAST
 
 
 class Node:

@@ -16,8 +16,6 @@ from transports.rv.engine import (
     DATALOSS_OUTBOUND_BCAST,
     DATALOSS_OUTBOUND_PTP,
     MAX_MESSAGE,
-    MULTICAST,
-    NAK_MAX_PACKETS,
     RETRANSMISSION_INBOUND_EXPECTED,
     RETRANSMISSION_OUTBOUND_SENT,
     Advisory,
@@ -26,6 +24,7 @@ from transports.rv.engine import (
     EngineClosed,
     MessageTooLarge,
 )
+from transports.rv.events import MULTICAST
 from transports.rv.packet import (
     BATCH,
     DATA,
@@ -37,6 +36,7 @@ from transports.rv.packet import (
     header,
     ip_to_int,
 )
+from transports.rv.repair import NAK_MAX_PACKETS
 
 from .memlan import MemLan, Node
 
