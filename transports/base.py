@@ -7,8 +7,8 @@ How this works. The :class:`~transports.manager.TransportManager` (one per gatew
 in ``gateway.conf`` (``mqtt_transports = enabled``; off by default, as in EMS,
 TIBCO EMS User's Guide, chapter "Working With TIBCO Rendezvous", "Overview"). A transport is a
 core client of kind ``BRIDGE`` (client id ``$transport:<name>``) plus a connection to the far
-side made by its subclass (paho-mqtt, proton, stomp.py). EMS's rules (EMS User's Guide, chapter
-"Working With TIBCO Rendezvous", "Topics" and "Queues"):
+side made by its subclass (an MQTT client session, proton, stomp.py). EMS's rules (EMS User's
+Guide, chapter "Working With TIBCO Rendezvous", "Topics" and "Queues"):
 
 * **Export** (topics only): for each topic entry that names the transport in ``export``, a
   durable core subscription ``export:<pattern>`` holds what is to go out; its consumer sends
@@ -155,9 +155,10 @@ class Transport:
     """
 
     type = ""
-    # True when the client library resends unconfirmed messages itself after reconnecting
-    # (paho keeps its in-flight QoS 1/2 messages and resends them with their packet ids):
-    # then a lost connection leaves them in flight instead of giving them back.
+    # True when the far-side session resends unconfirmed messages itself after reconnecting
+    # (the MQTT client session keeps its in-flight QoS 1/2 messages and resends them with
+    # their packet ids): then a lost connection leaves them in flight instead of giving
+    # them back.
     keeps_inflight = False
 
     def __init__(self, manager: TransportManager, tdef: TransportDef) -> None:
