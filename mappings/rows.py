@@ -101,7 +101,7 @@ def _agrees(row: str, fast: str) -> bool:
     got = re.split(r"([ ,:;>]+)", row)
     return len(parts) == len(got) and all(
         p == g or p.endswith(".{}") and g.startswith(p[:-2]) and len(g) > len(p) - 2
-        for p, g in zip(parts, got))
+        for p, g in zip(parts, got, strict=True))
 
 
 def check_shape(protocol: str, direction: str, shape: tuple[tuple[str, str], ...]) -> None:
@@ -158,7 +158,7 @@ def name(section: str, *places: str) -> str:
     if len(set(found)) != 1:
         raise DefaultRowsMismatch(
             f"{_file(places[0].partition(' ')[0])}: the fast path keeps one name for "
-            + ", ".join(f"{p} ({n})" for p, n in zip(places, found)))
+            + ", ".join(f"{p} ({n})" for p, n in zip(places, found, strict=True)))
     return found[0]
 
 

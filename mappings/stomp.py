@@ -49,7 +49,8 @@ from gateway.message import (
 )
 from gateway.types import Int64, UInt64
 from mappings import xstream
-from mappings.rows import check_shape, except_names, name
+from mappings.rows import check_shape, except_names
+from mappings.rows import name as row_name
 from mappings.typedtext import (
     apply_types,
     is_text_content_type,
@@ -115,22 +116,23 @@ check_shape("stomp", "in", SHAPE_IN)
 check_shape("stomp", "out", SHAPE_OUT)
 
 _H = "wire.header"
-TYPES_HEADER = name(_H, "stomp.in.gw-types from[0]", "stomp.out.gw-types to[0]")
-TRACE_HEADER = name(_H, "stomp.in.trace-id from[0]", "stomp.out.trace-id to[0]")
-CONTENT_TYPE = name(_H, "stomp.in.body from[2]", "stomp.in.content-type from[0]",
-                    "stomp.out.body to[1]")
-TRANSFORMATION = name(_H, "stomp.in.body from[1]", "stomp.out.body to[2]")
-CORRELATION_ID = name(_H, "stomp.in.correlation-id from[0]", "stomp.out.correlation-id to[0]")
-TYPE = name(_H, "stomp.in.type from[0]", "stomp.out.type to[0]")
-PERSISTENT = name(_H, "stomp.in.persistent from[0]", "stomp.out.persistent to[0]")
-PRIORITY = name(_H, "stomp.in.priority from[0]", "stomp.out.priority to[0]")
-EXPIRES = name(_H, "stomp.in.expires from[0]", "stomp.out.expires to[0]")
-SCHEDULED_DELAY = name(_H, "stomp.in.delay from[0]")  # ActiveMQ's delivery delay header, in ms
-DESTINATION = name(_H, "stomp.out.destination to[0]")
-TIMESTAMP = name(_H, "stomp.out.timestamp to[0]")
-REPLY_TO = name(_H, "stomp.out.reply-to to[0]")
-CONTENT_TYPE_PROPERTY = name("property", "stomp.in.content-type to[0]",
-                             "stomp.out.body from[2]")
+TYPES_HEADER = row_name(_H, "stomp.in.gw-types from[0]", "stomp.out.gw-types to[0]")
+TRACE_HEADER = row_name(_H, "stomp.in.trace-id from[0]", "stomp.out.trace-id to[0]")
+CONTENT_TYPE = row_name(_H, "stomp.in.body from[2]", "stomp.in.content-type from[0]",
+                        "stomp.out.body to[1]")
+TRANSFORMATION = row_name(_H, "stomp.in.body from[1]", "stomp.out.body to[2]")
+CORRELATION_ID = row_name(_H, "stomp.in.correlation-id from[0]",
+                          "stomp.out.correlation-id to[0]")
+TYPE = row_name(_H, "stomp.in.type from[0]", "stomp.out.type to[0]")
+PERSISTENT = row_name(_H, "stomp.in.persistent from[0]", "stomp.out.persistent to[0]")
+PRIORITY = row_name(_H, "stomp.in.priority from[0]", "stomp.out.priority to[0]")
+EXPIRES = row_name(_H, "stomp.in.expires from[0]", "stomp.out.expires to[0]")
+SCHEDULED_DELAY = row_name(_H, "stomp.in.delay from[0]")  # ActiveMQ's delivery delay (ms)
+DESTINATION = row_name(_H, "stomp.out.destination to[0]")
+TIMESTAMP = row_name(_H, "stomp.out.timestamp to[0]")
+REPLY_TO = row_name(_H, "stomp.out.reply-to to[0]")
+CONTENT_TYPE_PROPERTY = row_name("property", "stomp.in.content-type to[0]",
+                                 "stomp.out.body from[2]")
 
 TEXT_CONTENT_TYPE = "text/plain;charset=utf-8"  # a TEXT body with no content type of its own
 JSON_CONTENT_TYPE = "application/json"
