@@ -100,8 +100,13 @@ def _agrees(row: str, fast: str) -> bool:
     parts = re.split(r"([ ,:;>]+)", fast)
     got = re.split(r"([ ,:;>]+)", row)
     return len(parts) == len(got) and all(
-        p == g or p.endswith(".{}") and g.startswith(p[:-2]) and len(g) > len(p) - 2
+        p == g or p.endswith(".{}") and g.startswith(p[:-2]) and _one(g[len(p) - 2:])
         for p, g in zip(parts, got, strict=True))
+
+
+def _one(name: str) -> bool:
+    """A name a fast path can take: not empty, and one element (no dot)."""
+    return bool(name) and "." not in name
 
 
 def check_shape(protocol: str, direction: str, shape: tuple[tuple[str, str], ...]) -> None:
@@ -140,7 +145,8 @@ def _field(rule: str, place: str, section: str) -> str:
                                   "which the fast path reads")
     field = fields[i]
     prefix = section + "."
-    if not isinstance(field, str) or not field.startswith(prefix) or len(field) == len(prefix):
+    if not isinstance(field, str) or not field.startswith(prefix) or not _one(
+            field[len(prefix):]):
         raise DefaultRowsMismatch(f"{_file(rule)}: rule {rule!r}: {place} is {field!r}; the "
                                   f"fast path takes a {section}.<name> there")
     return field[len(prefix):]
