@@ -9,8 +9,12 @@ header. The same rows are the default rules ``defaults/amqp.yaml``, which the en
 when a user rule overrides one (:meth:`mappings.engine.MappingSet.wire_for`); each row that is
 more than a copy is one helper here (``body_in``, ``annotation_in``, ``id_out``, …), which
 both these functions and the rules' converters (:mod:`mappings.converters`) call, in the
-rules' order, so that the two give the same answer (tested). :func:`parse_address`, :func:`format_address` and :func:`dest_type_code` are the
-``queue://`` / ``topic://`` address rules and the ``x-opt-jms-dest`` type codes.
+rules' order, so that the two give the same answer (tested). The property names and
+annotation keys come from the rows (:mod:`mappings.amqp_rows`, which checks on import that the
+rows are the ones this module and :mod:`mappings.amqp_fast` are written for).
+:func:`parse_address`, :func:`format_address` and :func:`dest_type_code` are the
+``queue://`` / ``topic://`` address rules and the ``x-opt-jms-dest`` type codes
+(:mod:`mappings.amqp_address`).
 
 AMQP has types the core lacks (timestamp, uuid, symbol, decimals, described values, arrays
 of anything, maps with any keys) and the core makes distinctions AMQP cannot (``Int64``

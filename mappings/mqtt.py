@@ -15,7 +15,10 @@ runs when a user rule overrides one of them; these two functions are their fast 
 ``tests/unit/test_mapping_mqtt_defaults.py`` proves the two agree. The rows that are more than
 a rename are functions here (``body_in``, ``user_headers_in``, ``body_out``, ``qos_out``, …)
 that the rules call as converters (:mod:`mappings.converters`). The tables that drive the
-code are the module constants ``_MODE_BY_QOS`` and ``_QOS_BY_MODE``; how typed property
+code are the module constants ``_MODE_BY_QOS`` and ``_QOS_BY_MODE``, and every property,
+user property and MQTT 5 property name and the except lists come from the rows
+(``SHAPE_IN`` / ``SHAPE_OUT`` below, checked when this module is imported;
+:mod:`mappings.rows`); how typed property
 values are written as text and read back is :mod:`mappings.typedtext`.
 
 What MQTT 5 cannot carry natively rides in user properties: the JMS header fields with no

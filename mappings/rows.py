@@ -7,7 +7,8 @@ mapping: the engine (:mod:`mappings.rules`) compiles its rows into steps, and th
 rows when they are imported, through this module: the header, property, user property and
 annotation names each row reads and writes (:func:`name`), and the ``except`` lists of the
 ``copy_all`` rows (:func:`except_names`). What a fast path does with a row is its code; which
-rows it is written for is its *shape*, one ``(rule, "kind via")`` pair per row in order, and
+rows it is written for is its *shape*, one ``(rule, "kind via: from -> to")`` pair per row in
+order, in which a field ``section.{}`` is a name the fast path takes from that row, and
 :func:`check_shape` compares that with the rows when the fast path is imported. A row the
 fast path is not written for (added, removed, moved, or given another step or converter), or
 a field it cannot take (:func:`name`: another section), raises :class:`DefaultRowsMismatch`

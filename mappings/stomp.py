@@ -14,7 +14,9 @@ core → MESSAGE), in the same order. The same rows are the default mapping rule
 when a user rule overrides one of them; these two functions are their fast path, and
 ``tests/unit/test_mapping_stomp_defaults.py`` proves the two agree. The rows that are more
 than a rename are functions here (``body_in``, ``apply_header_types``, ``body_out``, …) that
-the rules call as converters (:mod:`mappings.converters`).
+the rules call as converters (:mod:`mappings.converters`). Every header and property name
+and the except lists come from the rows (``SHAPE_IN`` / ``SHAPE_OUT`` below, checked when this
+module is imported; :mod:`mappings.rows`).
 
 STOMP headers are text, so JMS properties travel as
 text with the MQTT mapping's text forms and its ``gw-types`` header (one definition of those
