@@ -10,4 +10,6 @@ row of the tables in ``mappings/README.md``), which a user's rule can replace or
 some destinations and transports; their hand-written fast paths (:mod:`mappings.stomp`,
 :mod:`mappings.mqtt`, :mod:`mappings.amqp` with :mod:`mappings.amqp_fast` and
 :mod:`mappings.amqp_fast_out` for the common AMQP shapes) run when the rules apply unchanged, and tests prove the two agree.
+The fast paths take their names from the default rows and check on import that the rows are
+the ones they are written for (:mod:`mappings.rows`), so the YAML rows are the one definition.
 """

@@ -9,8 +9,12 @@ header. The same rows are the default rules ``defaults/amqp.yaml``, which the en
 when a user rule overrides one (:meth:`mappings.engine.MappingSet.wire_for`); each row that is
 more than a copy is one helper here (``body_in``, ``annotation_in``, ``id_out``, …), which
 both these functions and the rules' converters (:mod:`mappings.converters`) call, in the
-rules' order, so that the two give the same answer (tested). :func:`parse_address`, :func:`format_address` and :func:`dest_type_code` are the
-``queue://`` / ``topic://`` address rules and the ``x-opt-jms-dest`` type codes.
+rules' order, so that the two give the same answer (tested). The property names and
+annotation keys come from the rows (:mod:`mappings.amqp_rows`, which checks on import that the
+rows are the ones this module and :mod:`mappings.amqp_fast` are written for).
+:func:`parse_address`, :func:`format_address` and :func:`dest_type_code` are the
+``queue://`` / ``topic://`` address rules and the ``x-opt-jms-dest`` type codes
+(:mod:`mappings.amqp_address`).
 
 AMQP has types the core lacks (timestamp, uuid, symbol, decimals, described values, arrays
 of anything, maps with any keys) and the core makes distinctions AMQP cannot (``Int64``
@@ -37,14 +41,32 @@ from proton import symbol, ulong
 
 from gateway import types as gt
 from gateway.message import (
-    QUEUE,
-    TOPIC,
     BodyKind,
     DeliveryMode,
     Destination,
     DestKind,
     Message,
     new_message,
+)
+from mappings import amqp_rows as _rows
+from mappings.amqp_address import (
+    QUEUE_PREFIX,
+    TOPIC_PREFIX,
+    dest_type_code,
+    format_address,
+    parse_address,
+)
+from mappings.amqp_rows import (  # the names the default rows give (mappings/amqp_rows.py)
+    CONTENT_ENCODING_PROPERTY,
+    CONTENT_TYPE_PROPERTY,
+    GROUP_ID,
+    GROUP_SEQ,
+    PRIORITY_PROPERTY,
+    REPLY_TO_GROUP_ID_PROPERTY,
+    REPLY_TO_PROPERTY,
+    SPECIAL_ORDER,
+    TYPES_PROPERTY,
+    USER_ID,
 )
 from mappings.amqp_values import (
     _BODY,
@@ -65,37 +87,30 @@ from mappings.amqp_values import (
     _parse_record,
     _unescape,
 )
-from mappings.mqtt import CONTENT_TYPE_PROPERTY
 from mappings.typedtext import is_text_content_type, wire_escape, wire_unescape
 
 __all__ = [
     "CONTENT_ENCODING_PROPERTY", "CONTENT_TYPE_PROPERTY", "DA_PREFIX", "MA_PREFIX",
     "PRIORITY_PROPERTY", "REPLY_TO_GROUP_ID_PROPERTY", "REPLY_TO_PROPERTY", "TYPES_PROPERTY",
+    "GROUP_ID", "GROUP_SEQ", "QUEUE_PREFIX", "SPECIAL_ORDER", "TOPIC_PREFIX", "USER_ID",
     "amqp_to_message", "dest_type_code", "format_address", "message_to_amqp", "parse_address",
 ]  # fmt: skip
 
 # -- names -------------------------------------------------------------------------------------
 
-TYPES_PROPERTY = "JMS_GW_AMQP_TYPES"  # the types record (JSON), written and read by both sides
 MA_PREFIX = "JMS_GW_AMQP_MA_"  # + key: a message annotation the mapping does not consume
 DA_PREFIX = "JMS_GW_AMQP_DA_"  # + key: a delivery annotation
-CONTENT_ENCODING_PROPERTY = "JMS_GW_AMQP_CONTENT_ENCODING"
-REPLY_TO_GROUP_ID_PROPERTY = "JMS_GW_AMQP_REPLY_TO_GROUP_ID"  # Qpid JMS: JMS_AMQP_REPLY_TO_GROUP_ID
-REPLY_TO_PROPERTY = "JMS_GW_AMQP_REPLY_TO"  # a reply-to naming no destination (empty name)
-PRIORITY_PROPERTY = "JMS_GW_AMQP_PRIORITY"  # uint8: an AMQP priority above 9 (JMS caps it at 9)
-USER_ID, GROUP_ID, GROUP_SEQ = "JMSXUserID", "JMSXGroupID", "JMSXGroupSeq"
 
-MSG_TYPE = symbol("x-opt-jms-msg-type")
-JMS_DEST = symbol("x-opt-jms-dest")
-JMS_REPLY_TO = symbol("x-opt-jms-reply-to")
-DELIVERY_TIME = symbol("x-opt-delivery-time")
-DELIVERY_DELAY = symbol("x-opt-delivery-delay")
-TRACE_ID = symbol("x-opt-gw-trace-id")
-GW_DELIVERY_MODE = symbol("x-opt-gw-delivery-mode")
+MSG_TYPE = symbol(_rows.MSG_TYPE)
+JMS_DEST = symbol(_rows.JMS_DEST)
+JMS_REPLY_TO = symbol(_rows.JMS_REPLY_TO)
+DELIVERY_TIME = symbol(_rows.DELIVERY_TIME)
+DELIVERY_DELAY = symbol(_rows.DELIVERY_DELAY)
+TRACE_ID = symbol(_rows.TRACE_ID)
+GW_DELIVERY_MODE = symbol(_rows.GW_DELIVERY_MODE)
 RELIABLE = symbol("RELIABLE")
 
 SERIALIZED_OBJECT = "application/x-java-serialized-object"
-QUEUE_PREFIX, TOPIC_PREFIX = "queue://", "topic://"
 UINT_MAX = 0xFFFFFFFF  # header.ttl is a uint of milliseconds
 
 # x-opt-jms-msg-type values (Qpid JMS AmqpMessageSupport), sent as AMQP bytes.
@@ -107,55 +122,6 @@ _MAP, _STREAM, _OBJECT = BodyKind.MAP, BodyKind.STREAM, BodyKind.OBJECT
 _PERSISTENT, _NON_PERSISTENT = DeliveryMode.PERSISTENT, DeliveryMode.NON_PERSISTENT
 _RELIABLE = DeliveryMode.RELIABLE
 _NO_BODY, _DATA, _VALUE, _SEQUENCE = 0, 1, 2, 3  # body sections, as proton tells them apart
-
-# -- addresses ---------------------------------------------------------------------------------
-
-_KIND_BY_HINT: dict[int, DestKind] = {0: QUEUE, 1: TOPIC, 2: QUEUE, 3: TOPIC}
-_ADDRESS_CACHE: dict[tuple[str, DestKind], Destination] = {}
-_ADDRESS_CACHE_MAX = 4096  # distinct addresses in use are few; past this, parse each time
-
-
-def parse_address(
-    address: str, *, hint: int | None = None, default: DestKind = QUEUE
-) -> Destination:
-    """The destination an AMQP address names (JMS Mapping, JMSDestination and JMSReplyTo).
-
-    A ``queue://`` or ``topic://`` prefix decides the kind; otherwise ``hint``, the
-    ``x-opt-jms-dest`` / ``x-opt-jms-reply-to`` byte (0 queue, 1 topic, 2 temporary queue,
-    3 temporary topic; any other value is ignored); otherwise ``default``. A temporary hint
-    gives the same kind: a destination is temporary by its name (``Destination.is_temporary``).
-
-    Raises:
-        ValueError: the name is empty.
-    """
-    if address.startswith(QUEUE_PREFIX):
-        kind, name = QUEUE, address[8:]
-    elif address.startswith(TOPIC_PREFIX):
-        kind, name = TOPIC, address[8:]
-    else:
-        # a boolean is an int to Python, not a type byte to AMQP: ignored like any other value
-        ok = isinstance(hint, int) and not isinstance(hint, bool)
-        kind = _KIND_BY_HINT.get(hint, default) if ok else default  # type: ignore[arg-type]
-        name = address
-    dest = _ADDRESS_CACHE.get((name, kind))
-    if dest is None:
-        if not name:
-            raise ValueError(f"AMQP address {address!r} names no destination")
-        dest = Destination(kind, name)
-        if len(_ADDRESS_CACHE) < _ADDRESS_CACHE_MAX:
-            _ADDRESS_CACHE[name, kind] = dest
-    return dest
-
-
-def format_address(dest: Destination) -> str:
-    """``queue://name`` or ``topic://name``: the prefix tells any AMQP peer the kind."""
-    return (TOPIC_PREFIX if dest.kind is TOPIC else QUEUE_PREFIX) + dest.name
-
-
-def dest_type_code(dest: Destination) -> int:
-    """The ``x-opt-jms-dest`` / ``x-opt-jms-reply-to`` byte: 0/1 queue/topic, 2/3 temporary."""
-    return (1 if dest.kind is TOPIC else 0) + (2 if dest.is_temporary else 0)
-
 
 # -- message-id and correlation-id (Qpid JMS AmqpMessageIdHelper encodings) ---------------------
 
@@ -564,10 +530,8 @@ def amqp_to_message(
 # -- core → AMQP -------------------------------------------------------------------------------
 
 # The properties with fields of their own (or the types record), in the order their rows send
-# them (a value that does not fit its field goes as an application property, in this order).
-SPECIAL_ORDER = (USER_ID, GROUP_ID, REPLY_TO_GROUP_ID_PROPERTY, CONTENT_ENCODING_PROPERTY,
-                 GROUP_SEQ, CONTENT_TYPE_PROPERTY, PRIORITY_PROPERTY, REPLY_TO_PROPERTY,
-                 TYPES_PROPERTY)  # fmt: skip
+# them (a value that does not fit its field goes as an application property, in this order):
+# SPECIAL_ORDER (mappings/amqp_rows.py).
 _SPECIAL_OUT = frozenset(SPECIAL_ORDER)
 _SPECIAL_RANK = {name: i for i, name in enumerate(SPECIAL_ORDER)}
 

@@ -64,28 +64,35 @@ from gateway.message import (
 )
 from gateway.types import Char, Float32, Int8, Int16, Int32, UInt8, UInt16, UInt32, UInt64
 from mappings.amqp import (  # the default mapping's own rules, where they are not per field
-    CONTENT_ENCODING_PROPERTY,
-    CONTENT_TYPE_PROPERTY,
     MA_PREFIX,
-    REPLY_TO_GROUP_ID_PROPERTY,
-    REPLY_TO_PROPERTY,
-    TYPES_PROPERTY,
     _id_in,
     parse_address,
+)
+from mappings.amqp_rows import (  # the names the default rows give (mappings/amqp_rows.py)
+    CONTENT_ENCODING_PROPERTY,
+    CONTENT_TYPE_PROPERTY,
+    DELIVERY_DELAY,
+    DELIVERY_TIME,
+    GROUP_ID,
+    GROUP_SEQ,
+    GW_DELIVERY_MODE,
+    JMS_DEST,
+    JMS_REPLY_TO,
+    MSG_TYPE,
+    REPLY_TO_GROUP_ID_PROPERTY,
+    REPLY_TO_PROPERTY,
+    TRACE_ID,
+    TYPES_PROPERTY,
+    USER_ID,
 )
 from mappings.typedtext import is_text_content_type
 
 __all__ = ["DATA_RECORD", "VALUE_RECORD", "decode"]
 
-USER_ID, GROUP_ID, GROUP_SEQ = "JMSXUserID", "JMSXGroupID", "JMSXGroupSeq"
 SERIALIZED_OBJECT = "application/x-java-serialized-object"
 # The only types records this module reads or writes: the body's form (README "Types record").
 DATA_RECORD = '[[1,"body","data"]]'  # a text that came in a data section
 VALUE_RECORD = '[[1,"body","value"]]'  # a bytes body that came as an amqp-value binary
-
-MSG_TYPE, JMS_DEST, JMS_REPLY_TO = "x-opt-jms-msg-type", "x-opt-jms-dest", "x-opt-jms-reply-to"
-DELIVERY_TIME, DELIVERY_DELAY = "x-opt-delivery-time", "x-opt-delivery-delay"
-TRACE_ID, GW_DELIVERY_MODE = "x-opt-gw-trace-id", "x-opt-gw-delivery-mode"
 
 _NONE, _TEXT, _BYTES, _OBJECT = BodyKind.NONE, BodyKind.TEXT, BodyKind.BYTES, BodyKind.OBJECT
 _PERSISTENT, _NON_PERSISTENT = DeliveryMode.PERSISTENT, DeliveryMode.NON_PERSISTENT

@@ -16,15 +16,8 @@ from uuid import UUID
 from gateway.message import QUEUE, TOPIC, Destination, Message
 from gateway.types import Char, Float32, Int8, Int16, Int32, UInt8, UInt16, UInt32, UInt64
 from mappings.amqp import (  # the default mapping's own rules, where they are not per field
-    CONTENT_ENCODING_PROPERTY,
-    CONTENT_TYPE_PROPERTY,
     DA_PREFIX,
     MA_PREFIX,
-    PRIORITY_PROPERTY,
-    REPLY_TO_GROUP_ID_PROPERTY,
-    REPLY_TO_PROPERTY,
-    SPECIAL_ORDER,
-    TYPES_PROPERTY,
     UINT_MAX,
     _id_out,
     _utf8,
@@ -38,6 +31,13 @@ from mappings.amqp_fast import (  # the subset's shared names (mappings/amqp_fas
     _RELIABLE,
     _TEXT,
     DATA_RECORD,
+    SERIALIZED_OBJECT,
+    VALUE_RECORD,
+    _Decline,
+)
+from mappings.amqp_rows import (  # the names the default rows give (mappings/amqp_rows.py)
+    CONTENT_ENCODING_PROPERTY,
+    CONTENT_TYPE_PROPERTY,
     DELIVERY_TIME,
     GROUP_ID,
     GROUP_SEQ,
@@ -45,11 +45,12 @@ from mappings.amqp_fast import (  # the subset's shared names (mappings/amqp_fas
     JMS_DEST,
     JMS_REPLY_TO,
     MSG_TYPE,
-    SERIALIZED_OBJECT,
+    PRIORITY_PROPERTY,
+    REPLY_TO_GROUP_ID_PROPERTY,
+    SPECIAL_ORDER,
     TRACE_ID,
+    TYPES_PROPERTY,
     USER_ID,
-    VALUE_RECORD,
-    _Decline,
 )
 from mappings.amqp_values import _field_safe
 
@@ -215,10 +216,7 @@ _KEYS = {
 }
 _MSG_TYPE_PAIRS = tuple(_KEYS[MSG_TYPE] + b for b in _BYTE_OUT)
 _RELIABLE_VALUE = _sym(b"RELIABLE")
-_SPECIAL = frozenset(
-    (TYPES_PROPERTY, USER_ID, GROUP_ID, GROUP_SEQ, CONTENT_TYPE_PROPERTY,
-     CONTENT_ENCODING_PROPERTY, REPLY_TO_GROUP_ID_PROPERTY, REPLY_TO_PROPERTY, PRIORITY_PROPERTY)
-)  # fmt: skip
+_SPECIAL = frozenset(SPECIAL_ORDER)
 _NULL = b"\x40"
 _SPECIAL_RANK = {name: i for i, name in enumerate(SPECIAL_ORDER)}
 

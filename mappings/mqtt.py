@@ -15,7 +15,10 @@ runs when a user rule overrides one of them; these two functions are their fast 
 ``tests/unit/test_mapping_mqtt_defaults.py`` proves the two agree. The rows that are more than
 a rename are functions here (``body_in``, ``user_headers_in``, ``body_out``, ``qos_out``, …)
 that the rules call as converters (:mod:`mappings.converters`). The tables that drive the
-code are the module constants ``_MODE_BY_QOS`` and ``_QOS_BY_MODE``; how typed property
+code are the module constants ``_MODE_BY_QOS`` and ``_QOS_BY_MODE``, and every property,
+user property and MQTT 5 property name and the except lists come from the rows
+(``SHAPE_IN`` / ``SHAPE_OUT`` below, checked when this module is imported;
+:mod:`mappings.rows`); how typed property
 values are written as text and read back is :mod:`mappings.typedtext`.
 
 What MQTT 5 cannot carry natively rides in user properties: the JMS header fields with no
@@ -36,7 +39,6 @@ from typing import Any, NamedTuple
 
 from gateway.message import (
     DEFAULT_PRIORITY,
-    PROP_TRACE_ID,
     BodyKind,
     DeliveryMode,
     Destination,
@@ -44,6 +46,8 @@ from gateway.message import (
     new_message,
 )
 from gateway.types import Int8
+from mappings.rows import check_shape, except_names
+from mappings.rows import name as row_name
 from mappings.typedtext import (
     JSON_CONTENT_TYPE,
     apply_types,
@@ -69,31 +73,86 @@ __all__ = [
     "trace_user_property",
 ]
 
-QOS_PROPERTY = "JMS_GW_MQTT_QOS"  # int8: the publisher's MQTT QoS, so a later MQTT hop knows it
-RETAIN_PROPERTY = "JMS_GW_MQTT_RETAIN"  # boolean, present (true) only when the retain flag was set
-CONTENT_TYPE_PROPERTY = "JMS_GW_CONTENT_TYPE"  # string; shared with AMQP and STOMP content-type
+# -- the rows this fast path is written for (mappings/defaults/mqtt.yaml) -----------------------
+# Each pair is a rule and its step as the rows say it (mappings.rows.check_shape, checked on
+# import); a field "section.{}" is a name taken from that row below, so a property, user
+# property or MQTT 5 property name changed in the rows changes both the engine and these
+# functions.
+SHAPE_IN = (
+    ("mqtt.in.body", "convert mqtt-body-in: wire.payload, wire.{}, wire.{} -> body"),
+    ("mqtt.in.expiry", "convert mqtt-expiry-in: wire.{}, wire.now -> header.JMSExpiration"),
+    ("mqtt.in.correlation-data", "copy: wire.{} -> header.JMSCorrelationID"),
+    ("mqtt.in.user-properties", "copy_all: wire.user -> property"),
+    ("mqtt.in.user-headers", "convert mqtt-user-headers-in: wire.user.{}, wire.user.{}, "
+                             "wire.user.{}, wire.user.{}, property.* -> property.*, "
+                             "header.JMSType, header.JMSPriority, trace_id"),
+    ("mqtt.in.user-record", "convert mqtt-user-record-in: wire.user -> property.{}"),
+    ("mqtt.in.content-type", "copy: wire.{} -> property.{}"),
+    ("mqtt.in.payload-format", "copy: wire.{} -> property.{} as int8"),
+    ("mqtt.in.qos", "copy: wire.qos -> property.{} as int8"),
+    ("mqtt.in.retain", "convert mqtt-retain-in: wire.retain -> property.{}"),
+    ("mqtt.in.delivery-mode", "convert mqtt-mode-in: wire.qos -> header.JMSDeliveryMode"),
+    ("mqtt.in.timestamp", "copy: wire.now -> header.JMSTimestamp"),
+)
+SHAPE_OUT = (
+    ("mqtt.out.body", "convert mqtt-body-out: body_kind, body, property.{}, property.{} -> "
+                      "wire.payload, wire.{}, wire.{}"),
+    ("mqtt.out.qos", "convert mqtt-qos-out: property.{}, header.JMSDeliveryMode -> wire.qos"),
+    ("mqtt.out.content-type", "convert mqtt-content-type-out: property.{}, body_kind -> "
+                              "wire.{}"),
+    ("mqtt.out.expiry", "convert mqtt-expiry-out: expiry, wire.now -> wire.{}"),
+    ("mqtt.out.response-topic", "copy: wire.reply_topic -> wire.{}"),
+    ("mqtt.out.correlation-data", "convert mqtt-correlation-out: header.JMSCorrelationID -> "
+                                  "wire.{}"),
+    ("mqtt.out.user-properties", "copy_all typed-text: property -> wire.user"),
+    ("mqtt.out.user-record", "convert mqtt-user-record-out: property.{}, wire.user -> "
+                             "wire.user"),
+    ("mqtt.out.type", "convert mqtt-text-out: header.JMSType -> wire.user.{}"),
+    ("mqtt.out.priority", "convert mqtt-priority-out: header.JMSPriority -> wire.user.{}"),
+    ("mqtt.out.message-id", "convert mqtt-message-id-out: header.JMSMessageID, property.{} -> "
+                            "wire.user.{}"),
+    ("mqtt.out.gw-types", "convert gw-types-out: wire.types -> wire.user.{}"),
+)
+check_shape("mqtt", "in", SHAPE_IN)
+check_shape("mqtt", "out", SHAPE_OUT)
+
+# int8: the publisher's MQTT QoS, so a later MQTT hop knows it
+QOS_PROPERTY = row_name("property", "mqtt.in.qos to[0]", "mqtt.out.body from[3]",
+                        "mqtt.out.qos from[0]", "mqtt.out.message-id from[1]")
+# boolean, present (true) only when the retain flag was set
+RETAIN_PROPERTY = row_name("property", "mqtt.in.retain to[0]")
+# string; shared with AMQP and STOMP content-type
+CONTENT_TYPE_PROPERTY = row_name("property", "mqtt.in.content-type to[0]",
+                                 "mqtt.out.content-type from[0]")
 # int8: the MQTT 5 publisher's Payload Format Indicator (0 or 1), present only when it sent
 # one, so MQTT 5 subscribers get it unaltered [MQTT-3.3.2-4] (and none when it sent none).
-PFI_PROPERTY = "JMS_GW_MQTT_PFI"
+PFI_PROPERTY = row_name("property", "mqtt.in.payload-format to[0]", "mqtt.out.body from[2]")
 # string: the MQTT 5 publisher's user properties as sent (a JSON array of [name, value]),
 # present only when JMS properties cannot hold them (a name repeated, or empty), so MQTT 5
 # subscribers get them all, in order [MQTT-3.3.2-17], [MQTT-3.3.2-18].
-USER_RECORD_PROPERTY = "JMS_GW_MQTT_USER_PROPERTIES"
-TRACE_USER_PROPERTY = "gw-trace-id"  # MQTT 5 user property carrying the gateway trace id
-TYPES_USER_PROPERTY = "gw-types"  # MQTT 5 user property listing non-string property types
+USER_RECORD_PROPERTY = row_name("property", "mqtt.in.user-record to[0]",
+                                "mqtt.out.user-record from[0]")
+# MQTT 5 user property carrying the gateway trace id
+TRACE_USER_PROPERTY = row_name("wire.user", "mqtt.in.user-headers from[3]")
+# MQTT 5 user property listing non-string property types
+TYPES_USER_PROPERTY = row_name("wire.user", "mqtt.in.user-headers from[0]",
+                               "mqtt.out.gw-types to[0]")
 
 # MQTT 5 property names as the codec spells them (snake_case).
-PFI = "payload_format_indicator"
-EXPIRY = "message_expiry_interval"
-CONTENT_TYPE = "content_type"
-RESPONSE_TOPIC = "response_topic"
-CORRELATION_DATA = "correlation_data"
-USER_PROPERTY = "user_property"
+PFI = row_name("wire", "mqtt.in.body from[1]", "mqtt.in.payload-format from[0]",
+               "mqtt.out.body to[1]")
+EXPIRY = row_name("wire", "mqtt.in.expiry from[0]", "mqtt.out.expiry to[0]")
+CONTENT_TYPE = row_name("wire", "mqtt.in.body from[2]", "mqtt.in.content-type from[0]",
+                        "mqtt.out.body to[2]", "mqtt.out.content-type to[0]")
+RESPONSE_TOPIC = row_name("wire", "mqtt.out.response-topic to[0]")
+CORRELATION_DATA = row_name("wire", "mqtt.in.correlation-data from[0]",
+                            "mqtt.out.correlation-data to[0]")
+USER_PROPERTY = "user_property"  # wire.user (mappings/wire.py)
 
 # JMS header fields with no MQTT 5 slot travel as user properties of these names.
-JMS_TYPE = "JMSType"
-JMS_PRIORITY = "JMSPriority"
-JMS_MESSAGE_ID = "JMSMessageID"
+JMS_TYPE = row_name("wire.user", "mqtt.in.user-headers from[1]", "mqtt.out.type to[0]")
+JMS_PRIORITY = row_name("wire.user", "mqtt.in.user-headers from[2]", "mqtt.out.priority to[0]")
+JMS_MESSAGE_ID = row_name("wire.user", "mqtt.out.message-id to[0]")
 
 
 # The Message Expiry Interval is a Four Byte Integer (MQTT 5.0 3.3.2.3.3).
@@ -122,18 +181,14 @@ _QOS_BY_MODE: dict[int, int] = {
 _QOS_VALUES = {0: 0, 1: 1, 2: 2}  # legal QOS_PROPERTY values (Int8(1) hashes as 1)
 
 # In: user property names that are not copied into JMS properties as they are. The gateway's
-# own MQTT properties are set from the packet, never from a user property of the same name.
-_SPECIAL_IN = frozenset(
-    (TRACE_USER_PROPERTY, TYPES_USER_PROPERTY, QOS_PROPERTY, RETAIN_PROPERTY,
-     CONTENT_TYPE_PROPERTY, PFI_PROPERTY, USER_RECORD_PROPERTY, JMS_TYPE, JMS_PRIORITY)
-)  # fmt: skip
+# own MQTT properties are set from the packet, never from a user property of the same name
+# (the except list of mqtt.in.user-properties).
+_SPECIAL_IN = frozenset(except_names("mqtt.in.user-properties"))
 
 # Out: JMS properties that are not sent as user properties (they are MQTT fields already, or
-# the trace id, or names the gateway's own ones would shadow).
-_SKIP_OUT = frozenset(
-    (QOS_PROPERTY, RETAIN_PROPERTY, CONTENT_TYPE_PROPERTY, PFI_PROPERTY, USER_RECORD_PROPERTY,
-     PROP_TRACE_ID, TRACE_USER_PROPERTY, TYPES_USER_PROPERTY)
-)  # fmt: skip
+# the trace id, or names the gateway's own ones would shadow): the except list of
+# mqtt.out.user-properties.
+_SKIP_OUT = frozenset(except_names("mqtt.out.user-properties"))
 _PFI_VALUES = {0: 0, 1: 1}  # legal PFI_PROPERTY values (Int8(1) hashes as 1)
 
 # -- MQTT → core -------------------------------------------------------------------------------

@@ -14,7 +14,9 @@ core → MESSAGE), in the same order. The same rows are the default mapping rule
 when a user rule overrides one of them; these two functions are their fast path, and
 ``tests/unit/test_mapping_stomp_defaults.py`` proves the two agree. The rows that are more
 than a rename are functions here (``body_in``, ``apply_header_types``, ``body_out``, …) that
-the rules call as converters (:mod:`mappings.converters`).
+the rules call as converters (:mod:`mappings.converters`). Every header and property name
+and the except lists come from the rows (``SHAPE_IN`` / ``SHAPE_OUT`` below, checked when this
+module is imported; :mod:`mappings.rows`).
 
 STOMP headers are text, so JMS properties travel as
 text with the MQTT mapping's text forms and its ``gw-types`` header (one definition of those
@@ -49,7 +51,8 @@ from gateway.message import (
 )
 from gateway.types import Int64, UInt64
 from mappings import xstream
-from mappings.mqtt import CONTENT_TYPE_PROPERTY
+from mappings.rows import check_shape, except_names
+from mappings.rows import name as row_name
 from mappings.typedtext import (
     apply_types,
     is_text_content_type,
@@ -70,12 +73,72 @@ __all__ = [
     "stomp_to_message",
 ]
 
-TYPES_HEADER = "gw-types"  # the types of the non-string properties (mappings/README.md)
-TRACE_HEADER = "gw-trace-id"  # the gateway trace id
+# -- the rows this fast path is written for (mappings/defaults/stomp.yaml) ----------------------
+# Each pair is a rule and its step as the rows say it (mappings.rows.check_shape, checked on
+# import); a field "section.{}" is a name taken from that row below, so a header or property
+# name changed in the rows changes both the engine and these functions.
+SHAPE_IN = (
+    ("stomp.in.body", "convert stomp-body-in: wire.body, wire.header.{}, wire.header.{}, "
+                      "wire.has_length -> body"),
+    ("stomp.in.properties", "copy_all: wire.header -> property"),
+    ("stomp.in.correlation-id", "copy: wire.header.{} -> header.JMSCorrelationID"),
+    ("stomp.in.type", "copy: wire.header.{} -> header.JMSType"),
+    ("stomp.in.trace-id", "copy: wire.header.{} -> trace_id"),
+    ("stomp.in.gw-types", "convert stomp-gw-types-in: wire.header.{}, property.*, "
+                          "header.JMSCorrelationID, header.JMSType, trace_id -> property.*, "
+                          "header.JMSCorrelationID, header.JMSType, trace_id"),
+    ("stomp.in.content-type", "convert stomp-content-type-in: wire.header.{}, body_kind -> "
+                              "property.{}"),
+    ("stomp.in.persistent", "convert stomp-persistent-in: wire.header.{} -> "
+                            "header.JMSDeliveryMode"),
+    ("stomp.in.priority", "convert stomp-priority-in: wire.header.{} -> header.JMSPriority"),
+    ("stomp.in.expires", "convert stomp-expires-in: wire.header.{} -> header.JMSExpiration"),
+    ("stomp.in.delay", "convert stomp-delay-in: wire.header.{}, wire.now -> "
+                       "header.JMSDeliveryTime"),
+    ("stomp.in.timestamp", "copy: wire.now -> header.JMSTimestamp"),
+)
+SHAPE_OUT = (
+    ("stomp.out.destination", "copy: wire.destination -> wire.header.{}"),
+    ("stomp.out.body", "convert stomp-body-out: body_kind, body, property.{} -> wire.body, "
+                       "wire.header.{}, wire.header.{}"),
+    ("stomp.out.persistent", "convert stomp-persistent-out: header.JMSDeliveryMode -> "
+                             "wire.header.{}"),
+    ("stomp.out.priority", "copy: header.JMSPriority -> wire.header.{} as string"),
+    ("stomp.out.timestamp", "convert ms-text: header.JMSTimestamp -> wire.header.{}"),
+    ("stomp.out.expires", "convert ms-text: expiry -> wire.header.{}"),
+    ("stomp.out.correlation-id", "convert stomp-correlation-out: header.JMSCorrelationID -> "
+                                 "wire.header.{}"),
+    ("stomp.out.reply-to", "copy: wire.reply_to -> wire.header.{}"),
+    ("stomp.out.type", "convert stomp-text-out: header.JMSType -> wire.header.{}"),
+    ("stomp.out.properties", "copy_all typed-text: property -> wire.header"),
+    ("stomp.out.gw-types", "convert gw-types-out: wire.types -> wire.header.{}"),
+    ("stomp.out.trace-id", "convert stomp-text-out: trace_id -> wire.header.{}"),
+)
+check_shape("stomp", "in", SHAPE_IN)
+check_shape("stomp", "out", SHAPE_OUT)
+
+_H = "wire.header"
+TYPES_HEADER = row_name(_H, "stomp.in.gw-types from[0]", "stomp.out.gw-types to[0]")
+TRACE_HEADER = row_name(_H, "stomp.in.trace-id from[0]", "stomp.out.trace-id to[0]")
+CONTENT_TYPE = row_name(_H, "stomp.in.body from[2]", "stomp.in.content-type from[0]",
+                        "stomp.out.body to[1]")
+TRANSFORMATION = row_name(_H, "stomp.in.body from[1]", "stomp.out.body to[2]")
+CORRELATION_ID = row_name(_H, "stomp.in.correlation-id from[0]",
+                          "stomp.out.correlation-id to[0]")
+TYPE = row_name(_H, "stomp.in.type from[0]", "stomp.out.type to[0]")
+PERSISTENT = row_name(_H, "stomp.in.persistent from[0]", "stomp.out.persistent to[0]")
+PRIORITY = row_name(_H, "stomp.in.priority from[0]", "stomp.out.priority to[0]")
+EXPIRES = row_name(_H, "stomp.in.expires from[0]", "stomp.out.expires to[0]")
+SCHEDULED_DELAY = row_name(_H, "stomp.in.delay from[0]")  # ActiveMQ's delivery delay (ms)
+DESTINATION = row_name(_H, "stomp.out.destination to[0]")
+TIMESTAMP = row_name(_H, "stomp.out.timestamp to[0]")
+REPLY_TO = row_name(_H, "stomp.out.reply-to to[0]")
+CONTENT_TYPE_PROPERTY = row_name("property", "stomp.in.content-type to[0]",
+                                 "stomp.out.body from[2]")
+
 TEXT_CONTENT_TYPE = "text/plain;charset=utf-8"  # a TEXT body with no content type of its own
 JSON_CONTENT_TYPE = "application/json"
 OBJECT_CONTENT_TYPE = "application/x-java-serialized-object"  # AMQP JMS mapping §3.2.4.3
-SCHEDULED_DELAY = "AMQ_SCHEDULED_DELAY"  # ActiveMQ's delivery delay header, in ms
 
 MAP_JSON = "jms-map-json"
 STREAM_JSON = "jms-stream-json"
@@ -99,22 +162,14 @@ _XSTREAM_OUT = {MAP_JSON: MAP_JSON, ANY_JSON: MAP_JSON, OBJECT_JSON: OBJECT_JSON
 
 # Headers of a SEND frame that are not copied into JMS properties: STOMP's own, the JMS
 # header fields STOMP names, and those a forwarded MESSAGE carries (a client that forwards a
-# message it received should not turn its old message id into a property).
-IN_HEADERS = frozenset((
-    "destination", "content-length", "content-type", "receipt", "transaction", "persistent",
-    "priority", "expires", "correlation-id", "reply-to", "type", "transformation",
-    "message-id", "timestamp", "redelivered", "subscription", "ack", TYPES_HEADER,
-    TRACE_HEADER, SCHEDULED_DELAY, CONTENT_TYPE_PROPERTY,
-))  # fmt: skip
+# message it received should not turn its old message id into a property): the except list
+# of stomp.in.properties.
+IN_HEADERS = frozenset(except_names("stomp.in.properties"))
 
 # Headers a MESSAGE frame gets from the message or the delivery. A JMS property of one of
-# these names cannot travel over STOMP (it would be read as the header): it is not sent.
-OUT_HEADERS = frozenset((
-    "destination", "message-id", "subscription", "ack", "content-length", "content-type",
-    "persistent", "priority", "expires", "timestamp", "correlation-id", "reply-to", "type",
-    "redelivered", "transformation", "receipt", "transaction", TYPES_HEADER, TRACE_HEADER,
-    CONTENT_TYPE_PROPERTY, SCHEDULED_DELAY,
-))  # fmt: skip
+# these names cannot travel over STOMP (it would be read as the header): it is not sent (the
+# except list of stomp.out.properties).
+OUT_HEADERS = frozenset(except_names("stomp.out.properties"))
 
 _TEXT = BodyKind.TEXT
 _BYTES = BodyKind.BYTES
@@ -128,6 +183,7 @@ _NON_PERSISTENT = DeliveryMode.NON_PERSISTENT
 # gw-types names for the correlation-id header: its bytes as UTF-8 text, or as base64.
 CORRELATION_UTF8 = "utf8bytes"
 CORRELATION_BASE64 = "bytes"
+_CORRELATION_ENTRY = CORRELATION_ID + ":"
 
 
 # -- SEND → core -------------------------------------------------------------------------------
@@ -154,8 +210,8 @@ def stomp_to_message(
     """
     get = headers.get
     # Body kind: transformation first, then content-type, then content-length.
-    content_type = get("content-type")
-    transformation = get("transformation")
+    content_type = get(CONTENT_TYPE)
+    transformation = get(TRANSFORMATION)
     kind: BodyKind
     value: Any
     if transformation is not None and transformation != BYTES_TRANSFORMATION:
@@ -183,8 +239,8 @@ def stomp_to_message(
     for name, text in headers.items():
         if name not in IN_HEADERS and name:
             props[name] = text
-    correlation: str | bytes | None = get("correlation-id")
-    msg_type = get("type")
+    correlation: str | bytes | None = get(CORRELATION_ID)
+    msg_type = get(TYPE)
     trace = get(TRACE_HEADER)
     types = get(TYPES_HEADER)
     if types:
@@ -197,12 +253,12 @@ def stomp_to_message(
     ):
         props[CONTENT_TYPE_PROPERTY] = content_type
     # JMS header fields.
-    text = get("persistent")
+    text = get(PERSISTENT)
     mode = _PERSISTENT if text is not None and text.lower() == "true" else _NON_PERSISTENT
-    text = get("priority")
+    text = get(PRIORITY)
     priority = DEFAULT_PRIORITY if text is None else _priority(text)
-    text = get("expires")
-    expiration = 0 if text is None else _millis("expires", text)
+    text = get(EXPIRES)
+    expiration = 0 if text is None else _millis(EXPIRES, text)
     text = get(SCHEDULED_DELAY)
     delivery_time = 0 if text is None else delivery_time_in(text, now_ms)
     msg = new_message(value, kind)
@@ -263,15 +319,15 @@ def apply_header_types(types: str, props: dict[str, Any], correlation: str | byt
                        ) -> tuple[dict[str, Any], str | bytes | None, str | None, str | None]:
     """gw-types applied to the properties and to the header fields that may be escaped or
     typed (correlation-id, type, gw-trace-id), which join the properties meanwhile."""
-    for name, field in (("correlation-id", correlation), ("type", msg_type),
-                        (TRACE_HEADER, trace)):
+    for header, field in ((CORRELATION_ID, correlation), (TYPE, msg_type),
+                          (TRACE_HEADER, trace)):
         if field is not None:
-            props[name] = field
+            props[header] = field
     props = apply_types(props, types)
     if correlation is not None:
-        correlation = _correlation_in(props.pop("correlation-id"), types)
+        correlation = _correlation_in(props.pop(CORRELATION_ID), types)
     if msg_type is not None:
-        msg_type = str(props.pop("type"))
+        msg_type = str(props.pop(TYPE))
     if trace is not None:
         trace = str(props.pop(TRACE_HEADER))
     return props, correlation, msg_type, trace
@@ -284,7 +340,7 @@ def priority_in(text: str) -> int:
 
 def expires_in(text: str) -> int:
     """``expires``: absolute epoch ms."""
-    return _millis("expires", text)
+    return _millis(EXPIRES, text)
 
 
 def delivery_time_in(text: str, now_ms: int) -> int:
@@ -373,7 +429,7 @@ def _correlation_in(value: Any, types: str) -> str | bytes:
         return value
     text = str(value)
     for entry in types.split(","):
-        if entry.startswith("correlation-id:"):
+        if entry.startswith(_CORRELATION_ENTRY):
             if entry.split(":")[1] == CORRELATION_UTF8:
                 return text.encode("utf-8", "surrogatepass")
             break
@@ -394,7 +450,7 @@ def message_to_stomp(
     kind = msg.body_kind
     body = msg.body
     props = msg.properties
-    headers: list[tuple[str, str]] = [("destination", destination)]
+    headers: list[tuple[str, str]] = [(DESTINATION, destination)]
     append = headers.append
     ct = props.get(CONTENT_TYPE_PROPERTY) if props else None
     if type(ct) is not str:
@@ -404,35 +460,35 @@ def message_to_stomp(
             payload = body.encode()
         except UnicodeEncodeError:
             payload = body.encode("utf-8", "surrogatepass")
-        append(("content-type", ct or TEXT_CONTENT_TYPE))
+        append((CONTENT_TYPE, ct or TEXT_CONTENT_TYPE))
     elif kind is _BYTES:
         payload = body
         if ct is not None:
-            append(("content-type", ct))
+            append((CONTENT_TYPE, ct))
     elif kind is _MAP or kind is _STREAM:
         payload = json_payload(body)
-        append(("content-type", JSON_CONTENT_TYPE))
-        append(("transformation", MAP_JSON if kind is _MAP else STREAM_JSON))
+        append((CONTENT_TYPE, JSON_CONTENT_TYPE))
+        append((TRANSFORMATION, MAP_JSON if kind is _MAP else STREAM_JSON))
     elif kind is _OBJECT:
         payload = body
-        append(("content-type", OBJECT_CONTENT_TYPE))
+        append((CONTENT_TYPE, OBJECT_CONTENT_TYPE))
     else:
         payload = b""
         if ct is not None:
-            append(("content-type", ct))
+            append((CONTENT_TYPE, ct))
     if msg.delivery_mode is _PERSISTENT:
-        append(("persistent", "true"))
-    append(("priority", str(msg.priority)))
+        append((PERSISTENT, "true"))
+    append((PRIORITY, str(msg.priority)))
     if msg.timestamp:
-        append(("timestamp", str(msg.timestamp)))
+        append((TIMESTAMP, str(msg.timestamp)))
     expires = msg.expires_at or msg.expiration
     if expires:
-        append(("expires", str(expires)))
+        append((EXPIRES, str(expires)))
     types: list[str] | None = None
     corr = msg.correlation_id
     if corr is not None:
         if isinstance(corr, str):
-            types = _text_header(headers, types, "correlation-id", corr, None)
+            types = _text_header(headers, types, CORRELATION_ID, corr, None)
         else:
             try:
                 text = corr.decode()
@@ -440,11 +496,11 @@ def message_to_stomp(
             except UnicodeDecodeError:
                 text = base64.b64encode(corr).decode("ascii")
                 tname = CORRELATION_BASE64
-            types = _text_header(headers, types, "correlation-id", text, tname)
+            types = _text_header(headers, types, CORRELATION_ID, text, tname)
     if reply_to is not None:
-        append(("reply-to", reply_to))
+        append((REPLY_TO, reply_to))
     if msg.type is not None:
-        types = _text_header(headers, types, "type", msg.type, None)
+        types = _text_header(headers, types, TYPE, msg.type, None)
     if props:
         types = render_properties(headers, types, props, OUT_HEADERS)
     held: list[tuple[str, str]] = []  # the trace id goes last, after gw-types
@@ -501,13 +557,13 @@ def correlation_out(corr: str | bytes, types: list[str]) -> str:
     (``types``, appended to)."""
     pairs: list[tuple[str, str]] = []
     if isinstance(corr, str):
-        _text_header(pairs, types, "correlation-id", corr, None)
+        _text_header(pairs, types, CORRELATION_ID, corr, None)
     else:
         try:
             text, tname = corr.decode(), CORRELATION_UTF8
         except UnicodeDecodeError:
             text, tname = base64.b64encode(corr).decode("ascii"), CORRELATION_BASE64
-        _text_header(pairs, types, "correlation-id", text, tname)
+        _text_header(pairs, types, CORRELATION_ID, text, tname)
     return pairs[0][1]
 
 
