@@ -12,9 +12,8 @@ both these functions and the rules' converters (:mod:`mappings.converters`) call
 rules' order, so that the two give the same answer (tested). The property names and
 annotation keys come from the rows (:mod:`mappings.amqp_rows`, which checks on import that the
 rows are the ones this module and :mod:`mappings.amqp_fast` are written for).
-:func:`parse_address`, :func:`format_address` and :func:`dest_type_code` are the
-``queue://`` / ``topic://`` address rules and the ``x-opt-jms-dest`` type codes
-(:mod:`mappings.amqp_address`).
+The ``queue://`` / ``topic://`` address rules and the ``x-opt-jms-dest`` type codes it uses
+are :mod:`mappings.amqp_address`'s.
 
 AMQP has types the core lacks (timestamp, uuid, symbol, decimals, described values, arrays
 of anything, maps with any keys) and the core makes distinctions AMQP cannot (``Int64``
@@ -49,13 +48,7 @@ from gateway.message import (
     new_message,
 )
 from mappings import amqp_rows as _rows
-from mappings.amqp_address import (
-    QUEUE_PREFIX,
-    TOPIC_PREFIX,
-    dest_type_code,
-    format_address,
-    parse_address,
-)
+from mappings.amqp_address import dest_type_code, format_address, parse_address
 from mappings.amqp_rows import (  # the names the default rows give (mappings/amqp_rows.py)
     CONTENT_ENCODING_PROPERTY,
     CONTENT_TYPE_PROPERTY,
@@ -92,8 +85,7 @@ from mappings.typedtext import is_text_content_type, wire_escape, wire_unescape
 __all__ = [
     "CONTENT_ENCODING_PROPERTY", "CONTENT_TYPE_PROPERTY", "DA_PREFIX", "MA_PREFIX",
     "PRIORITY_PROPERTY", "REPLY_TO_GROUP_ID_PROPERTY", "REPLY_TO_PROPERTY", "TYPES_PROPERTY",
-    "GROUP_ID", "GROUP_SEQ", "QUEUE_PREFIX", "SPECIAL_ORDER", "TOPIC_PREFIX", "USER_ID",
-    "amqp_to_message", "dest_type_code", "format_address", "message_to_amqp", "parse_address",
+    "GROUP_ID", "GROUP_SEQ", "SPECIAL_ORDER", "USER_ID", "amqp_to_message", "message_to_amqp",
 ]  # fmt: skip
 
 # -- names -------------------------------------------------------------------------------------

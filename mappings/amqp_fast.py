@@ -66,8 +66,8 @@ from gateway.types import Char, Float32, Int8, Int16, Int32, UInt8, UInt16, UInt
 from mappings.amqp import (  # the default mapping's own rules, where they are not per field
     MA_PREFIX,
     _id_in,
-    parse_address,
 )
+from mappings.amqp_address import parse_address
 from mappings.amqp_rows import (  # the names the default rows give (mappings/amqp_rows.py)
     CONTENT_ENCODING_PROPERTY,
     CONTENT_TYPE_PROPERTY,

@@ -31,7 +31,7 @@ from adapters.amqp.driver import encode_message
 from gateway.endpoint import requeue_all
 from gateway.errors import GatewayError
 from gateway.message import TEMP_PREFIX, TOPIC, Destination, Message
-from mappings.amqp import TOPIC_PREFIX
+from mappings.amqp_address import TOPIC_PREFIX
 from transports.amqp_links import PROP_HOPS, PROP_ORIGIN, SenderLink, far_address
 from transports.base import ExportBinding, RetryLater
 

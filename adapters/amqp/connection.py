@@ -71,7 +71,7 @@ from adapters.amqp.sasl import SaslError, SaslServer
 from gateway.client import AckMode
 from gateway.errors import GatewayError, InvalidDestinationError, SecurityError
 from gateway.message import QUEUE, TOPIC, Destination
-from mappings.amqp import format_address, parse_address
+from mappings.amqp_address import format_address, parse_address
 
 if TYPE_CHECKING:
     from adapters.amqp.server import AmqpServer

@@ -36,7 +36,7 @@ from adapters.amqp.driver import decode_message, encode_message, proton_to_messa
 from adapters.listener import LogLimiter, skipped_text
 from gateway.errors import GatewayError, TransactionRolledBackError
 from gateway.message import QUEUE, TOPIC, Destination
-from mappings.amqp import parse_address
+from mappings.amqp_address import parse_address
 
 if TYPE_CHECKING:
     from adapters.amqp.connection import AmqpConnection

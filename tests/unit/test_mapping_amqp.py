@@ -91,11 +91,9 @@ from mappings.amqp import (
     REPLY_TO_PROPERTY,
     TYPES_PROPERTY,
     amqp_to_message,
-    dest_type_code,
-    format_address,
     message_to_amqp,
-    parse_address,
 )
+from mappings.amqp_address import dest_type_code, format_address, parse_address
 
 T0 = 1_700_000_000_000
 DEST = Destination.queue("orders")

@@ -49,8 +49,8 @@ from mappings.amqp import (
     TYPES_PROPERTY,
     amqp_to_message,
     message_to_amqp,
-    parse_address,
 )
+from mappings.amqp_address import parse_address
 
 T0 = 1_700_000_000_000
 DEST = Destination.queue("orders")
