@@ -43,6 +43,8 @@ COMPILED = [
     "gateway/endpoint.py",
     "gateway/client.py",
     "gateway/dlog.py",
+    "gateway/dlog_files.py",
+    "gateway/dlog_format.py",
     "gateway/serial.py",
     "gateway/subindex.py",
     "gateway/store/sqlite.py",
