@@ -41,6 +41,8 @@ COMPILED = [
     "gateway/message.py",
     "gateway/broker.py",
     "gateway/endpoint.py",
+    "gateway/backlog.py",
+    "gateway/consumer.py",
     "gateway/client.py",
     "gateway/dlog.py",
     "gateway/dlog_files.py",

@@ -25,13 +25,13 @@ in-process client, an adapter connection, a transport): stamp → route → stor
 
 Memory (``max_msg_memory``, EMS User's Guide, "tibemsd.conf", Connection and Memory
 Parameters). ``memory`` is what the messages held by endpoints cost
-(:func:`gateway.endpoint.charge`). With ``msg_swapping`` the persistent messages pending on a
+(:func:`gateway.backlog.charge`). With ``msg_swapping`` the persistent messages pending on a
 queue behind its first ``destination_backlog_swapout`` leave memory for the store as they come,
 and past :data:`SWAP_AT` of the limit more do, deepest queues first, until memory is down to
 :data:`SWAP_TO` (:meth:`Broker.swap_out`). A durable subscription holding that many pending
 messages in memory (or any, with memory past :data:`SWAP_AT`) does not take a newly routed
 persistent message into memory at all: the message's store entry is written, the
-subscription counts it in its tail and reads it back later (see :mod:`gateway.endpoint`).
+subscription counts it in its tail and reads it back later (see :mod:`gateway.backlog`).
 A message that would take memory past the limit even so is first made room for by dropping what slow consumers (connections whose adapter paused
 their deliveries for a full write buffer) have pending on non-durable topic subscriptions,
 when non-persistent (:meth:`Broker.shed_slow`), then by dropping the oldest of what the
@@ -71,8 +71,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gateway import subject
-from gateway.endpoint import MESSAGE_OVERHEAD, Endpoint, QueueEndpoint, Subscription
-from gateway.endpoint import preserved as _preserve
+from gateway.backlog import MESSAGE_OVERHEAD, swap_out
+from gateway.endpoint import Endpoint, QueueEndpoint, Subscription
 from gateway.errors import (
     IllegalStateError,
     InvalidDestinationError,
@@ -89,6 +89,7 @@ from gateway.message import (
     Destination,
     Message,
     estimate_size,
+    preserved,
 )
 from gateway.subindex import SubIndex
 
@@ -161,7 +162,7 @@ class Broker:
         # Pending messages a queue keeps in memory before the ones behind them are swapped.
         self.backlog_swapout = int(gw.destination_backlog_swapout) if self.swapping else 1 << 62
         # Pending messages a durable subscription keeps in memory before the persistent ones
-        # after them stay in the store (its tail, see gateway.endpoint): at least one, so
+        # after them stay in the store (its tail, see gateway.backlog): at least one, so
         # that a subscription whose consumer keeps up never goes through the store; the tail
         # is read back when fewer than tail_low are pending.
         self.tail_at = max(self.backlog_swapout, 1)
@@ -679,7 +680,7 @@ class Broker:
                 stored = True
                 if sub.tail or sub.npending >= self.tail_at or self.memory > self.swap_at:
                     # Its backlog is deep, or memory short: the store keeps it (the tail,
-                    # see gateway.endpoint); the backlog and the limits both are off
+                    # see gateway.backlog); the backlog and the limits both are off
                     # without swapping.
                     sub.put_tail(msg)
                     tailed = True
@@ -990,7 +991,7 @@ class Broker:
             if freed >= want and over <= 0:
                 q.fresh = 0  # nothing to do here until more arrives
                 continue
-            got, seen = q.swap_out(want - freed, over, budget, deep)
+            got, seen = swap_out(q, want - freed, over, budget, deep)
             freed += got
             budget -= seen
         self.swap_more = budget <= 0
@@ -1025,7 +1026,7 @@ class Broker:
         (EMS User's Guide, "Undelivered Message Queue")."""
         if reason == "expired":
             self.stats["expired"] += 1
-        if _preserve(msg) and ep.key != "queue:" + UNDELIVERED:
+        if preserved(msg) and ep.key != "queue:" + UNDELIVERED:
             q = self.queues[UNDELIVERED]
             copy = msg.copy()
             copy.expires_at = 0

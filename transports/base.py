@@ -76,7 +76,8 @@ from gateway.message import PROP_IMPORTED, QUEUE, TOPIC, Destination, Message
 if TYPE_CHECKING:
     from gateway.client import Connection, Session
     from gateway.config.transports import TransportDef
-    from gateway.endpoint import Delivery, Subscription
+    from gateway.consumer import Delivery
+    from gateway.endpoint import Subscription
     from transports.manager import TransportManager
 
 log = logging.getLogger("transports")

@@ -58,7 +58,7 @@ from transports.base import (
 from transports.mqtt_client import FAST_FIRST, PAHO_NAMES, Client, Packed, Wire
 
 if TYPE_CHECKING:
-    from gateway.endpoint import Delivery
+    from gateway.consumer import Delivery
 
 log = logging.getLogger("transports.mqtt")
 

@@ -58,7 +58,7 @@ from adapters.mqtt.topics import (
 )
 from gateway import subject
 from gateway.client import AckMode
-from gateway.endpoint import Delivery
+from gateway.consumer import Delivery
 from gateway.errors import (
     GatewayError,
 )

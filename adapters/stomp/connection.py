@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from adapters.stomp.server import StompServer
     from gateway.client import Connection, MessageConsumer, Session, Transaction
-    from gateway.endpoint import Delivery
+    from gateway.consumer import Delivery
 
 log = logging.getLogger("adapters.stomp")
 

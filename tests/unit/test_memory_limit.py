@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from corehelp import Q, T, collect, running_broker, until
 
+from gateway.backlog import MESSAGE_OVERHEAD, Swapped
 from gateway.client import AckMode
-from gateway.endpoint import MESSAGE_OVERHEAD, Swapped
 from gateway.errors import LimitExceededError
 from gateway.message import DeliveryMode, Message
 
