@@ -40,6 +40,8 @@ from setuptools.command.build_ext import build_ext
 COMPILED = [
     "gateway/message.py",
     "gateway/broker.py",
+    "gateway/memory.py",
+    "gateway/routing.py",
     "gateway/endpoint.py",
     "gateway/backlog.py",
     "gateway/consumer.py",

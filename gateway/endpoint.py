@@ -49,6 +49,7 @@ from gateway.backlog import (
 )
 from gateway.consumer import Consumer, Delivery
 from gateway.message import PRIORITIES, DeliveryMode, Destination, Message
+from gateway.routing import is_simple
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
@@ -581,8 +582,6 @@ class QueueEndpoint(Endpoint):
         self.owner = owner  # the connection of a temporary queue
         self.exclusive = bool(props.exclusive)
         self.flow_limit = props.flow_control_bytes if broker.flow_control else 0
-        from gateway.broker import is_simple
-
         self.simple = is_simple(props)
         self.stored = False  # the definition is in the store
 
