@@ -37,7 +37,9 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from gateway.endpoint import Consumer, Delivery, Listener, QueueEndpoint, Subscription, requeue_all
+from gateway.backlog import with_bodies
+from gateway.consumer import Consumer, Delivery, Listener
+from gateway.endpoint import QueueEndpoint, Subscription, requeue_all
 from gateway.errors import (
     GatewayError,
     IllegalStateError,
@@ -283,7 +285,7 @@ class Session:
             m for m in q.iter_pending()
             if not (m.expires_at and m.expires_at <= now) and (sel is None or sel.matches(m))
         ]
-        return q.with_bodies(snapshot) if q.swapped else snapshot
+        return with_bodies(q, snapshot) if q.swapped else snapshot
 
     def unsubscribe(self, name: str, share_scope: str | None = None) -> None:
         self.broker.unsubscribe(self.connection, name, share_scope)

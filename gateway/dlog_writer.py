@@ -3,7 +3,7 @@
 How this works. :class:`~gateway.dlog.DeliveryLog` starts ``python -m gateway.dlog_writer``
 (a fresh interpreter, never a ``fork`` of the threaded gateway) and talks to it over two
 pipes in frames of one kind byte, a 4-byte little-endian length and a ``marshal`` payload
-(a chunk of records with a typed property value: ``pickle``, see :func:`~gateway.dlog.encode`):
+(a chunk of records with a typed property value: ``pickle``, see :func:`~gateway.dlog_format.encode`):
 
 ==========  =====================================  ========================================
 direction   frame                                  meaning
@@ -48,7 +48,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from gateway.dlog import WIDTH, Counters, LogFiles, Stats, decode_batch, encode_batch
+from gateway.dlog_files import Counters, LogFiles, Stats
+from gateway.dlog_format import WIDTH, decode_batch, encode_batch
 
 log = logging.getLogger("gateway.dlog")
 
@@ -202,7 +203,7 @@ class WriterProcess:
         self.send_encoded([(len(flat) // WIDTH, encode_batch(flat))])
 
     def send_encoded(self, chunks: list[tuple[int, bytes]]) -> None:
-        """Send chunks of (number of records, :func:`~gateway.dlog.encode_batch` bytes),
+        """Send chunks of (number of records, :func:`~gateway.dlog_format.encode_batch` bytes),
         each kept until reported written, with one ``writev``; OSError if the process is
         gone (the chunks are kept all the same: :meth:`recover` finds what was not written)."""
         frames = []

@@ -23,31 +23,9 @@ redelivery delay, EMS User's Guide, "Destination Properties", redeliveryDelay) a
 heap with their due time; one timer per endpoint releases them. Expired messages are removed
 when met at dispatch and by the broker's periodic sweep.
 
-Memory. Every message an endpoint holds is charged to ``broker.memory`` (``max_msg_memory``)
-at :func:`charge`: its size estimate plus :data:`MESSAGE_OVERHEAD`. A queue may *swap* its
-pending persistent messages (EMS ``msg_swapping``, EMS User's Guide, "tibemsd.conf", Connection
-and Memory Parameters): the body leaves memory (the store has it) and a :class:`Swapped` marker
-takes its place, so the message object stays where it was in ``pending`` with its headers and
-properties -- order, priority, expiry and selectors work on it unchanged. Dispatch that meets a
-swapped message asks the store for it and the next swapped ones in delivery order
-(:meth:`Endpoint._load`) and goes on when they are back. Swapping starts from the back of the
-queue (lowest priority, newest), so what is delivered next stays in memory.
-
-A durable subscription cannot swap that way (a persistent topic message is one object shared
-by every subscription it reached), so it keeps a *tail* in the store instead: once it holds
-``destination_backlog_swapout`` pending messages in memory (or memory is past the broker's swap
-mark), a newly routed persistent message only gets its store entry and is counted
-(:meth:`Endpoint.put_tail`: ``count`` and ``bytes`` include it, ``broker.memory`` does not),
-and so is every persistent message after it while the tail lasts, so that the store's order is
-kept. When the messages in memory run below half of that and the subscription has consumers,
-:meth:`Endpoint._read_tail` asks the store for the next batch of its entries past the last one
-it has, with their messages and delivery counts, through the store's writer thread; they join
-``pending`` and dispatch goes on (:meth:`Endpoint._tail_read`). Each message read back is an
-object of its own, held by this subscription alone. Non-persistent messages stay in memory
-meanwhile and may so pass persistent ones routed before them: MQTT 5.0 §4.6 asks for order
-only per topic and QoS (QoS 0 is non-persistent, QoS 1 and 2 persistent), and JMS 1.1
-§4.4.10 leaves the order between delivery modes undefined. Priorities order what is in
-memory; the tail comes back in the order it was routed.
+What a message held here costs in memory, a queue's messages swapped out to the store and a
+durable subscription's tail in the store are :mod:`gateway.backlog`'s; consumers and their
+deliveries, :mod:`gateway.consumer`'s.
 
 Everything here runs on the loop thread and never awaits.
 """
@@ -56,190 +34,28 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import logging
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from gateway import subject
-from gateway.message import (
-    PROP_PRESERVE_UNDELIVERED,
-    DeliveryMode,
-    Destination,
-    Message,
-    body_size,
+from gateway.backlog import (
+    MESSAGE_OVERHEAD,
+    Swapped,
+    charge,
+    is_swapped,
+    load,
+    load_now,
+    read_tail,
 )
+from gateway.consumer import Consumer, Delivery
+from gateway.message import PRIORITIES, DeliveryMode, Destination, Message
+from gateway.routing import is_simple
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
-    from gateway.client import Session
     from gateway.selector import Selector
 
-log = logging.getLogger("gateway.endpoint")
-
-PRIORITIES = 10  # JMS priorities 0..9 (EMS User's Guide, "JMS Message Header Fields", JMSPriority)
-PERSISTENT = DeliveryMode.PERSISTENT
 _seq = itertools.count()
-
-# What a message held in memory costs beyond ``Message.size`` (its body and property text plus
-# 64 bytes): measured with tracemalloc for a 1 KB persistent STOMP message on a queue (CPython
-# 3.11, 64-bit): the Message object with its 24 slots 224 B, its message id and trace id
-# strings 136 B, the property dict 64 B, the timestamp, store id and other int objects 96 B,
-# the bytes object's header 33 B, the deque slot 8 B: about 560 B in all, 64 of them already in
-# ``size``. Without it a queue of small messages used several times the memory it was charged.
-MESSAGE_OVERHEAD: Final = 480
-# Swapped messages read back from the store per read (one round trip through the writer).
-LOAD_BATCH = 512
-# Most and fewest entries of a durable subscription's tail read back at once (one round trip
-# through the store's writer thread each).
-TAIL_BATCH = 2048
-TAIL_MIN = 64
-
-
-class Swapped:
-    """The body of a swapped message: it is in the store; ``nbytes`` is what left memory."""
-
-    __slots__ = ("nbytes",)
-
-    def __init__(self, nbytes: int) -> None:
-        self.nbytes = nbytes
-
-
-# Markers by size, shared: most messages of a deep queue have bodies of a few sizes, and a
-# marker of its own would cost each swapped message another 48 bytes.
-_MARKERS: dict[int, Swapped] = {}
-MAX_MARKERS = 4096
-
-
-def swapped_marker(nbytes: int) -> Swapped:
-    marker = _MARKERS.get(nbytes)
-    if marker is None:
-        marker = Swapped(nbytes)
-        if len(_MARKERS) < MAX_MARKERS:
-            _MARKERS[nbytes] = marker
-    return marker
-
-
-def is_swapped(msg: Message) -> bool:
-    return type(msg.body) is Swapped
-
-
-def charge(msg: Message) -> int:
-    """What ``msg`` costs in ``broker.memory`` while an endpoint holds it."""
-    body = msg.body
-    if type(body) is Swapped:
-        return msg.size + MESSAGE_OVERHEAD - body.nbytes
-    return msg.size + MESSAGE_OVERHEAD
-
-
-class Delivery:
-    """One delivery of a message to one consumer; what a listener receives.
-
-    ``count`` is ``JMSXDeliveryCount`` (1 on the first delivery); ``redelivered`` is
-    ``JMSRedelivered``. ``tag`` identifies the delivery within its session for acks.
-    """
-
-    __slots__ = ("msg", "tag", "count", "consumer", "settled")
-
-    def __init__(self, msg: Message, tag: int, count: int, consumer: Consumer) -> None:
-        self.msg = msg
-        self.tag = tag
-        self.count = count
-        self.consumer = consumer
-        self.settled = False
-
-    @property
-    def redelivered(self) -> bool:
-        return self.count > 1
-
-    def __repr__(self) -> str:
-        return f"<Delivery tag={self.tag} count={self.count} {self.msg!r}>"
-
-
-Listener = Callable[[Delivery], None]
-
-
-class Consumer:
-    """A consumer attached to one endpoint, owned by a session.
-
-    ``window`` is the most unacknowledged deliveries it may hold (``None`` = unlimited);
-    ``listener`` is called on the loop for each delivery. Adapters pause a consumer when
-    their socket's write buffer is full and resume it when it drains.
-    """
-
-    __slots__ = (
-        "id",
-        "session",
-        "endpoint",
-        "selector",
-        "no_local",
-        "window",
-        "unacked",
-        "listener",
-        "active",
-        "paused",
-        "track",
-        "delivered_total",
-        "name",
-        "log_client",
-    )
-
-    def __init__(
-        self,
-        cid: int,
-        session: Session,
-        endpoint: Endpoint,
-        listener: Listener,
-        *,
-        selector: Selector | None = None,
-        no_local: bool = False,
-        window: int | None = None,
-        name: str = "",
-    ) -> None:
-        self.id = cid
-        self.session = session
-        self.endpoint = endpoint
-        self.selector = selector
-        self.no_local = no_local
-        self.window = window
-        self.unacked = 0
-        self.listener = listener
-        self.active = True
-        self.paused = False
-        # Deliveries are tracked for acknowledgement unless the session acknowledges nothing.
-        self.track = not session.no_ack
-        self.delivered_total = 0
-        self.name = name
-        # The ``client`` of its deliver, redeliver and ack records; None: none are written
-        # (a transport's consumer, see ``Connection.logs_deliveries``).
-        conn = session.connection
-        self.log_client: str | None = conn.id if conn.logs_deliveries else None
-
-    @property
-    def ready(self) -> bool:
-        w = self.window
-        return (
-            self.active
-            and not self.paused
-            and self.session.connection.started
-            and (w is None or self.unacked < w)
-        )
-
-    def set_window(self, window: int | None) -> None:
-        """Change the window (credit); more room dispatches waiting messages at once."""
-        self.window = window
-        self.endpoint.dispatch()
-
-    def pause(self) -> None:
-        self.paused = True
-
-    def resume(self) -> None:
-        if self.paused:
-            self.paused = False
-            self.endpoint.dispatch()
-
-    def __repr__(self) -> str:
-        return f"<Consumer {self.id} on {self.endpoint.key}>"
 
 
 class Endpoint:
@@ -278,8 +94,8 @@ class Endpoint:
         self.swapped = 0  # pending messages whose body is in the store only
         self.loading = False  # a read of swapped messages is on its way
         self.fresh = 0  # persistent messages put since the last swap pass looked (queues)
-        # Pending messages in the store only (a durable subscription's tail, see the module
-        # docstring): counted in ``count`` (and their size in ``bytes``), not in memory.
+        # Pending messages in the store only (a durable subscription's tail, see
+        # gateway.backlog): counted in ``count`` (and their size in ``bytes``), not in memory.
         self.tail = 0
         self.tail_bytes = 0  # what ``bytes`` counts for them
         self.tail_after = 0  # the tail: this endpoint's entries with a message id above this
@@ -330,7 +146,7 @@ class Endpoint:
 
     def put_tail(self, msg: Message) -> None:
         """Count a routed persistent message whose entry the broker stored, leaving it in
-        the store only: the tail of a durable subscription (see the module docstring)."""
+        the store only: the tail of a durable subscription (see :mod:`gateway.backlog`)."""
         if not self.tail:
             self.tail_after = msg.store_id - 1
         self.tail += 1
@@ -361,7 +177,7 @@ class Endpoint:
             finally:
                 self.dispatching = False
         if self.tail and self.npending < self.broker.tail_low:
-            self._read_tail()
+            read_tail(self)
 
     def _dispatch_simple(self) -> None:
         pending = self.pending
@@ -377,7 +193,7 @@ class Endpoint:
                     break
             if self.swapped and type(msg.body) is Swapped:
                 pending[p].appendleft(msg)
-                self._load()
+                load(self)
                 return
             self.npending -= 1
             if msg.expires_at:
@@ -412,7 +228,7 @@ class Endpoint:
                     kept.append(msg)
                     kept.extend(dq)
                     self.pending[p] = kept
-                    self._load(msg)
+                    load(self, msg)
                     return
                 self.npending -= 1
                 self._deliver(consumer, msg)
@@ -492,7 +308,7 @@ class Endpoint:
             for msg in self.pending[p]:
                 if msg.store_id == store_id:
                     if is_swapped(msg):
-                        self.load_now([msg])
+                        load_now(self, [msg])
                         # A call, not the test written out: the compiled build would take
                         # the attribute's type as narrowed by the test above.
                         if is_swapped(msg):
@@ -623,7 +439,7 @@ class Endpoint:
             if dq and (oldest is None or dq[0].timestamp < oldest.timestamp):
                 oldest, oldest_p = dq[0], p
         if self.tail and self.npending <= self.broker.tail_low:
-            self._read_tail()  # what is discarded after these comes from the tail
+            read_tail(self)  # what is discarded after these comes from the tail
         if oldest is None:
             return False
         self.pending[oldest_p].popleft()
@@ -703,222 +519,6 @@ class Endpoint:
         if released:
             self.dispatch()
 
-    # -- message swapping (queues) ---------------------------------------------------------
-
-    def swap_out(self, want: int, count: int, budget: int, deep: bool) -> tuple[int, int]:
-        """Drop the bodies of pending persistent messages until ``want`` bytes are freed and
-        ``count`` messages swapped, or ``budget`` messages were looked at; from the back:
-        lowest priority, newest first. Returns (bytes freed, messages looked at).
-
-        Without ``deep``, each priority's scan stops at its first swapped message: what lies
-        before it was looked at by an earlier pass (or read back to be delivered next), so a
-        pass costs what arrived since the last one. Only a stored message that no other
-        endpoint holds may go (a queue's own), and not one to be kept when undeliverable
-        (``undeliverable`` copies its body)."""
-        freed = seen = n = 0
-        for p in range(PRIORITIES):
-            for msg in reversed(self.pending[p]):
-                body = msg.body
-                if type(body) is Swapped:
-                    if not deep:
-                        break
-                    continue
-                seen += 1
-                if (msg.store_id and msg.refs == 1 and msg.delivery_mode == PERSISTENT
-                        and not preserved(msg)):
-                    nbytes = body_size(body)
-                    msg.body = swapped_marker(nbytes)
-                    msg.wire = None
-                    freed += nbytes
-                    n += 1
-                    if freed >= want and n >= count:
-                        break
-                if seen >= budget:
-                    break
-            if (freed >= want and n >= count) or seen >= budget:
-                break
-        else:
-            self.fresh = 0  # looked at everything new
-        self.swapped += n
-        broker = self.broker
-        broker.swapped += n
-        broker.stats["swapped_out"] += n
-        broker.memory -= freed
-        return freed, seen
-
-    def _swapped_in_order(self, first: Message | None) -> list[Message]:
-        """Up to :data:`LOAD_BATCH` swapped pending messages in delivery order (from
-        ``first`` on, if given, in its priority)."""
-        out: list[Message] = []
-        for p in range(PRIORITIES - 1, -1, -1):
-            if first is not None and p > first.priority:
-                continue
-            started = first is None or first.priority > p
-            for msg in self.pending[p]:
-                if not started:
-                    if msg is not first:
-                        continue
-                    started = True
-                if type(msg.body) is Swapped:
-                    out.append(msg)
-                    if len(out) >= LOAD_BATCH:
-                        return out
-        return out
-
-    def _load(self, first: Message | None = None) -> None:
-        """Ask the store for the next swapped messages; dispatch goes on when they are back."""
-        if self.loading or self.closed:
-            return
-        msgs = self._swapped_in_order(first)
-        if not msgs:
-            return
-        self.loading = True
-        self.broker.store.read_messages([m.store_id for m in msgs],
-                                        lambda found: self._loaded(msgs, found))
-
-    def _loaded(self, msgs: list[Message], found: dict[int, Message]) -> None:
-        """Runs on the loop: swapped messages are back from the store."""
-        self.loading = False
-        if self.closed:
-            return
-        lost = self._restore_bodies(msgs, found)
-        for msg in lost:
-            self._drop_unreadable(msg)
-        self.dispatch()
-
-    def load_now(self, msgs: list[Message]) -> None:
-        """Read swapped ``msgs`` back at once (blocks on the store: rare paths only)."""
-        want = [m for m in msgs if type(m.body) is Swapped]
-        if want:
-            found = self.broker.store.read_now([m.store_id for m in want])
-            for msg in self._restore_bodies(want, found):
-                self._drop_unreadable(msg)
-
-    def with_bodies(self, msgs: list[Message]) -> list[Message]:
-        """``msgs`` with each swapped one replaced by a copy that has its body (read from the
-        store at once; the swapped message itself stays out of memory): for a queue
-        browser's snapshot. A message the store no longer has is left out."""
-        want = [m.store_id for m in msgs if type(m.body) is Swapped]
-        if not want:
-            return msgs
-        found = self.broker.store.read_now(want)
-        out: list[Message] = []
-        for msg in msgs:
-            if type(msg.body) is Swapped:
-                stored = found.get(msg.store_id)
-                if stored is None:
-                    continue
-                copy = msg.copy()
-                copy.body = stored.body
-                msg = copy
-            out.append(msg)
-        return out
-
-    def _restore_bodies(self, msgs: list[Message], found: dict[int, Message]) -> list[Message]:
-        """Put the bodies read back on ``msgs``; returns those still swapped here whose row
-        was not found."""
-        broker = self.broker
-        lost: list[Message] = []
-        n = 0
-        for msg in msgs:
-            body = msg.body
-            if type(body) is not Swapped or not msg.store_id:
-                continue  # loaded already, or gone from here meanwhile (acked, purged, expired)
-            stored = found.get(msg.store_id)
-            if stored is None:
-                lost.append(msg)
-                continue
-            msg.body = stored.body
-            broker.memory += body.nbytes
-            n += 1
-        self.swapped -= n
-        broker.swapped -= n
-        broker.stats["swapped_in"] += n
-        return lost
-
-    def _drop_unreadable(self, msg: Message) -> None:
-        """A swapped message the store no longer gives back: it cannot be delivered."""
-        dq = self.pending[msg.priority]
-        if msg not in dq:
-            return
-        dq.remove(msg)
-        self.npending -= 1
-        count = self.counts.get(msg, 0)
-        self._remove(msg)
-        self.broker.undeliverable(msg, self, "store_read_failed", count)
-
-    # -- a durable subscription's tail in the store --------------------------------------
-
-    def _read_tail(self) -> None:
-        """Ask the store for the next entries of the tail; they join ``pending`` when back."""
-        if self.tail_reading or self.closed or not self.tail:
-            return
-        broker = self.broker
-        want = min(self.tail, max(broker.tail_at - self.npending, TAIL_MIN), TAIL_BATCH)
-        self.tail_reading = True
-        store = broker.store
-        store.commit(None)  # an entry added in the unit still open is read too
-        store.read_entries(self.key, self.tail_after, want,
-                           lambda rows: self._tail_read(rows, want))
-
-    def _tail_read(self, rows: list[tuple[int, int, Message | None]], want: int) -> None:
-        """Runs on the loop: entries of the tail are back from the store, in order."""
-        self.tail_reading = False
-        if self.closed or not self.tail:
-            return
-        broker = self.broker
-        now = broker.now()
-        pending = self.pending
-        lost = 0
-        for sid, dcount, msg in rows:
-            # ``bytes`` counted each message of the tail with its size at routing; one read
-            # back has its size estimated again (an adapter's estimate may differ), so each
-            # takes its share of what the tail counted, and ``bytes`` its new size.
-            share = self.tail_bytes // self.tail if self.tail > 1 else self.tail_bytes
-            self.tail_after = sid
-            self.tail -= 1
-            self.tail_bytes -= share
-            if msg is None:  # does not decode (logged by the store): cannot be delivered
-                lost += 1
-                self.bytes -= share
-                broker.store.remove_entry(self.key, sid)
-                broker.store.delete_unreferenced(sid)
-                continue
-            self.bytes += msg.size - share
-            msg.refs = 1
-            broker.memory += msg.size + MESSAGE_OVERHEAD
-            if dcount:
-                self.counts[msg] = dcount
-            if msg.expires_at:
-                self.expiring += 1
-            if msg.delivery_time > now:
-                self._hold(msg, msg.delivery_time)
-            else:
-                pending[msg.priority].append(msg)
-                self.npending += 1
-                if self.npending == self.laggard_at:
-                    broker.laggard_seen(self)
-            if not self.tail:
-                break
-        if len(rows) < want and self.tail:
-            lost += self.tail  # the store has no more of them (a failed write)
-            self.bytes -= self.tail_bytes
-            self.tail = self.tail_bytes = 0
-        if lost:
-            self.count -= lost
-            self.dropped_from_store(lost)
-        if self.npending and not self.dispatching:
-            self.dispatch()
-        elif self.tail and self.npending < broker.tail_low and self.consumers:
-            self._read_tail()
-
-    def dropped_from_store(self, n: int) -> None:
-        """``n`` messages of the tail the store did not give back: counted and logged."""
-        broker = self.broker
-        broker.stats["dropped"] += n
-        broker.store.commit(None)
-        log.error("%s: %d stored messages could not be read back and are dropped", self.key, n)
-
     # -- consumers ------------------------------------------------------------------------
 
     def add_consumer(self, c: Consumer) -> None:
@@ -982,8 +582,6 @@ class QueueEndpoint(Endpoint):
         self.owner = owner  # the connection of a temporary queue
         self.exclusive = bool(props.exclusive)
         self.flow_limit = props.flow_control_bytes if broker.flow_control else 0
-        from gateway.broker import is_simple
-
         self.simple = is_simple(props)
         self.stored = False  # the definition is in the store
 
@@ -1105,15 +703,6 @@ class Subscription(Endpoint):
             no_local=self.no_local,
         )
         return d
-
-
-def preserved(msg: Message) -> bool:
-    """``JMS_GW_PRESERVE_UNDELIVERED`` read as a JMS boolean: ``true``, or the string "true" in
-    any case (a protocol without typed properties sends a string); anything else is false."""
-    value = msg.properties.get(PROP_PRESERVE_UNDELIVERED)
-    if value is True:
-        return True
-    return type(value) is str and value.lower() == "true"
 
 
 def requeue_all(deliveries: list[Delivery], *, count_delivery: bool = True) -> None:

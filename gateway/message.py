@@ -3,7 +3,7 @@
 How this works. A :class:`Message` is created once when it enters the gateway (from a
 producer, an adapter or a transport) and is then shared, unchanged, by every queue and
 subscription it is delivered to; what differs per delivery (redelivered flag, delivery count)
-lives on the :class:`~gateway.endpoint.Delivery`, never on the message. Nested map and stream
+lives on the :class:`~gateway.consumer.Delivery`, never on the message. Nested map and stream
 bodies are plain ``dict`` and ``list`` values holding typed values from :mod:`gateway.types`.
 
 The 11 JMS header fields (TIBCO EMS User's Guide, "JMS Message Header Fields") are attributes:
@@ -53,6 +53,7 @@ PROP_DELIVERY_COUNT = "JMSXDeliveryCount"
 
 # JMS default; EMS User's Guide, "Publish and Subscribe Messaging Example" shows JMSPriority={4}
 DEFAULT_PRIORITY = 4
+PRIORITIES = 10  # JMS priorities 0..9 (EMS User's Guide, "JMS Message Header Fields", JMSPriority)
 
 
 class DeliveryMode(enum.IntEnum):
@@ -437,3 +438,12 @@ def _nested_size(v: Any) -> int:
     if isinstance(v, (str, bytes)):
         return len(v)
     return 8
+
+
+def preserved(msg: Message) -> bool:
+    """``JMS_GW_PRESERVE_UNDELIVERED`` read as a JMS boolean: ``true``, or the string "true" in
+    any case (a protocol without typed properties sends a string); anything else is false."""
+    value = msg.properties.get(PROP_PRESERVE_UNDELIVERED)
+    if value is True:
+        return True
+    return type(value) is str and value.lower() == "true"

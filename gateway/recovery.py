@@ -10,7 +10,7 @@ which resets JMSXDeliveryCount, EMS User's Guide, "Destination Properties", maxR
 Entries whose endpoint no longer exists are removed. With message swapping the store gives
 each durable subscription only its first ``destination_backlog_swapout`` entries with their
 messages; the rest it only counts, and they become the subscription's tail (see
-:mod:`gateway.endpoint`), read back as consumers take what is in memory -- so a deep durable
+:mod:`gateway.backlog`), read back as consumers take what is in memory -- so a deep durable
 backlog is not read whole into memory at start.
 """
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from gateway.endpoint import MESSAGE_OVERHEAD, Endpoint, Subscription
+from gateway.backlog import MESSAGE_OVERHEAD
+from gateway.endpoint import Endpoint, Subscription
 from gateway.message import estimate_size
 from gateway.selector import compile_selector
 

@@ -84,7 +84,7 @@ from transports.amqp_links import (
 from transports.base import DEDUP_WINDOW, ExportBinding, Transport
 
 if TYPE_CHECKING:
-    from gateway.endpoint import Delivery as CoreDelivery
+    from gateway.consumer import Delivery as CoreDelivery
 
 log = logging.getLogger("transports.amqp")
 

@@ -36,7 +36,7 @@ from transports.amqp_links import PROP_HOPS, PROP_ORIGIN, SenderLink, far_addres
 from transports.base import ExportBinding, RetryLater
 
 if TYPE_CHECKING:
-    from gateway.endpoint import Delivery as CoreDelivery
+    from gateway.consumer import Delivery as CoreDelivery
     from transports.amqp import AmqpTransport
 
 log = logging.getLogger("transports.amqp")

@@ -16,7 +16,7 @@ from gateway.message import Destination
 from mappings.amqp import MA_PREFIX
 
 if TYPE_CHECKING:
-    from gateway.endpoint import Delivery as CoreDelivery
+    from gateway.consumer import Delivery as CoreDelivery
     from transports.base import ExportBinding
 
 __all__ = [

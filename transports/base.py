@@ -77,7 +77,8 @@ from transports.reply import ReplyRoutes, ReplyTemporaries
 if TYPE_CHECKING:
     from gateway.client import Connection, Session
     from gateway.config.transports import TransportDef
-    from gateway.endpoint import Delivery, Subscription
+    from gateway.consumer import Delivery
+    from gateway.endpoint import Subscription
     from transports.manager import TransportManager
 
 log = logging.getLogger("transports")

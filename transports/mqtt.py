@@ -70,7 +70,7 @@ from transports.mqtt_session import (
 )
 
 if TYPE_CHECKING:
-    from gateway.endpoint import Delivery
+    from gateway.consumer import Delivery
 
 log = logging.getLogger("transports.mqtt")
 

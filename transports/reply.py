@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.message import QUEUE, TOPIC, Destination
 
 if TYPE_CHECKING:
-    from gateway.endpoint import Delivery
+    from gateway.consumer import Delivery
     from transports.base import Transport
 
 log = logging.getLogger("transports")

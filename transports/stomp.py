@@ -94,7 +94,7 @@ from mappings.stomp import message_to_stomp, stomp_to_message
 from transports.base import IMPORT_WINDOW, ExportBinding, RetryLater, Transport
 
 if TYPE_CHECKING:
-    from gateway.endpoint import Delivery
+    from gateway.consumer import Delivery
 
 log = logging.getLogger("transports.stomp")
 

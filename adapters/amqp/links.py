@@ -41,7 +41,7 @@ from mappings.amqp_address import parse_address
 if TYPE_CHECKING:
     from adapters.amqp.connection import AmqpConnection
     from gateway.client import MessageConsumer, Session
-    from gateway.endpoint import Delivery as CoreDelivery
+    from gateway.consumer import Delivery as CoreDelivery
     from gateway.message import Message as CoreMessage
 
 log = logging.getLogger("adapters.amqp")

@@ -30,7 +30,7 @@ from gateway.message import Message
 
 if TYPE_CHECKING:
     from adapters.mqtt.session import MqttSession, OutFlight
-    from gateway.endpoint import Delivery
+    from gateway.consumer import Delivery
 
 # Merges of overlapping subscriptions' deliveries remembered per session: each is dropped as
 # soon as every matching subscription has delivered, so only deliveries held back (a paused

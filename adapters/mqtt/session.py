@@ -51,7 +51,7 @@ from adapters.mqtt.packets import (
     Will,
 )
 from gateway.client import AckMode
-from gateway.endpoint import Delivery
+from gateway.consumer import Delivery
 from gateway.errors import (
     GatewayError,
 )

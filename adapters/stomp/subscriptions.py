@@ -38,7 +38,7 @@ from mappings.stomp import SUBSCRIBE_TRANSFORMATIONS
 if TYPE_CHECKING:
     from adapters.stomp.connection import StompConnection
     from gateway.client import MessageConsumer, Session, Transaction
-    from gateway.endpoint import Delivery
+    from gateway.consumer import Delivery
 
 log = logging.getLogger("adapters.stomp")
 

@@ -4,7 +4,7 @@ format the gateway writes (docs/delivery-log.md, schema version 2), with known v
     .venv/bin/python tests/bench/dloggen.py --records 1000000 --out /tmp/dlogs --seed 1
 
 Gateways ``gw-a``, ``gw-b`` and ``gw-c`` each write their own directory ``OUT/<gw>/`` of
-``dlog-<gw>-<UTC yyyymmddTHHMMSS>-<seq>.jsonl`` files. A line is what ``gateway/dlog.py``
+``dlog-<gw>-<UTC yyyymmddTHHMMSS>-<seq>.jsonl`` files. A line is what ``gateway/dlog_format.py``
 writes (``_format_fast``): every key of the document in its order, no spaces, ``ts`` as
 epoch milliseconds with three decimals, ``trace_id`` ``<gateway id>:<n>``, ``msg_id``
 ``ID:<gateway>.<hex>:<n>``, import and export records with the transport's client id

@@ -23,7 +23,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from gateway.endpoint import MESSAGE_OVERHEAD
+from gateway.backlog import MESSAGE_OVERHEAD
 
 V311, V5 = mqtt.MQTTv311, mqtt.MQTTv5
 N = 5000

@@ -414,7 +414,7 @@ def test_the_delivery_log_names_the_rules_an_adapter_ran_on_a_delivery(tmp_path)
     record names the rules that ran on that consumer's copy and hashes the copy as it left;
     a delivery no rule ran on has ``rules`` null and the publish's hashes
     (docs/delivery-log.md, ``rules``)."""
-    from gateway.dlog import canonical_properties
+    from gateway.dlog_format import canonical_properties
 
     rules = """\
 mappings:

@@ -26,8 +26,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from proton import Delivery, Message
 from proton.reactor import AtMostOnce
 
+from gateway.backlog import MESSAGE_OVERHEAD
 from gateway.client import AckMode
-from gateway.endpoint import MESSAGE_OVERHEAD
 from gateway.message import Destination
 
 LIMIT = 8 * 1024 * 1024

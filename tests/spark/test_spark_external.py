@@ -13,7 +13,7 @@ from dlogrecords import frame, rec, write_log
 from pyspark.sql import SparkSession
 
 from adapters.mqtt.topics import mqtt_topic_to_subject
-from gateway.dlog import content_body, hash_json
+from gateway.dlog_format import content_body, hash_json
 from gateway.message import Message
 from spark.external import MappingError, link_senders, load_mapping, read_external
 from spark.job import main

@@ -26,8 +26,9 @@ from typing import Any
 import pytest
 from corehelp import not_compiled
 
-from gateway import dlog
-from gateway.dlog import EVENTS, FIELDS, SCHEMA_VERSION, DeliveryLog
+from gateway import dlog, dlog_format
+from gateway.dlog import DeliveryLog
+from gateway.dlog_format import EVENTS, FIELDS, SCHEMA_VERSION
 from gateway.dlog_writer import unreported_lines
 from gateway.message import DeliveryMode, Destination, Message
 
@@ -164,7 +165,7 @@ def test_format_records_matches_json_for_every_line() -> None:
     for i in range(600):
         t = 1795753077.0 + i * 0.0003
         head = heads[(i * 7) % 50]
-        event = dlog.EVENTS[i % len(dlog.EVENTS)]
+        event = dlog_format.EVENTS[i % len(dlog_format.EVENTS)]
         dest, client = f"topic:d{i % 4}", (None if i % 5 == 0 else f"c{i % 3}")
         count, reason = i % 4, (None if i % 6 else "why")
         extra = None if i % 7 else ("rules-a", f"far-{i}", None, i if i % 2 else None)
@@ -177,7 +178,7 @@ def test_format_records_matches_json_for_every_line() -> None:
             "body_hash": hash_of(head[4]), "props_hash": hash_of(head[5]),
             **(NO_EXTRA if extra is None else dict(zip(EXPECTED_KEYS[-4:], extra, strict=True))),
         })  # fmt: skip
-    lines = dlog.format_records(flat, "gw9").decode("ascii").splitlines()
+    lines = dlog_format.format_records(flat, "gw9").decode("ascii").splitlines()
     assert [json.loads(line) for line in lines] == expected
 
 
@@ -924,13 +925,13 @@ def tagged_props(props: dict[str, object]) -> bytes:
 def count_encodings(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """The property dicts ``canonical_properties`` encodes from now on (in this process)."""
     encoded: list[dict[str, Any]] = []
-    canonical = dlog.canonical_properties
+    canonical = dlog_format.canonical_properties
 
     def counted(props: dict[str, Any]) -> bytes:
         encoded.append(props)
         return canonical(props)
 
-    monkeypatch.setattr(dlog, "canonical_properties", counted)
+    monkeypatch.setattr(dlog_format, "canonical_properties", counted)
     return encoded
 
 
@@ -1033,17 +1034,17 @@ def test_batches_with_properties_carry_only_typed_values() -> None:
     head = ("trace-1", "ID:1", 2, 10, "hello", dict(props))
     flat = [1795753077.0, "publish", head, "topic:a", "p", 0, None,
             1795753077.1, "deliver", head, "topic:a", "c", 1, None]  # fmt: skip
-    payload = dlog.encode_batch(flat)
+    payload = dlog_format.encode_batch(flat)
     Unpickler(io.BytesIO(payload)).load()
     assert modules == {"gateway.types"}
-    back = dlog.decode_batch(payload)
+    back = dlog_format.decode_batch(payload)
     assert back == flat and back[2] is back[9]
     assert [type(v) for v in back[2][5].values()] == [type(v) for v in props.values()]
-    assert dlog.format_records(back, "gw1") == dlog.format_records(flat, "gw1")
+    assert dlog_format.format_records(back, "gw1") == dlog_format.format_records(flat, "gw1")
 
     odd = ("trace-2", "ID:2", 2, 10, None, {"a": 1, "x": Destination.topic("a")})
-    payload = dlog.encode_batch([*flat, 1795753077.2, "ack", odd, "topic:a", "c", 1, None])
-    back = dlog.decode_batch(payload)
+    payload = dlog_format.encode_batch([*flat, 1795753077.2, "ack", odd, "topic:a", "c", 1, None])
+    back = dlog_format.decode_batch(payload)
     assert back[:14] == [*flat[:2], back[2], *flat[3:9], back[2], *flat[10:]]
     assert back[2][5] == tagged_props(props) and back[16][5] is None
 
@@ -1062,9 +1063,9 @@ def test_a_batch_is_marshalled_unless_a_property_is_typed() -> None:
     for props, pickled in (({"q": 1, "r": True, "s": "x"}, False), (None, False),
                            ({"q": Int8(1), "r": True}, True)):  # fmt: skip
         flat = batch(1, props)
-        payload = dlog.encode_batch(flat)
+        payload = dlog_format.encode_batch(flat)
         assert (payload[:1] == b"\x80") is pickled, props
-        back = dlog.decode_batch(payload)
+        back = dlog_format.decode_batch(payload)
         assert back == flat and back[2] is back[9]
         assert [type(v) for v in (back[2][5] or {}).values()] == [
             type(v) for v in (props or {}).values()
@@ -1079,7 +1080,7 @@ def test_a_batch_is_marshalled_unless_a_property_is_typed() -> None:
             log.record("publish", m, "topic:a", "p")
         payload = log._chunks[-1][1]
         formats.append(payload[:1] == b"\x80")
-        held.append(dlog.decode_batch(payload)[2][5])
+        held.append(dlog_format.decode_batch(payload)[2][5])
     log._chunks.clear()
     assert formats == [False, True, True, False]
     # the first head's dict, until a set met again is held as its bytes (the test below)
@@ -1101,7 +1102,7 @@ def props_chunks(sets: list[dict[str, Any]], chunks: int) -> tuple[list[bool], l
         log.record("deliver", m, "topic:a", "c", 1)
     payloads = [payload for _, payload in log._chunks]
     assert len(payloads) == chunks
-    return [p[:1] == b"\x80" for p in payloads], [v for p in payloads for v in dlog.decode_batch(p)]
+    return [p[:1] == b"\x80" for p in payloads], [v for p in payloads for v in dlog_format.decode_batch(p)]
 
 
 def test_a_property_set_met_again_crosses_as_its_canonical_bytes(tmp_path: Path) -> None:
@@ -1128,7 +1129,7 @@ def test_a_property_set_met_again_crosses_as_its_canonical_bytes(tmp_path: Path)
     ]
     formats, flat = props_chunks([mqtt], 4)
     assert formats == [True, True, True, False]  # the dicts; the set met, then known
-    heads = flat[2 :: dlog.WIDTH]
+    heads = flat[2 :: dlog_format.WIDTH]
     assert heads[-1][5] == tagged_props(mqtt) and heads[0][5] == mqtt
 
     sets = [mqtt] * 3 + [s for o in others for s in (o, o, o, mqtt, mqtt)]
@@ -1137,7 +1138,7 @@ def test_a_property_set_met_again_crosses_as_its_canonical_bytes(tmp_path: Path)
     log._pending[:] = flat
     log.close()
     got = [r["props_hash"] for r in read_lines(tmp_path)]
-    want = [tagged_props(sets[i // 2 % len(sets)]) for i in range(len(flat) // dlog.WIDTH)]
+    want = [tagged_props(sets[i // 2 % len(sets)]) for i in range(len(flat) // dlog_format.WIDTH)]
     assert got == [hash_of(p) for p in want]
     assert len(set(got)) == len(others)  # Int8(1) in another object: the same hash
 
@@ -1150,7 +1151,7 @@ def test_a_property_set_with_a_value_that_may_change_is_not_held_as_bytes() -> N
 
     formats, flat = props_chunks([{"JMS_GW_MQTT_QOS": Int8(1), "l": [1, 2]}], 4)
     assert formats == [True] * 4
-    assert {type(h[5]) for h in flat[2 :: dlog.WIDTH]} == {dict}
+    assert {type(h[5]) for h in flat[2 :: dlog_format.WIDTH]} == {dict}
 
 
 def test_property_sets_that_change_all_the_time_are_not_recognised() -> None:
@@ -1181,7 +1182,7 @@ def test_property_sets_that_change_all_the_time_are_not_recognised() -> None:
         m = make_msg(i)
         m.properties = dict(a)
         log.record("publish", m, "topic:a", "p")
-    heads = dlog.decode_batch(log._chunks[-1][1])[2 :: dlog.WIDTH]
+    heads = dlog_format.decode_batch(log._chunks[-1][1])[2 :: dlog_format.WIDTH]
     assert {h[5] for h in heads} == {tagged_props(a)}
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from corehelp import Q, T, collect, running_broker, until
 
-from gateway.endpoint import MESSAGE_OVERHEAD
+from gateway.backlog import MESSAGE_OVERHEAD
 from gateway.message import DeliveryMode, Message
 
 NP = DeliveryMode.NON_PERSISTENT

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from corehelp import Q, T, collect, running_broker, until
 
+from gateway.backlog import MESSAGE_OVERHEAD, Swapped
 from gateway.client import AckMode
-from gateway.endpoint import MESSAGE_OVERHEAD, Swapped
 from gateway.errors import LimitExceededError
 from gateway.message import DeliveryMode, Message
 
@@ -337,7 +337,7 @@ async def test_laggards_backlogs_are_trimmed_at_the_limit_before_producers_are_r
     """Non-durable subscribers whose consumers take nothing (a full window) hold backlogs
     past the limit: the oldest of those backlogs go, deepest first, down to LAGGARD_MIN each,
     whatever the delivery mode, and the producer and the subscriber that keeps up go on."""
-    from gateway.broker import LAGGARD_MIN
+    from gateway.memory import LAGGARD_MIN
 
     conf = "max_msg_memory = 8MB\n"
     async with running_broker(tmp_path, gateway=conf, log=False) as b:
@@ -396,7 +396,7 @@ async def test_a_laggard_that_appears_after_fruitless_scans_is_trimmed(tmp_path)
     """Publishes refused at the limit with no laggard, then memory drained and filled again
     by a subscriber that takes nothing: its backlog is trimmed as always, and its
     producer is not refused."""
-    from gateway.broker import LAGGARD_MIN
+    from gateway.memory import LAGGARD_MIN
 
     async with running_broker(tmp_path, gateway="max_msg_memory = 8MB\n", log=False) as b:
         p = b.connect().session().producer(Q("full"), delivery_mode=NP)
@@ -423,7 +423,7 @@ async def test_a_backlog_made_of_redeliveries_is_a_laggard_too(tmp_path):
     """A shared subscription's backlog that comes from redeliveries (a recovered session
     whose consumer left, the other consumer taking nothing) rather than from routing is
     trimmed at the limit like any other, before producers are refused."""
-    from gateway.broker import LAGGARD_MIN
+    from gateway.memory import LAGGARD_MIN
 
     async with running_broker(tmp_path, gateway="max_msg_memory = 8MB\n", log=False) as b:
         idle = b.connect().session().consumer(T("rq"), shared_name="grp", window=0)

@@ -63,7 +63,7 @@ from transports.rv.queue import DISCARD_FIRST, DISCARD_LAST, Queue
 from transports.rv.transport import AsyncTransport, Listener
 
 if TYPE_CHECKING:
-    from gateway.endpoint import Delivery
+    from gateway.consumer import Delivery
 
 log = logging.getLogger("transports")
 
