@@ -37,8 +37,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from gateway.config.gateway_conf import listen_backlog
-from gateway.errors import GatewayError
-from gateway.message import DeliveryMode, Destination, Message
+from gateway.facade import Core
 from gateway.tls import server_context
 
 log = logging.getLogger("adapters")
@@ -62,7 +61,7 @@ class WriteFlow:
     __slots__ = ("broker", "protocol", "address", "buffered", "conn", "slow", "since",
                  "episodes")
 
-    def __init__(self, broker: Any, protocol: str, address: str,
+    def __init__(self, broker: Core, protocol: str, address: str,
                  buffered: Callable[[], int]) -> None:
         self.broker = broker
         self.protocol = protocol
@@ -118,13 +117,11 @@ class WriteFlow:
         else:
             log.info("%s %s (client id %s): slow consumer closed after %.1f s, %d bytes unsent",
                      self.protocol, self.address, client_id, seconds, buffered)
-        broker = self.broker
-        if broker.subs.has_interest(SLOW_CONSUMER_TOPIC):
-            body = {"event": event, "protocol": self.protocol, "address": self.address,
-                    "client_id": client_id or "", "connection": core_id or "",
-                    "buffered": buffered, "seconds": round(seconds, 3)}
-            # Not from inside the write that noticed it: on the next loop turn.
-            broker.loop.call_soon(_publish_monitor, broker, body)
+        body = {"event": event, "protocol": self.protocol, "address": self.address,
+                "client_id": client_id or "", "connection": core_id or "",
+                "buffered": buffered, "seconds": round(seconds, 3)}
+        # Not from inside the write that noticed it: on the next loop turn.
+        self.broker.loop.call_soon(self.broker.publish_monitor, SLOW_CONSUMER_TOPIC, body)
 
     def row(self) -> dict[str, Any]:
         """The admin view of this connection's output."""
@@ -139,25 +136,6 @@ class WriteFlow:
             "slow_seconds": round(time.monotonic() - self.since, 3) if self.slow else 0,
             "slow_episodes": self.episodes,
         }
-
-
-def _publish_monitor(broker: Any, body: dict[str, Any]) -> None:
-    """A map message on the slow-consumer monitor topic (created on first use, as EMS's
-    ``$sys.monitor`` topics are the server's own)."""
-    if broker.closed:
-        return
-    from gateway.broker import Topic
-
-    if SLOW_CONSUMER_TOPIC not in broker.topics:
-        broker.topics[SLOW_CONSUMER_TOPIC] = Topic(
-            SLOW_CONSUMER_TOPIC, broker.config.topics.default_props(), static=False)
-    msg = Message.map(body)
-    msg.destination = Destination.topic(SLOW_CONSUMER_TOPIC)
-    msg.delivery_mode = DeliveryMode.NON_PERSISTENT
-    try:
-        broker.publish(msg)
-    except GatewayError as exc:
-        log.debug("slow-consumer notice not published: %s", exc)
 
 
 class LogLimiter:
@@ -238,7 +216,7 @@ class BatchedProtocol(FlowProtocol):
         self.flush_scheduled = False
         self.flow: WriteFlow | None = None
 
-    def watch(self, broker: Any, transport: asyncio.BaseTransport, address: str) -> None:
+    def watch(self, broker: Core, transport: asyncio.BaseTransport, address: str) -> None:
         """Set the water marks on ``transport`` and give ``self.conn`` its :class:`WriteFlow`."""
         transport.set_write_buffer_limits(  # type: ignore[attr-defined]
             high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
@@ -325,7 +303,7 @@ class Listener:
         await self.tcp.wait_closed()
 
 
-async def listen(broker: Any, spec: Any, server: AdapterServer,
+async def listen(broker: Core, spec: Any, server: AdapterServer,
                  protocol: Callable[[], asyncio.BaseProtocol], tls_scheme: str) -> Listener:
     """Listen on ``spec``'s host and port; TLS with the gateway's certificate when the
     listener's scheme is ``tls_scheme`` (``mqtts``, ``amqps``, ...). The accept queue is

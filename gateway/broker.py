@@ -48,12 +48,13 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway import subject
 from gateway.backlog import MESSAGE_OVERHEAD
 from gateway.endpoint import Endpoint, QueueEndpoint, Subscription
 from gateway.errors import (
+    GatewayError,
     IllegalStateError,
     InvalidDestinationError,
     LimitExceededError,
@@ -77,6 +78,7 @@ log = logging.getLogger("gateway.broker")
 
 UNDELIVERED = "$sys.undelivered"
 PERSISTENT = DeliveryMode.PERSISTENT
+NON_PERSISTENT = DeliveryMode.NON_PERSISTENT
 RELIABLE = DeliveryMode.RELIABLE
 SWEEP_INTERVAL = 1.0  # seconds between expiry sweeps
 
@@ -395,6 +397,34 @@ class Broker(BrokerMemory):
             return self.topic(dest.name)
         return self.queue(dest.name)
 
+    def exists(self, dest: Destination) -> bool:
+        """Whether the topic or queue ``dest`` exists now (a temporary one until it is
+        deleted); nothing is created."""
+        return dest.name in (self.queues if dest.kind == QUEUE else self.topics)
+
+    def publish_monitor(self, name: str, body: dict[str, Any]) -> None:
+        """Publish ``body`` as a non-persistent map message on the server's monitor topic
+        ``name`` (``$sys.monitor...``), made on first use as EMS's monitor topics are the
+        server's own; only while someone subscribes to it (nothing is made otherwise)."""
+        if self.closed or not self.subs.has_interest(name):
+            return
+        if name not in self.topics:
+            self.topics[name] = Topic(name, self.config.topics.default_props(), static=False)
+        msg = Message.map(body)
+        msg.destination = Destination.topic(name)
+        msg.delivery_mode = NON_PERSISTENT
+        try:
+            self.publish(msg)
+        except GatewayError as exc:
+            log.debug("monitor message on %s not published: %s", name, exc)
+
+    def count_dropped(self, msg: Message, client: str | None, reason: str) -> None:
+        """An adapter dropped ``msg`` on its way out (a client cannot take it): counted in
+        the server's ``dropped`` and logged as ``drop`` with ``reason``."""
+        self.stats["dropped"] += 1
+        if self.log_enabled and msg.destination is not None:
+            self.dlog.record("drop", msg, self.dest_text(msg.destination), client, 0, reason)
+
     # -- security -------------------------------------------------------------------------
 
     def check(self, conn: Any, kind: str, name: str, perm: str, props: Any) -> None:
@@ -675,6 +705,31 @@ class Broker(BrokerMemory):
             except Exception:
                 log.exception("subscription listener failed")
 
+    def durable(self, key: str) -> Subscription | None:
+        """The durable subscription stored as ``key`` (``sub:<scope>:<name>``), if any."""
+        return self.durables.get(key)
+
+    def durable_subscriptions(self) -> list[Subscription]:
+        """Every durable subscription (not shared ones)."""
+        return list(self.durables.values())
+
+    def set_spool(self, sub: Subscription, bounds: tuple[int, int, bool]) -> None:
+        """Give ``sub`` a bound of its own, a transport's export spool: (most messages, most
+        bytes, whether a full spool holds producers rather than refusing them); 0 = none."""
+        if sub.spool is None:
+            self.spools += 1
+        sub.spool = bounds
+
+    def watch_subscriptions(self, listener: Callable[[Subscription, bool], None],
+                            on: bool = True) -> None:
+        """Call ``listener(subscription, True)`` when a subscription is made and
+        ``(subscription, False)`` when it ends (``on=False``: stop calling it)."""
+        listeners = self.subscription_listeners
+        if on:
+            listeners.append(listener)
+        elif listener in listeners:
+            listeners.remove(listener)
+
     def all_subscriptions(self) -> list[Subscription]:
         """Every live subscription: durable, shared and each connection's own."""
         out = list(self.durables.values()) + list(self.shared.values())
@@ -760,3 +815,10 @@ class Broker(BrokerMemory):
             "published": self.published,
             **self.stats,
         } | {k: v for source in self.info_sources for k, v in source().items()}
+
+
+if TYPE_CHECKING:
+    from gateway.facade import Core
+
+    def _is_core(broker: Broker) -> Core:
+        return broker  # mypy: the broker offers every operation of the adapters' face

@@ -28,7 +28,6 @@ from cproton import PN_ACCEPTED, PN_REJECTED, ffi, lib
 from proton import Delivery, Link
 
 from adapters.amqp.driver import encode_message
-from gateway.endpoint import requeue_all
 from gateway.errors import GatewayError
 from gateway.message import TEMP_PREFIX, TOPIC, Destination, Message
 from mappings.amqp_address import TOPIC_PREFIX
@@ -232,11 +231,9 @@ class Exports:
                 del self.senders[h.name]
         pending = list(h.pending.values())
         h.pending.clear()
-        unacked = t.session.unacked
-        for d, binding in pending:
+        for _, binding in pending:
             binding.inflight -= 1
-            unacked.pop(d.tag, None)
-        requeue_all([d for d, _ in pending], count_delivery=False)
+        t.session.release_all([d for d, _ in pending], count_delivery=False)
         self._unblock(h)
 
     def _unblock(self, h: SenderLink) -> None:

@@ -69,7 +69,6 @@ from typing import TYPE_CHECKING, Any
 from gateway import subject
 from gateway.client import AckMode
 from gateway.config.transports import DiscardPolicy
-from gateway.endpoint import requeue_all
 from gateway.errors import GatewayError
 from gateway.message import PROP_IMPORTED, QUEUE, TOPIC, Destination, Message
 from transports.reply import ReplyRoutes, ReplyTemporaries
@@ -308,12 +307,11 @@ class Transport:
         order: one release at a time would put each in front of the one before it)."""
         session = self.session
         deliveries = list(session.unacked.values())
-        session.unacked.clear()
         for d in deliveries:
             binding = self.exports.get(getattr(d.consumer, "name", ""))
             if binding is not None:
                 binding.inflight -= 1
-        requeue_all(deliveries, count_delivery=False)
+        session.release_all(deliveries, count_delivery=False)
 
     def may_export(self) -> bool:
         """Whether the far side takes more exports now (subclasses: their window)."""
@@ -365,10 +363,9 @@ class Transport:
             Destination.topic(pattern), selector=EXPORT_SELECTOR, durable_name=f"export:{pattern}",
             listener=lambda d: self._export(d, b), window=EXPORT_WINDOW, name=pattern)
         sub: Subscription = consumer.endpoint  # type: ignore[assignment]
-        if sub.spool is None:
-            self.broker.spools += 1
-        sub.spool = (int(p.get("spool_max_msgs", 0)), int(p.get("spool_max_bytes", 0)),
-                     p.get("spool_policy", "block") == "block")
+        self.broker.set_spool(sub, (int(p.get("spool_max_msgs", 0)),
+                                    int(p.get("spool_max_bytes", 0)),
+                                    p.get("spool_policy", "block") == "block"))
         b.consumer = consumer
         if self.state != "up":
             consumer.core.pause()

@@ -22,6 +22,7 @@ from typing import Any
 
 from gateway import registry
 from gateway.errors import ConfigError, GatewayError
+from gateway.facade import Core
 from gateway.message import PROP_IMPORTED, QUEUE, TOPIC
 from transports.base import CLIENT_PREFIX, DEDUP_WINDOW, Held, Transport
 
@@ -33,7 +34,7 @@ class TransportRequiredError(GatewayError):
 class TransportManager:
     """Every transport of one gateway, bound to the destinations that name them."""
 
-    def __init__(self, broker: Any, config: Any) -> None:
+    def __init__(self, broker: Core, config: Any) -> None:
         self.broker = broker
         self.config = config
         self.transports: dict[str, Transport] = {}
@@ -57,7 +58,7 @@ class TransportManager:
         for table, kind_name in ((config.topics, "topic"), (config.queues, "queue")):
             for entry in table.entries():
                 self.bind_entry(kind_name, entry)
-        self.broker.subscription_listeners.append(self._subscription_changed)
+        self.broker.watch_subscriptions(self._subscription_changed)
         self.seed_duplicates()
         for t in self.transports.values():
             t.start()
@@ -122,8 +123,7 @@ class TransportManager:
                 t.local_subscription(sub.pattern, added)
 
     async def stop(self) -> None:
-        if self._subscription_changed in self.broker.subscription_listeners:
-            self.broker.subscription_listeners.remove(self._subscription_changed)
+        self.broker.watch_subscriptions(self._subscription_changed, on=False)
         for t in list(self.transports.values()):
             await t.stop()
 

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from gateway.facade import Core
 from gateway.message import QUEUE, TOPIC, Destination
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class ReplyRoutes:
 
     __slots__ = ("broker", "subscribe", "unsubscribe", "by_name", "by_dest", "timer")
 
-    def __init__(self, broker: Any, subscribe: Callable[[str], None],
+    def __init__(self, broker: Core, subscribe: Callable[[str], None],
                  unsubscribe: Callable[[str], None]) -> None:
         self.broker = broker
         self.subscribe = subscribe
@@ -87,8 +88,7 @@ class ReplyRoutes:
         """The temporary destination of route ``name``, or None (route dropped) when it is
         gone from the gateway."""
         dest = self.by_name[name]
-        table = self.broker.queues if dest.kind == QUEUE else self.broker.topics
-        if dest.name in table:
+        if self.broker.exists(dest):
             return dest
         self.drop(name)
         return None

@@ -444,7 +444,7 @@ class AmqpConnection:
         shared = "shared" in caps
         sub_name = name.split("|", 1)[0] if shared else name
         scope = "" if "global" in caps else (self.core.client_id or "")
-        sub = self.broker.durables.get(f"sub:{scope}:{sub_name}")
+        sub = self.broker.durable(f"sub:{scope}:{sub_name}")
         if sub is None:
             return None
         sel = sub.selector.text if sub.selector is not None else None

@@ -26,6 +26,7 @@ from adapters.listener import (
     WriteFlow,
     listen,
 )
+from gateway.facade import Core
 from gateway.message import QUEUE, TOPIC
 from mappings.engine import log_deliveries
 
@@ -37,7 +38,7 @@ DEFAULT_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 class AmqpServer:
     """State shared by every AMQP connection of one gateway."""
 
-    def __init__(self, broker: Any) -> None:
+    def __init__(self, broker: Core) -> None:
         self.broker = broker
         self.loop: asyncio.AbstractEventLoop = broker.loop
         gw = broker.config.gateway
@@ -105,7 +106,7 @@ class AmqpProtocol(FlowProtocol):
             t.close()
 
 
-def shared_server(broker: Any) -> AmqpServer:
+def shared_server(broker: Core) -> AmqpServer:
     """One AmqpServer per broker, shared by the plain and TLS listeners."""
     server: AmqpServer | None = broker.adapter_servers.get("amqp")
     if server is None:
@@ -114,7 +115,7 @@ def shared_server(broker: Any) -> AmqpServer:
     return server
 
 
-async def start(broker: Any, spec: Any) -> Listener:
+async def start(broker: Core, spec: Any) -> Listener:
     """Registry entry: listen for AMQP 1.0 (``amqp://``) or AMQP over TLS (``amqps://``)."""
     server = shared_server(broker)
     log_deliveries(broker)  # the delivery log names the out rules this adapter runs

@@ -30,6 +30,7 @@ from adapters.mqtt.retained import RetainedStore
 from adapters.mqtt.session import INFLIGHT_NS, NEVER, SESSION_NS, MqttSession
 from adapters.mqtt.topics import mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway.errors import GatewayError, InvalidDestinationError
+from gateway.facade import Core
 from gateway.message import TEMP_PREFIX, TOPIC, Destination, Message
 from mappings.engine import log_deliveries
 from mappings.mqtt import MqttOut, message_to_mqtt, mqtt_to_message
@@ -45,7 +46,7 @@ TOPIC_CACHE_SIZE = 10_000  # mapped topic names kept; cleared whole when full
 class MqttServer:
     """State shared by every MQTT connection of one gateway."""
 
-    def __init__(self, broker: Any) -> None:
+    def __init__(self, broker: Core) -> None:
         self.broker = broker
         self.loop: asyncio.AbstractEventLoop = broker.loop
         limit = int(broker.config.gateway.max_client_msg_size)
@@ -109,7 +110,7 @@ class MqttServer:
             session.stored = True
             session.restored = flights.pop(cid, {})
             for sub in session.subs.values():  # the store kept the queue: bound it again
-                durable = self.broker.durables.get(
+                durable = self.broker.durable(
                     f"sub:mqtt:mqtt/{sub.share}/{sub.pattern}" if sub.share is not None
                     else f"sub:{cid}:mqtt:{sub.filter}")
                 if durable is not None:
@@ -136,7 +137,7 @@ class MqttServer:
         and writing the session record): their messages belong to no session, and a later
         session of that client id must not inherit them ([MQTT-3.1.2-4])."""
         broker = self.broker
-        for sub in list(broker.durables.values()):
+        for sub in broker.durable_subscriptions():
             name = sub.name or ""
             if sub.shared or not name.startswith("mqtt:") or sub.client_id is None:
                 continue
@@ -254,10 +255,9 @@ class MqttServer:
         if not name.startswith(TEMP_PREFIX):
             return None
         broker = self.broker
-        if name in broker.queues:
-            return Destination.queue(name)
-        if name in broker.topics:
-            return Destination.topic(name)
+        for dest in (Destination.queue(name), Destination.topic(name)):
+            if broker.exists(dest):
+                return dest
         return None
 
     def publish_will(self, session: MqttSession, will: Will) -> None:
@@ -327,7 +327,7 @@ class MqttServer:
             for rec in session.subs.values():
                 ep = rec.consumer.core.endpoint if rec.consumer is not None else None
                 if ep is None:
-                    ep = self.broker.durables.get(f"sub:{session.client_id}:mqtt:{rec.filter}")
+                    ep = self.broker.durable(f"sub:{session.client_id}:mqtt:{rec.filter}")
                 subs.append({
                     "filter": rec.filter, "qos": rec.options.qos,
                     "queued": ep.npending + ep.tail + len(ep.held) if ep is not None else 0,
@@ -394,7 +394,7 @@ class MqttProtocol(BatchedProtocol):
             t.resume_reading()
 
 
-def shared_server(broker: Any) -> MqttServer:
+def shared_server(broker: Core) -> MqttServer:
     """One MqttServer per broker, shared by the TCP, TLS and WebSocket listeners."""
     server: MqttServer | None = broker.adapter_servers.get("mqtt")
     if server is None:
@@ -406,7 +406,7 @@ def shared_server(broker: Any) -> MqttServer:
     return server
 
 
-async def start(broker: Any, spec: Any) -> Listener:
+async def start(broker: Core, spec: Any) -> Listener:
     """Registry entry: listen for MQTT (``mqtt://``) or MQTT over TLS (``mqtts://``)."""
     server = shared_server(broker)
     log_deliveries(broker)  # the delivery log names the out rules this adapter runs

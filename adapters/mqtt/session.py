@@ -226,7 +226,7 @@ class MqttSession:
         name = "mqtt:" + flt
         # The core names durables by scope (the client id) and name; share_scope names
         # the scope without a connection.
-        if broker.durables.get(f"sub:{self.client_id}:{name}") is None:
+        if broker.durable(f"sub:{self.client_id}:{name}") is None:
             return
         try:
             broker.unsubscribe(None, name, share_scope=self.client_id)
@@ -524,11 +524,8 @@ class MqttSession:
         if d is not None and d.tag in self.core_session.unacked:
             self.core_session.reject(d, TOO_LARGE)
             return
-        broker = self.server.broker
-        broker.stats["dropped"] += 1
-        if broker.log_enabled and msg.destination is not None:
-            broker.dlog.record("drop", msg, broker.dest_text(msg.destination),
-                               self.core.id if self.core is not None else None, 0, TOO_LARGE)
+        self.server.broker.count_dropped(msg, self.core.id if self.core is not None else None,
+                                         TOO_LARGE)
 
     def allocate_pid(self) -> int:
         pid = self.next_pid

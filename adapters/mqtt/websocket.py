@@ -14,6 +14,7 @@ from aiohttp import web
 
 from adapters.mqtt.connection import MqttConnection
 from adapters.websocket import serve
+from gateway.facade import Core
 
 log = logging.getLogger("adapters.mqtt")
 PATH = "/mqtt"
@@ -39,7 +40,7 @@ def make_handler(server: Any) -> Any:
     return handle
 
 
-def register(broker: Any, server: Any) -> None:
+def register(broker: Core, server: Any) -> None:
     """Offer ``GET /mqtt`` on the HTTP listener (once per broker)."""
     routes = broker.http_routes
     if not any(path == PATH for _, path, _ in routes):

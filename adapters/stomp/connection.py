@@ -377,8 +377,7 @@ class StompConnection:
             return dest
         if name.startswith(TEMP_PREFIX):
             dest = Destination(kind, name)
-            exists = (self.broker.queues if kind == QUEUE else self.broker.topics).get(name)
-            if exists is None:
+            if not self.broker.exists(dest):
                 raise FrameRefused("unknown destination",
                                     f"temporary destination {text!r} no longer exists")
             return dest
@@ -397,7 +396,7 @@ class StompConnection:
             name = text[len(AMQ_QUEUE_PREFIX):]
             if not name:
                 raise FrameRefused("unknown destination", f"{text!r} names no queue")
-            if self.broker.queues.get(name) is None:
+            if not self.broker.exists(Destination(QUEUE, name)):
                 raise FrameRefused("unknown destination", f"{text!r}: queue {name!r} does not "
                                     "exist (/amq/queue/ names an existing queue)")
             return Destination(QUEUE, name)
@@ -420,8 +419,9 @@ class StompConnection:
                                 "not one the gateway has (amq.topic, amq.direct, amq.fanout)")
         if text.startswith(REPLY_QUEUE_PREFIX):
             name = text[len(REPLY_QUEUE_PREFIX):]
-            if name.startswith(TEMP_PREFIX) and self.broker.queues.get(name) is not None:
-                return Destination(QUEUE, name)
+            dest = Destination(QUEUE, name)
+            if name.startswith(TEMP_PREFIX) and self.broker.exists(dest):
+                return dest
             raise FrameRefused("unknown destination",
                                 f"reply queue {text!r} does not exist (any more)")
         raise FrameRefused(

@@ -24,6 +24,7 @@ from typing import Any
 from adapters.listener import BatchedProtocol, Listener, listen
 from adapters.stomp.codec import escape
 from adapters.stomp.connection import StompConnection
+from gateway.facade import Core
 from gateway.message import TEMP_PREFIX, BodyKind, Message
 from mappings.engine import log_deliveries
 from mappings.stomp import (
@@ -43,7 +44,7 @@ MAX_HEADERS = 1000
 class StompServer:
     """State shared by every STOMP connection of one gateway."""
 
-    def __init__(self, broker: Any) -> None:
+    def __init__(self, broker: Core) -> None:
         self.broker = broker
         self.loop: asyncio.AbstractEventLoop = broker.loop
         limit = int(broker.config.gateway.max_client_msg_size)
@@ -180,7 +181,7 @@ def _plain_10(name: str, value: str) -> bool:
     return not ("\n" in value or "\r" in value or "\n" in name or "\r" in name or ":" in name)
 
 
-def shared_server(broker: Any) -> StompServer:
+def shared_server(broker: Core) -> StompServer:
     """One StompServer per broker, shared by the TCP, TLS and WebSocket listeners."""
     server: StompServer | None = broker.adapter_servers.get("stomp")
     if server is None:
@@ -192,7 +193,7 @@ def shared_server(broker: Any) -> StompServer:
     return server
 
 
-async def start(broker: Any, spec: Any) -> Listener:
+async def start(broker: Core, spec: Any) -> Listener:
     """Registry entry: listen for STOMP (``stomp://``) or STOMP over TLS (``stomps://``)."""
     server = shared_server(broker)
     log_deliveries(broker)  # the delivery log names the out rules this adapter runs

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from adapters.stomp.connection import StompConnection
 from adapters.websocket import serve
+from gateway.facade import Core
 
 log = logging.getLogger("adapters.stomp")
 PATH = "/stomp"
@@ -44,7 +45,7 @@ def make_handler(server: Any) -> Any:
     return handle
 
 
-def register(broker: Any, server: Any) -> None:
+def register(broker: Core, server: Any) -> None:
     """Offer ``GET /stomp`` on the HTTP listener (once per broker)."""
     routes = broker.http_routes
     if not any(path == PATH for _, path, _ in routes):
