@@ -3,7 +3,7 @@
 How this works. A ``queue://`` or ``topic://`` prefix names the kind, else the
 ``x-opt-jms-dest`` / ``x-opt-jms-reply-to`` type byte, else the link's default; the gateway
 always sends the prefix. Parsed addresses are cached (a producer sends to few). Used by the
-default AMQP mapping (:mod:`mappings.amqp`, which exports these names) and its fast path.
+default AMQP mapping (:mod:`mappings.amqp`) and its fast path.
 """
 
 from __future__ import annotations
