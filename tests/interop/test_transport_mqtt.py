@@ -198,35 +198,6 @@ def test_wildcard_queue_import_creates_child_queues_without_receivers(tmp_path, 
         g.stop()
 
 
-def test_exports_wait_in_the_spool_while_the_far_side_is_down(tmp_path):
-    port_holder: dict[str, int] = {}
-    with start_mosquitto(tmp_path / "m1") as m1:
-        port_holder["p"] = m1.port
-        g = gateway(tmp_path / "gw", m1.port, 'sp.> export="far"\n>\n')
-        wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
-    # mosquitto is gone: exports are spooled
-    wait_for(lambda: info(g)["far"]["state"] != "up", what="transport down")
-
-    def send(n: int) -> None:
-        s = g.broker.connect().session()
-        p = s.producer(Destination.topic("sp.t"))
-        for i in range(n):
-            p.send(Message.text(f"m{i}"))
-
-    try:
-        g.call(lambda: send(20))
-        assert info(g)["far"]["spooled"] == 20
-        with start_mosquitto(tmp_path / "m2", port=port_holder["p"]) as m2:
-            remote = Remote(m2.port)
-            remote.subscribe("sp/#")
-            wait_for(lambda: len(remote.got) == 20, timeout=15, what="the spooled exports")
-            assert [m.payload for m in remote.got] == [f"m{i}".encode() for i in range(20)]
-            wait_for(lambda: info(g)["far"]["spooled"] == 0, what="spool drained")
-            remote.close()
-    finally:
-        g.stop()
-
-
 @pytest.mark.parametrize("version", ["3.1.1", "5"])
 def test_two_gateways_bridged_through_mosquitto_neither_loop_nor_duplicate(tmp_path, mosq,
                                                                            version):

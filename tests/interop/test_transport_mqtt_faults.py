@@ -97,6 +97,38 @@ def expected(n: int) -> list[bytes]:
     return [f"m{i:04d}".encode() for i in range(n)]
 
 
+def test_exports_wait_in_the_spool_while_the_far_side_is_down(tmp_path, toxiproxy):
+    """While the far side cannot be reached (every connection to it reset) exports wait in
+    the spool; once it can, they arrive, in order. (The far broker stays where it is: a
+    broker restarted on a port given up meanwhile could meet another process there.)"""
+    with start_mosquitto(tmp_path / "mosq") as mosq:
+        proxy = toxiproxy.create(upstream=f"127.0.0.1:{mosq.port}", name="far",
+                                 listen="127.0.0.1:0")
+        g = gateway(tmp_path / "gw", int(proxy.listen.rsplit(":", 1)[1]),
+                    'sp.> export="far"\n>\n')
+        remote = Remote(mosq.port)
+
+        def send(n: int) -> None:
+            p = g.broker.connect().session().producer(Destination.topic("sp.t"))
+            for i in range(n):
+                p.send(Message.text(f"m{i}"))
+
+        try:
+            remote.subscribe("sp/#")
+            wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
+            proxy.add_toxic(name="down", type="reset_peer", attributes={"timeout": 0})
+            wait_for(lambda: info(g)["far"]["state"] != "up", what="transport down")
+            g.call(lambda: send(20))
+            assert info(g)["far"]["spooled"] == 20
+            proxy.destroy_toxic("down")
+            wait_for(lambda: len(remote.got) == 20, timeout=15, what="the spooled exports")
+            assert [m.payload for m in remote.got] == [f"m{i}".encode() for i in range(20)]
+            wait_for(lambda: info(g)["far"]["spooled"] == 0, what="spool drained")
+        finally:
+            remote.close()
+            g.stop()
+
+
 def test_exports_survive_resets_mid_stream_exactly_once(tmp_path, toxiproxy):
     with start_mosquitto(tmp_path / "mosq") as mosq:
         g, proxy = proxied_gateway(tmp_path / "gw", toxiproxy, mosq.port, 'f.> export="far"\n>\n')
