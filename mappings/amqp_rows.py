@@ -5,7 +5,8 @@ runs its rows, and the hand-written fast paths (:mod:`mappings.amqp` on ``proton
 :mod:`mappings.amqp_fast` / :mod:`mappings.amqp_fast_out` on the encoded bytes) run the
 same rows written out as code. Their code is written for the rows of ``SHAPE_IN`` and
 ``SHAPE_OUT`` (each a rule and its step as the rows say it), which :func:`mappings.rows.
-check_shape` compares with the file when this module is imported; the names they use -- the
+check_shape` compares with the file when this module is imported (when they differ, the
+engine runs the rows instead); the names they use -- the
 JMS properties the AMQP properties fields and the header's priority become, the message
 annotation keys, the properties that are not application properties -- are taken from the
 rows here (a field ``section.{}`` of a shape), so a name changed in ``amqp.yaml`` changes the
@@ -17,7 +18,7 @@ engine and all three fast paths at once. The AMQP properties fields themselves
 
 from __future__ import annotations
 
-from mappings.rows import DefaultRowsMismatch, check_shape, except_names
+from mappings.rows import DefaultRowsMismatch, check_shape, except_names, turn_off
 from mappings.rows import name as row_name
 
 __all__ = ["SHAPE_IN", "SHAPE_OUT"]
@@ -142,9 +143,8 @@ SPECIAL_ORDER = (USER_ID, GROUP_ID, REPLY_TO_GROUP_ID_PROPERTY, CONTENT_ENCODING
                  GROUP_SEQ, CONTENT_TYPE_PROPERTY, PRIORITY_PROPERTY, REPLY_TO_PROPERTY,
                  TYPES_PROPERTY)  # fmt: skip
 if frozenset(SPECIAL_ORDER) != frozenset(except_names("amqp.out.application-properties")):
-    raise DefaultRowsMismatch(
-        "mappings/defaults/amqp.yaml: the except list of 'amqp.out.application-properties' "
-        f"must be the properties the rows after it write: {', '.join(SPECIAL_ORDER)}")
+    turn_off("amqp", "out", "the except list of 'amqp.out.application-properties' is not the "
+             f"properties the fast path writes after it: {', '.join(SPECIAL_ORDER)}")
 
 # -- message annotation keys -------------------------------------------------------------------
 

@@ -18,8 +18,9 @@ read and write ``wire.…`` fields, for the destinations and transports they mat
 
 Callers. :meth:`MappingSet.wire_for` gives an adapter or transport the whole mapping of one
 destination, protocol, direction and transport as a function with the signature of the
-protocol's hand-written mapping (``stomp_to_message`` …): that hand-written function itself
-when no user rule matches (the fast path, which tests prove equal to the default rules), the
+protocol's hand-written mapping (``stomp_to_message`` …): :func:`default_wire` (the
+hand-written function itself, the fast path, which tests prove equal to the default rules)
+when no user rule matches, the
 fast path composed with the core-side rules when only those match, and else the interpreted
 pipeline: the default rules, each replaced or extended as the user rules say, with the other
 user rules after them (``in``) or before them (``out``; after them if they address wire
@@ -35,6 +36,7 @@ matching and the failure behaviour.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from pathlib import Path
@@ -56,6 +58,7 @@ from mappings.fields import (
     _deep,
 )
 from mappings.mqtt import MqttOut as MqttOutTuple
+from mappings.rows import is_fast, why_not_fast
 from mappings.rules import (  # loading (YAML → rules) and the default rules
     PROTOCOLS,
     _default_rules,
@@ -75,7 +78,7 @@ from mappings.wire import (
     Work,
 )
 
-__all__ = ["MappingFailed", "MappingSet", "_copy_message", "log_deliveries"]
+__all__ = ["MappingFailed", "MappingSet", "_copy_message", "default_wire", "log_deliveries"]
 
 CACHE_SIZE = 4096  # compile_for / wire_for keys (destination, protocol, direction, transport)
 _MISSING: Any = object()
@@ -282,7 +285,35 @@ _PROTOCOLS: dict[str, tuple[Callable[..., Any], Callable[..., Any], Any, Any]] =
 }
 
 
-_FAST = {(p, d): fns[i] for p, fns in _PROTOCOLS.items() for i, d in enumerate(("in", "out"))}
+log = logging.getLogger("gateway.mappings")
+_DEFAULT_WIRE: dict[tuple[str, str], Callable[..., Any]] = {}
+
+
+def default_wire(protocol: str, direction: str) -> Callable[..., Any]:
+    """The default wire mapping of ``protocol`` and ``direction``: its hand-written fast path
+    when the default rows are the ones it is written for (:func:`mappings.rows.is_fast`; the
+    tests prove the two agree), else the engine running the rows, which is logged once. A
+    changed default row is so right at once, and fast again when its fast path follows it.
+
+    Raises:
+        ValueError: no such protocol or direction.
+    """
+    fn = _DEFAULT_WIRE.get((protocol, direction))
+    if fn is None:
+        if protocol not in _PROTOCOLS or direction not in ("in", "out"):
+            raise ValueError(f"no wire mapping for protocol {protocol!r} direction "
+                             f"{direction!r}")
+        fast_in, fast_out, interpreted_in, interpreted_out = _PROTOCOLS[protocol]
+        why = why_not_fast(protocol, direction)
+        if why is None:
+            fn = fast_in if direction == "in" else fast_out
+        else:
+            log.warning("the default %s mapping (%s) runs on the engine, not its fast path: %s",
+                        protocol, direction, why)
+            run = _runner(_pipeline((), protocol, direction))
+            fn = interpreted_in(run) if direction == "in" else interpreted_out(run, False)
+        _DEFAULT_WIRE[protocol, direction] = fn
+    return fn
 
 
 class MappingSet:
@@ -420,9 +451,7 @@ class MappingSet:
         interpreted rules even without a user rule (the tests compare the two); not cached.
         """
         if fast and not self._wire:  # no user rule on the wire side at all
-            fn = _FAST.get((protocol, direction))
-            if fn is not None:
-                return fn
+            return default_wire(protocol, direction)
         key = (destination, protocol, direction, transport)
         if fast:
             fn = self._wire_cache.get(key)
@@ -430,10 +459,10 @@ class MappingSet:
                 return fn  # type: ignore[no-any-return]
         if protocol not in _PROTOCOLS or direction not in ("in", "out"):
             raise ValueError(f"no wire mapping for protocol {protocol!r} direction {direction!r}")
-        fast_in, fast_out, interpreted_in, interpreted_out = _PROTOCOLS[protocol]
+        _, _, interpreted_in, interpreted_out = _PROTOCOLS[protocol]
         rules = [r for r in self._wire if r.matches(destination, protocol, direction, transport)]
         if fast and not rules:
-            fn = fast_in if direction == "in" else fast_out
+            fn = default_wire(protocol, direction)
         else:
             run = _runner(_pipeline(rules, protocol, direction))
             into_body = any(r.into_body for r in rules)
@@ -448,6 +477,8 @@ class MappingSet:
         unchanged: no user rule replaces or extends a default rule, or addresses a wire field,
         here. A caller with a faster codec for the default mapping (``mappings.amqp_fast``)
         may use it exactly when this is True. Cached per key as :meth:`wire_for` is."""
+        if not is_fast(protocol, direction):  # the engine runs the default rows
+            return False
         if not self._wire:  # no user rule on the wire side at all
             return True
         key = (destination, protocol, direction, transport)

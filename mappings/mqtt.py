@@ -77,7 +77,8 @@ __all__ = [
 # Each pair is a rule and its step as the rows say it (mappings.rows.check_shape, checked on
 # import); a field "section.{}" is a name taken from that row below, so a property, user
 # property or MQTT 5 property name changed in the rows changes both the engine and these
-# functions.
+# functions. When the rows are not these, these functions are not the default mapping
+# (mappings.engine.default_wire).
 SHAPE_IN = (
     ("mqtt.in.body", "convert mqtt-body-in: wire.payload, wire.{}, wire.{} -> body"),
     ("mqtt.in.expiry", "convert mqtt-expiry-in: wire.{}, wire.now -> header.JMSExpiration"),

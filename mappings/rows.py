@@ -8,15 +8,18 @@ rows when they are imported, through this module: the header, property, user pro
 annotation names each row reads and writes (:func:`name`), and the ``except`` lists of the
 ``copy_all`` rows (:func:`except_names`). What a fast path does with a row is its code; which
 rows it is written for is its *shape*, one ``(rule, "kind via: from -> to")`` pair per row in
-order, in which a field ``section.{}`` is a name the fast path takes from that row, and
-:func:`check_shape` compares that with the rows when the fast path is imported. A row the
-fast path is not written for (added, removed, moved, or given another step or converter), or
-a field it cannot take (:func:`name`: another section), raises :class:`DefaultRowsMismatch`
-naming the file and the rule, so the package does not import at all: the default rows are
-package data, never configuration, and every caller (an adapter without a mapping set calls
-the fast path directly) then fails at once, in the unit tests first, rather than a fast path
-silently doing something else than its rows (``mappings/README.md``, "One source: the rows
-and the fast paths").
+order, in which a field ``section.{}`` is a name the fast path takes from that row.
+
+:func:`check_shape` compares that shape with the rows when the fast path is imported. When
+they agree, the fast path is the protocol's default mapping for that direction
+(:func:`is_fast`). When they do not (a row added, removed, moved, or given another step or
+converter), the fast path is off for that direction and the engine runs the rows instead
+(``mappings.engine.default_wire``, which logs why once): a row is one change in one place,
+right at once, and the fast path is brought along when its speed is wanted (``mappings/
+README.md``, "One source: the rows and the fast paths"). A name the fast path keeps that the
+rows no longer give (:func:`name`: the rule is gone, or the field is in another section)
+raises :class:`DefaultRowsMismatch` naming the file and the rule, so the package does not
+import: the default rows are package data, never configuration.
 
 The files are read once per protocol, as plain data (PyYAML's safe loader), and nothing here
 runs per message: the fast paths keep what they take in module constants.
@@ -30,7 +33,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["DefaultRowsMismatch", "check_shape", "except_names", "name", "shape_of"]
+__all__ = ["DefaultRowsMismatch", "check_shape", "except_names", "is_fast", "name", "shape_of",
+           "turn_off", "why_not_fast"]
 
 
 class DefaultRowsMismatch(Exception):
@@ -39,6 +43,7 @@ class DefaultRowsMismatch(Exception):
 
 _FILES: dict[str, dict[str, tuple[int, list[Any]]]] = {}  # protocol → rule → (index, steps)
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_OFF: dict[tuple[str, str], str] = {}  # (protocol, direction) → why its fast path is off
 
 
 def _rules(protocol: str) -> dict[str, tuple[int, list[Any]]]:
@@ -110,11 +115,11 @@ def _one(name: str) -> bool:
     return bool(name) and "." not in name
 
 
-def check_shape(protocol: str, direction: str, shape: tuple[tuple[str, str], ...]) -> None:
-    """Raise :class:`DefaultRowsMismatch` unless the rows of ``protocol`` and ``direction``
-    are ``shape``: the same rules in the same order, each with the same steps, converters
-    and fields (a field ``section.{}`` of ``shape`` is a name the fast path takes from the
-    row), which is what the fast path is written for."""
+def check_shape(protocol: str, direction: str, shape: tuple[tuple[str, str], ...]) -> bool:
+    """Whether the rows of ``protocol`` and ``direction`` are ``shape``: the same rules in
+    the same order, each with the same steps, converters and fields (a field ``section.{}``
+    of ``shape`` is a name the fast path takes from the row), which is what the fast path is
+    written for. When not, its fast path is off (:func:`why_not_fast` says why)."""
     rows = shape_of(protocol, direction)
     for i in range(max(len(rows), len(shape))):
         row = rows[i] if i < len(rows) else None
@@ -129,9 +134,27 @@ def check_shape(protocol: str, direction: str, shape: tuple[tuple[str, str], ...
             what = (f"rule {row[0]!r} ({row[1]}), row {i + 1} of {direction!r}, is not one the "
                     "fast path is written for" + (f" (it expects {fast[0]!r} there)"
                                                   if fast is not None else ""))
-        raise DefaultRowsMismatch(
-            f"mappings/defaults/{protocol}.yaml: {what}: change the fast path with the row "
-            "(mappings/README.md, \"One source: the rows and the fast paths\")")
+        _OFF[protocol, direction] = f"mappings/defaults/{protocol}.yaml: {what}"
+        return False
+    _OFF.pop((protocol, direction), None)
+    return True
+
+
+def turn_off(protocol: str, direction: str, why: str) -> None:
+    """Turn the fast path of ``protocol`` and ``direction`` off: a fast path's own check of
+    its rows (beyond :func:`check_shape`) failed, ``why``."""
+    _OFF.setdefault((protocol, direction), f"mappings/defaults/{protocol}.yaml: {why}")
+
+
+def is_fast(protocol: str, direction: str) -> bool:
+    """Whether the fast path of ``protocol`` and ``direction`` is its default mapping (its
+    rows agreed with it when it was imported)."""
+    return (protocol, direction) not in _OFF
+
+
+def why_not_fast(protocol: str, direction: str) -> str | None:
+    """Why the fast path of ``protocol`` and ``direction`` is off; None when it is on."""
+    return _OFF.get((protocol, direction))
 
 
 def _field(rule: str, place: str, section: str) -> str:

@@ -76,7 +76,8 @@ __all__ = [
 # -- the rows this fast path is written for (mappings/defaults/stomp.yaml) ----------------------
 # Each pair is a rule and its step as the rows say it (mappings.rows.check_shape, checked on
 # import); a field "section.{}" is a name taken from that row below, so a header or property
-# name changed in the rows changes both the engine and these functions.
+# name changed in the rows changes both the engine and these functions. When the rows are
+# not these, these functions are not the default mapping (mappings.engine.default_wire).
 SHAPE_IN = (
     ("stomp.in.body", "convert stomp-body-in: wire.body, wire.header.{}, wire.header.{}, "
                       "wire.has_length -> body"),

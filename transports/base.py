@@ -71,6 +71,7 @@ from gateway.client import AckMode
 from gateway.config.transports import DiscardPolicy
 from gateway.errors import GatewayError
 from gateway.message import PROP_IMPORTED, QUEUE, TOPIC, Destination, Message
+from mappings.engine import default_wire
 from transports.reply import ReplyRoutes, ReplyTemporaries
 
 if TYPE_CHECKING:
@@ -450,15 +451,15 @@ class Transport:
             else:
                 self._remove_remote(b, remote)
 
-    def wire_mapping(self, dest: Destination, direction: str,
-                     default: Callable[..., Any]) -> Callable[..., Any]:
-        """The wire side of the mapping of ``dest`` for this transport: ``default`` (the
-        protocol's hand-written mapping, e.g. ``stomp_to_message``) unless a declarative rule
-        replaces or extends a default rule, or addresses a wire field, here (mappings/README.md,
-        "Overriding the default mappings"). Same signature; raises MappingFailed for a rule."""
+    def wire_mapping(self, dest: Destination, direction: str) -> Callable[..., Any]:
+        """The wire side of the mapping of ``dest`` for this transport: the protocol's
+        default mapping (:func:`mappings.engine.default_wire`, with the signature of its
+        hand-written one, e.g. ``stomp_to_message``) unless a declarative rule replaces or
+        extends a default rule, or addresses a wire field, here (mappings/README.md,
+        "Overriding the default mappings"). Raises MappingFailed for a rule."""
         mappings = self.broker.mappings
         if mappings is None:
-            return default
+            return default_wire(self.type, direction)
         fn: Callable[..., Any] = mappings.wire_for(dest, protocol=self.type, direction=direction,
                                                    transport=self.name)
         return fn

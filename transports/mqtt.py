@@ -48,7 +48,7 @@ from adapters.mqtt.topics import element_to_level, mqtt_topic_to_subject, subjec
 from gateway import subject
 from gateway.errors import GatewayError
 from gateway.message import QUEUE, TEMP_PREFIX, Destination, Message
-from mappings.mqtt import message_to_mqtt, mqtt_to_message, trace_user_property
+from mappings.mqtt import trace_user_property
 from transports.base import (
     EXPORT_WINDOW,
     ExportBinding,
@@ -379,7 +379,7 @@ class MqttTransport(Transport):
             reply_topic = (self.replies.route(rt, self._reply_topic)
                            if rt.name.startswith(TEMP_PREFIX)
                            else self.prefix + subject_to_mqtt_topic(rt.name))
-        to_mqtt = self.wire_mapping(dest, "out", message_to_mqtt)
+        to_mqtt = self.wire_mapping(dest, "out")
         out = to_mqtt(msg, level=5 if self.v5 else 4, now_ms=self.broker.now(),
                       reply_topic=reply_topic)
         topic = self.prefix + subject_to_mqtt_topic(dest.name)
@@ -466,7 +466,7 @@ class MqttTransport(Transport):
                     ack()
                 return
             origin, hops, reply = self._markers(props)
-            msg = self.wire_mapping(dest, "in", mqtt_to_message)(
+            msg = self.wire_mapping(dest, "in")(
                 payload=payload, qos=qos, retain=ev.retain, properties=props,
                 level=5 if self.v5 else 4, destination=dest, reply_to=reply,
                 now_ms=self.broker.now())

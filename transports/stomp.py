@@ -90,7 +90,6 @@ from stomp.exception import ConnectFailedException  # type: ignore[import-untype
 from gateway import subject
 from gateway.errors import GatewayError
 from gateway.message import QUEUE, TOPIC, BodyKind, Destination, Message
-from mappings.stomp import message_to_stomp, stomp_to_message
 from transports.base import IMPORT_WINDOW, ExportBinding, RetryLater, Transport
 
 if TYPE_CHECKING:
@@ -596,7 +595,7 @@ class StompTransport(Transport):
             # whose messages come back to it (ReplyRoutes; subscribed before this SEND).
             reply = (self.replies.route(rt, self._reply_name) if rt.is_temporary
                      else self.remote_name(rt.name, rt.kind))
-        to_stomp = self.wire_mapping(dest, "out", message_to_stomp)
+        to_stomp = self.wire_mapping(dest, "out")
         pairs, payload = to_stomp(msg, destination=self.remote_name(dest.name, TOPIC),
                                   reply_to=reply)
         headers: dict[str, str] = {}
@@ -654,7 +653,7 @@ class StompTransport(Transport):
             else:
                 dest = self._import_destination(headers.get("destination", ""), pattern, kind)
             reply = self._reply_to(headers.get("reply-to"))
-            to_message = self.wire_mapping(dest, "in", stomp_to_message)
+            to_message = self.wire_mapping(dest, "in")
             msg = to_message(headers, body, has_length="content-length" in headers,
                              destination=dest, reply_to=reply, now_ms=self.broker.now())
         except (GatewayError, ValueError) as exc:

@@ -62,9 +62,10 @@ from proton import Collector, Condition, Connection, Event, Transport, Transport
 from proton import Message as ProtonMessage
 
 from gateway.message import Destination, DestKind, Message
-from mappings.amqp import amqp_to_message, message_to_amqp
 from mappings.amqp_fast import decode as fast_decode
 from mappings.amqp_fast_out import encode as fast_encode
+from mappings.engine import default_wire
+from mappings.rows import is_fast
 
 __all__ = ["EngineDriver", "decode_message", "encode_message", "proton_to_message"]
 
@@ -249,8 +250,8 @@ def decode_message(data: bytearray, dest: Destination, mappings: Any, *,
     default mapping applies unchanged to ``dest`` for ``transport`` (``None``: the adapter's
     clients) and takes the message, else :func:`proton_to_message`. Raises what the mapping
     raises on what cannot be taken."""
-    if mappings is None or mappings.wire_is_default(dest, protocol="amqp", direction="in",
-                                                    transport=transport):
+    if is_fast("amqp", "in") if mappings is None else mappings.wire_is_default(
+            dest, protocol="amqp", direction="in", transport=transport):
         msg = fast_decode(data, destination=dest, default_kind=default_kind, now_ms=now_ms)
         if msg is not None:
             return msg
@@ -265,7 +266,7 @@ def proton_to_message(pm: ProtonMessage, dest: Destination, mappings: Any, *,
     """A decoded :class:`proton.Message` sent to ``dest`` as a core message, through the wire
     mapping :meth:`~mappings.engine.MappingSet.wire_for` gives (the default one without
     mappings)."""
-    to_message: Callable[..., Message] = amqp_to_message
+    to_message: Callable[..., Message] = default_wire("amqp", "in")
     if mappings is not None:
         to_message = mappings.wire_for(dest, protocol="amqp", direction="in",
                                        transport=transport)
@@ -285,15 +286,14 @@ def encode_message(msg: Message, mappings: Any, *, transport: str | None, delive
         GatewayError: a mapping rule refused the message (MappingFailed).
     """
     dest = msg.destination
-    to_amqp: Callable[..., Any] = message_to_amqp
-    if mappings is None or dest is None or mappings.wire_is_default(
+    to_amqp: Callable[..., Any] = default_wire("amqp", "out")
+    if mappings is not None and dest is not None and not mappings.wire_is_default(
             dest, protocol="amqp", direction="out", transport=transport):
-        if finish is None:
-            data = fast_encode(msg, delivery_count=delivery_count, now_ms=now_ms)
-            if data is not None:
-                return data
-    else:
         to_amqp = mappings.wire_for(dest, protocol="amqp", direction="out", transport=transport)
+    elif finish is None and is_fast("amqp", "out"):
+        data = fast_encode(msg, delivery_count=delivery_count, now_ms=now_ms)
+        if data is not None:
+            return data
     pm = to_amqp(msg, delivery_count=delivery_count, now_ms=now_ms)
     if finish is not None:
         finish(pm)

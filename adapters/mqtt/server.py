@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from adapters.listener import BatchedProtocol, Listener, LogLimiter, listen, skipped_text
@@ -32,8 +33,8 @@ from adapters.mqtt.topics import mqtt_topic_to_subject, subject_to_mqtt_topic
 from gateway.errors import GatewayError, InvalidDestinationError
 from gateway.facade import Core
 from gateway.message import TEMP_PREFIX, TOPIC, Destination, Message
-from mappings.engine import log_deliveries
-from mappings.mqtt import MqttOut, message_to_mqtt, mqtt_to_message
+from mappings.engine import default_wire, log_deliveries
+from mappings.mqtt import MqttOut
 
 log = logging.getLogger("adapters.mqtt")
 
@@ -221,7 +222,7 @@ class MqttServer:
         now = self.broker.now()
         mappings = self.broker.mappings
         if mappings is None:  # raises PayloadFormatInvalid (the session answers 0x99)
-            msg = mqtt_to_message(payload=p.payload, qos=p.qos, retain=p.retain,
+            msg = default_wire("mqtt", "in")(payload=p.payload, qos=p.qos, retain=p.retain,
                                   properties=p.properties, level=level,
                                   destination=dest, reply_to=reply_to, now_ms=now)
         else:
@@ -292,7 +293,7 @@ class MqttServer:
         if key == self._map_key and self._map_msg is msg and self._map_out is not None:
             return self._map_out
         mapped = msg
-        to_mqtt = message_to_mqtt
+        to_mqtt: Callable[..., MqttOut] = default_wire("mqtt", "out")
         mappings = self.broker.mappings
         if mappings is not None and msg.destination is not None:
             # Raises MappingFailed: the caller refuses the delivery. The core-side rules, then

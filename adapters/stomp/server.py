@@ -26,11 +26,10 @@ from adapters.stomp.codec import escape
 from adapters.stomp.connection import StompConnection
 from gateway.facade import Core
 from gateway.message import TEMP_PREFIX, BodyKind, Message
-from mappings.engine import log_deliveries
+from mappings.engine import default_wire, log_deliveries
 from mappings.stomp import (
     BYTES_TRANSFORMATION,
     TEXT_CONTENT_TYPE,
-    message_to_stomp,
     transformed_body,
 )
 
@@ -72,7 +71,7 @@ class StompServer:
             return block, body
         original = msg
         mappings = self.broker.mappings
-        to_stomp = message_to_stomp
+        to_stomp = default_wire("stomp", "out")
         dest = msg.destination
         if mappings is not None and dest is not None:  # raises MappingFailed: refused
             msg = mappings.apply(msg, protocol="stomp", direction="out")

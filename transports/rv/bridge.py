@@ -55,7 +55,6 @@ from typing import TYPE_CHECKING, Any
 from gateway.config.transports import DiscardPolicy
 from gateway.errors import GatewayError
 from gateway.message import DeliveryMode, Destination, Message
-from mappings.rv import message_to_rv, rv_to_message
 from transports.base import ExportBinding, RetryLater, Transport
 from transports.rv.message import Message as RvMessage
 from transports.rv.message import Origin
@@ -191,7 +190,7 @@ class RvTransport(Transport):
         reply = None
         if rt is not None:
             reply = self.replies.route(rt, self._inbox) if rt.is_temporary else rt.name
-        to_rv = self.wire_mapping(dest, "out", message_to_rv)
+        to_rv = self.wire_mapping(dest, "out")
         rv: RvMessage = to_rv(msg, send_subject=send_subject, reply_subject=reply,
                               export_headers=self.export_headers,
                               export_properties=self.export_properties)
@@ -255,7 +254,7 @@ class RvTransport(Transport):
                     reply = self.reply_temporaries.temporary(rs)
                 elif not rs.startswith(NOT_BRIDGED):
                     reply = Destination.topic(rs)
-            to_message = self.wire_mapping(dest, "in", rv_to_message)
+            to_message = self.wire_mapping(dest, "in")
             mode = self.params.get("topic_import_dm" if dest.is_topic else "queue_import_dm",
                                    DeliveryMode.NON_PERSISTENT)
             msg = to_message(rv, destination=dest, reply_to=reply, delivery_mode=mode,
