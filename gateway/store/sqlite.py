@@ -3,7 +3,9 @@
 How this works. Every mutating call runs on the event loop thread and only appends an op
 tuple to the current unit of work (encoding a message with :mod:`gateway.serial` is the one
 real piece of work, so a message is captured as it was when it was put). :meth:`commit`
-hands the unit to the writer thread's queue. The writer thread owns the sqlite3 connection:
+hands the unit to the writer thread's queue, and wakes a waiting writer once the loop's
+current turn has run its callbacks, so what one turn commits (every PUBLISH of a socket read)
+is one batch. The writer thread owns the sqlite3 connection:
 it takes *every* queued unit at once, applies them in one transaction and commits -- one
 fsync for the lot with ``synchronous=FULL`` (``sync=True``; EMS's ``mode = sync``,
 TIBCO EMS User's Guide, "stores.conf") -- then posts all the batch's callbacks to the loop with
@@ -53,6 +55,7 @@ records and logs them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -119,6 +122,12 @@ _PUT_META = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
 
 # How long flush() waits between checks that the writer thread is still alive.
 _FLUSH_POLL_S = 1.0
+# A unit nobody waits for (commit(None): the delete of an acknowledged message, a delivery
+# count) waits at most this long for a unit somebody waits for (a persistent message's put,
+# before its PUBACK or receipt), and goes in that one's transaction: under load the deletes
+# of what was consumed share the puts' fsyncs instead of adding their own. A crash in that
+# window delivers the message again, as a crash before any commit of the ack would.
+LAZY_S = 0.002
 
 # A unit of work: (ops, callback, on_error, flush waiter).
 _Unit = tuple[list[tuple[Any, ...]], "Callback | None", "ErrorCallback | None", "_Waiter | None"]
@@ -200,6 +209,14 @@ class SqliteStore:
         self._lock = threading.RLock()
         self._cv = threading.Condition(self._lock)
         self._idle = False  # guarded by _lock: the writer waits for units
+        # commit() wakes an idle writer once the callbacks of the loop's current turn have
+        # run (the loop's call_soon), not at once, so the units of one turn go as one batch:
+        # one wake (a futex and two context switches) and one fsync, not one per message of a
+        # burst read from a socket. None (no running loop at open, as with a test's stub): at
+        # once.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake_due = False  # loop thread only: a _wake is scheduled
+        self._lazy_timer: Any = None  # loop thread only: the wake for units nobody waits for
         self._stopping = False
         self._writer_thread: threading.Thread | None = None
         self._call_soon: Callable[..., object] | None = None
@@ -221,6 +238,10 @@ class SqliteStore:
         if self._writer_thread is not None:
             raise StoreError(f"store {self.path} is already open")
         self._call_soon = call_soon_threadsafe
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
         self._take_lock()
@@ -294,7 +315,29 @@ class SqliteStore:
         self._unit = []
         with self._lock:
             self._queue.append((unit, callback, on_error, None))
-            if self._idle:
+            if self._idle and not self._wake_due:
+                loop = self._loop
+                if loop is None:
+                    self._idle = False
+                    self._cv.notify()
+                elif callback is None and on_error is None:
+                    # Nobody waits for it: it goes with the next unit somebody waits for,
+                    # or on its own after LAZY_S.
+                    if self._lazy_timer is None:
+                        self._lazy_timer = loop.call_later(LAZY_S, self._wake)
+                else:
+                    self._wake_due = True
+                    loop.call_soon(self._wake)
+
+    def _wake(self) -> None:
+        """Loop thread, after the turn that committed: wake the writer if it waits."""
+        timer = self._lazy_timer
+        if timer is not None:
+            timer.cancel()
+            self._lazy_timer = None
+        with self._lock:
+            self._wake_due = False
+            if self._idle and self._queue:
                 self._idle = False
                 self._cv.notify()
 
@@ -388,6 +431,9 @@ class SqliteStore:
         thread = self._writer_thread
         if thread is None:
             return
+        timer, self._lazy_timer = self._lazy_timer, None
+        if timer is not None:
+            timer.cancel()
         try:
             self.flush()
         finally:

@@ -25,6 +25,7 @@ from strategies import message_differences
 from gateway.errors import MessageFormatError
 from gateway.message import Destination, Message
 from gateway.store import MemoryStore, Recovered, SqliteStore, Store, StoreError, open_store
+from gateway.store import sqlite as sqlite_module
 from gateway.types import Int16, Int16Array, UInt64
 
 
@@ -385,6 +386,88 @@ def test_callback_runs_on_the_asyncio_loop_thread(tmp_path: Path) -> None:
 
     cb_thread, loop_thread = asyncio.run(scenario())
     assert cb_thread == loop_thread
+
+
+def test_the_units_of_one_loop_turn_are_one_batch(tmp_path: Path) -> None:
+    async def scenario() -> dict[str, int]:
+        loop = asyncio.get_running_loop()
+        store = sqlite_store(tmp_path)
+        store.open(loop.call_soon_threadsafe)
+        while not store._idle:  # the writer waiting for units, as under a steady load
+            await asyncio.sleep(0.001)
+        futs = []
+        for i in range(10):  # ten PUBLISH packets of one socket read, say
+            fut: asyncio.Future[None] = loop.create_future()
+            m = text(str(i))
+            store.put_message(m)
+            store.add_entry("q", m.store_id)
+            store.commit(lambda f=fut: f.set_result(None))  # type: ignore[misc]
+            futs.append(fut)
+            time.sleep(0.002)  # the GIL free a while: a writer told at once would write now
+        await asyncio.wait_for(asyncio.gather(*futs), 30)
+        stats = dict(store.stats)
+        store.close()
+        return stats
+
+    stats = asyncio.run(scenario())
+    assert (stats["batches"], stats["commits"]) == (1, 10)  # one wake, one fsync
+
+
+def test_a_unit_nobody_waits_for_goes_with_the_next_one_somebody_waits_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario() -> tuple[int, dict[str, int], set[int], set[int]]:
+        loop = asyncio.get_running_loop()
+        store = sqlite_store(tmp_path)
+        store.open(loop.call_soon_threadsafe)
+        done: asyncio.Future[None] = loop.create_future()
+        first = text("acknowledged")
+        store.put_message(first)
+        store.add_entry("q", first.store_id)
+        store.commit(lambda: done.set_result(None))
+        await asyncio.wait_for(done, 30)
+        while not store._idle:  # the writer back to waiting after the first batch
+            await asyncio.sleep(0.001)
+        store.remove_entry("q", first.store_id)  # the consumer's ack
+        store.delete_message(first.store_id)
+        store.commit(None)
+        await asyncio.sleep(0.2)  # far less than LAZY_S: the writer still waits
+        waiting = store.stats["batches"]
+        done = loop.create_future()
+        second = text("next")
+        store.put_message(second)
+        store.add_entry("q", second.store_id)
+        store.commit(lambda: done.set_result(None))
+        await asyncio.wait_for(done, 30)
+        stats = dict(store.stats)
+        ids = visible_ids(store.path)
+        store.close()
+        return waiting, stats, ids, {second.store_id}
+
+    monkeypatch.setattr(sqlite_module, "LAZY_S", 60.0)
+    waiting, stats, ids, left = asyncio.run(scenario())
+    assert waiting == 1  # the first put only
+    assert (stats["batches"], stats["commits"]) == (2, 3)  # the delete went with the second
+    assert ids == left
+
+
+def test_a_unit_nobody_waits_for_is_written_on_its_own_too(tmp_path: Path) -> None:
+    async def scenario() -> set[int]:
+        loop = asyncio.get_running_loop()
+        store = sqlite_store(tmp_path)
+        store.open(loop.call_soon_threadsafe)
+        m = text("x")
+        store.put_message(m)
+        store.add_entry("q", m.store_id)
+        store.commit(None)
+        for _ in range(3000):  # the writer commits it after LAZY_S without being asked
+            if store.stats["batches"]:
+                break
+            await asyncio.sleep(0.01)
+        ids = visible_ids(store.path)
+        store.close()
+        return ids
+
+    assert len(asyncio.run(scenario())) == 1
 
 
 def add_failing_trigger(path: str) -> None:
