@@ -370,16 +370,28 @@ def test_all_waiting_units_go_in_one_batch_and_cancel_out(tmp_path: Path) -> Non
     store.close()
 
 
+def put_on_queue(store: Store, body: str, then: Callable[[], None] | None) -> Message:
+    """A message put on queue q in a unit of its own, committed with callback ``then``."""
+    m = text(body)
+    store.put_message(m)
+    store.add_entry("q", m.store_id)
+    store.commit(then)
+    return m
+
+
+async def writer_waits(store: SqliteStore) -> None:
+    """Until the writer thread waits for units (as it does between batches)."""
+    while not store._idle:
+        await asyncio.sleep(0.001)
+
+
 def test_callback_runs_on_the_asyncio_loop_thread(tmp_path: Path) -> None:
     async def scenario() -> tuple[int, int]:
         loop = asyncio.get_running_loop()
         store = sqlite_store(tmp_path)
         store.open(loop.call_soon_threadsafe)
         fut: asyncio.Future[int] = loop.create_future()
-        m = text("x")
-        store.put_message(m)
-        store.add_entry("q", m.store_id)
-        store.commit(lambda: fut.set_result(threading.get_ident()))
+        put_on_queue(store, "x", lambda: fut.set_result(threading.get_ident()))
         thread = await asyncio.wait_for(fut, 30)
         store.close()
         return thread, threading.get_ident()
@@ -393,15 +405,11 @@ def test_the_units_of_one_loop_turn_are_one_batch(tmp_path: Path) -> None:
         loop = asyncio.get_running_loop()
         store = sqlite_store(tmp_path)
         store.open(loop.call_soon_threadsafe)
-        while not store._idle:  # the writer waiting for units, as under a steady load
-            await asyncio.sleep(0.001)
+        await writer_waits(store)
         futs = []
         for i in range(10):  # ten PUBLISH packets of one socket read, say
             fut: asyncio.Future[None] = loop.create_future()
-            m = text(str(i))
-            store.put_message(m)
-            store.add_entry("q", m.store_id)
-            store.commit(lambda f=fut: f.set_result(None))  # type: ignore[misc]
+            put_on_queue(store, str(i), lambda f=fut: f.set_result(None))  # type: ignore[misc]
             futs.append(fut)
             time.sleep(0.002)  # the GIL free a while: a writer told at once would write now
         await asyncio.wait_for(asyncio.gather(*futs), 30)
@@ -420,23 +428,16 @@ def test_a_unit_nobody_waits_for_goes_with_the_next_one_somebody_waits_for(
         store = sqlite_store(tmp_path)
         store.open(loop.call_soon_threadsafe)
         done: asyncio.Future[None] = loop.create_future()
-        first = text("acknowledged")
-        store.put_message(first)
-        store.add_entry("q", first.store_id)
-        store.commit(lambda: done.set_result(None))
+        first = put_on_queue(store, "acknowledged", lambda: done.set_result(None))
         await asyncio.wait_for(done, 30)
-        while not store._idle:  # the writer back to waiting after the first batch
-            await asyncio.sleep(0.001)
+        await writer_waits(store)
         store.remove_entry("q", first.store_id)  # the consumer's ack
         store.delete_message(first.store_id)
         store.commit(None)
         await asyncio.sleep(0.2)  # far less than LAZY_S: the writer still waits
         waiting = store.stats["batches"]
         done = loop.create_future()
-        second = text("next")
-        store.put_message(second)
-        store.add_entry("q", second.store_id)
-        store.commit(lambda: done.set_result(None))
+        second = put_on_queue(store, "next", lambda: done.set_result(None))
         await asyncio.wait_for(done, 30)
         stats = dict(store.stats)
         ids = visible_ids(store.path)
@@ -455,10 +456,7 @@ def test_a_unit_nobody_waits_for_is_written_on_its_own_too(tmp_path: Path) -> No
         loop = asyncio.get_running_loop()
         store = sqlite_store(tmp_path)
         store.open(loop.call_soon_threadsafe)
-        m = text("x")
-        store.put_message(m)
-        store.add_entry("q", m.store_id)
-        store.commit(None)
+        put_on_queue(store, "x", None)
         for _ in range(3000):  # the writer commits it after LAZY_S without being asked
             if store.stats["batches"]:
                 break
