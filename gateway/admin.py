@@ -217,7 +217,6 @@ async def start(broker: Any, spec: Any) -> AdminServer:
     site = web.TCPSite(runner, spec.host, spec.port,
                        backlog=listen_backlog(broker.config.gateway))
     await site.start()
-    server = site._server
-    sockets = getattr(server, "sockets", None) or []
-    address = sockets[0].getsockname()[:2] if sockets else (spec.host, spec.port)
+    addresses = runner.addresses  # the bound sockets' names (port 0: the one chosen)
+    address = addresses[0][:2] if addresses else (spec.host, spec.port)
     return AdminServer(runner, site, (address[0], address[1]))

@@ -114,7 +114,10 @@ class Gateway:
             except Exception:  # pragma: no cover - shutdown must go on
                 log.exception("error stopping the transports")
             self.transports = None
-        for _, handle in reversed(self.listeners):
+        # In the order they opened, HTTP last: the adapters say goodbye to every client first
+        # (an MQTT 5 client gets DISCONNECT 0x8B), those on the HTTP listener's WebSocket
+        # endpoints too, whose handlers the HTTP server's cleanup then has no need to wait for.
+        for _, handle in self.listeners:
             try:
                 await handle.close()
             except Exception:  # pragma: no cover - shutdown must go on

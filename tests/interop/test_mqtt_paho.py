@@ -358,3 +358,10 @@ def test_shutdown_sends_server_shutting_down_to_v5_clients(tmp_path):
     c = Client(g.port("mqtt"), "bye", V5)
     g.stop()
     assert c.disconnects.get(timeout=5) == 0x8B
+
+
+def test_shutdown_says_goodbye_to_websocket_clients_too(tmp_path):
+    g = GatewayThread(tmp_path).start()
+    c = Client(g.port("http"), "bye-ws", V5, transport="websockets")
+    g.stop()  # the adapters close before the HTTP listener, which so waits for no handler
+    assert c.disconnects.get(timeout=5) == 0x8B
