@@ -24,8 +24,12 @@ def test_the_suites_pass_on_the_compiled_build(tmp_path: Path) -> None:
     files = compiled_tree.build(tree)
     assert len(files) >= 7
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    # The suites in worker processes (pytest-xdist), one a CPU up to 4: this run waits for
+    # nothing else, and the suites' tests are independent (free ports, their own temporary
+    # directories and gateways).
+    workers = str(min(4, os.cpu_count() or 1))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        *SUITES], cwd=tree, env=env,
+                        "-n", workers, *SUITES], cwd=tree, env=env,
                        capture_output=True, text=True, check=False)  # fmt: skip
     out = (r.stdout[-4000:] + "\n" + r.stderr[-4000:]).strip()
     assert r.returncode == 0, out
