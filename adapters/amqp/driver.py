@@ -69,6 +69,11 @@ from mappings.rows import is_fast
 
 __all__ = ["EngineDriver", "decode_message", "encode_message", "proton_to_message"]
 
+# Whether the byte codecs are the default mapping: known once mappings.amqp_rows, which
+# amqp_fast imports, has compared the rows with the shape they are written for.
+_FAST_IN = is_fast("amqp", "in")
+_FAST_OUT = is_fast("amqp", "out")
+
 _PN_DELIVERY = Event.DELIVERY.number
 
 
@@ -250,7 +255,7 @@ def decode_message(data: bytearray, dest: Destination, mappings: Any, *,
     default mapping applies unchanged to ``dest`` for ``transport`` (``None``: the adapter's
     clients) and takes the message, else :func:`proton_to_message`. Raises what the mapping
     raises on what cannot be taken."""
-    if is_fast("amqp", "in") if mappings is None else mappings.wire_is_default(
+    if _FAST_IN if mappings is None else mappings.wire_is_default(
             dest, protocol="amqp", direction="in", transport=transport):
         msg = fast_decode(data, destination=dest, default_kind=default_kind, now_ms=now_ms)
         if msg is not None:
@@ -266,8 +271,9 @@ def proton_to_message(pm: ProtonMessage, dest: Destination, mappings: Any, *,
     """A decoded :class:`proton.Message` sent to ``dest`` as a core message, through the wire
     mapping :meth:`~mappings.engine.MappingSet.wire_for` gives (the default one without
     mappings)."""
-    to_message: Callable[..., Message] = default_wire("amqp", "in")
-    if mappings is not None:
+    if mappings is None:
+        to_message: Callable[..., Message] = default_wire("amqp", "in")
+    else:
         to_message = mappings.wire_for(dest, protocol="amqp", direction="in",
                                        transport=transport)
     return to_message(pm, destination=dest, default_kind=default_kind, now_ms=now_ms)
@@ -286,14 +292,15 @@ def encode_message(msg: Message, mappings: Any, *, transport: str | None, delive
         GatewayError: a mapping rule refused the message (MappingFailed).
     """
     dest = msg.destination
-    to_amqp: Callable[..., Any] = default_wire("amqp", "out")
     if mappings is not None and dest is not None and not mappings.wire_is_default(
             dest, protocol="amqp", direction="out", transport=transport):
         to_amqp = mappings.wire_for(dest, protocol="amqp", direction="out", transport=transport)
-    elif finish is None and is_fast("amqp", "out"):
-        data = fast_encode(msg, delivery_count=delivery_count, now_ms=now_ms)
-        if data is not None:
-            return data
+    else:
+        if finish is None and _FAST_OUT:
+            data = fast_encode(msg, delivery_count=delivery_count, now_ms=now_ms)
+            if data is not None:
+                return data
+        to_amqp = default_wire("amqp", "out")
     pm = to_amqp(msg, delivery_count=delivery_count, now_ms=now_ms)
     if finish is not None:
         finish(pm)

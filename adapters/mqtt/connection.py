@@ -83,7 +83,7 @@ _PUBACK_HEAD = b"\x40\x02"
 _PUBREC_HEAD = b"\x50\x02"
 
 
-class State(enum.Enum):
+class State(enum.IntEnum):  # int's hash: ALLOWED[state] is looked up a packet
     AWAIT_CONNECT = 1
     CONNECTED = 2
     CLOSED = 3

@@ -67,6 +67,10 @@ class MqttServer:
             sources.append(self.info)
         self.sessions: dict[str, MqttSession] = {}
         self.connections: set[MqttConnection] = set()
+        # The default mapping (mqtt_to_message / message_to_mqtt while the rows are the ones
+        # they are written for), taken once: it is the same for the gateway's life.
+        self.to_message: Callable[..., Message] = default_wire("mqtt", "in")
+        self.to_mqtt: Callable[..., MqttOut] = default_wire("mqtt", "out")
         self._map_key: tuple[int, int, int] | None = None
         self._map_msg: Message | None = None
         self._map_out: MqttOut | None = None
@@ -222,7 +226,7 @@ class MqttServer:
         now = self.broker.now()
         mappings = self.broker.mappings
         if mappings is None:  # raises PayloadFormatInvalid (the session answers 0x99)
-            msg = default_wire("mqtt", "in")(payload=p.payload, qos=p.qos, retain=p.retain,
+            msg = self.to_message(payload=p.payload, qos=p.qos, retain=p.retain,
                                   properties=p.properties, level=level,
                                   destination=dest, reply_to=reply_to, now_ms=now)
         else:
@@ -293,7 +297,7 @@ class MqttServer:
         if key == self._map_key and self._map_msg is msg and self._map_out is not None:
             return self._map_out
         mapped = msg
-        to_mqtt: Callable[..., MqttOut] = default_wire("mqtt", "out")
+        to_mqtt = self.to_mqtt
         mappings = self.broker.mappings
         if mappings is not None and msg.destination is not None:
             # Raises MappingFailed: the caller refuses the delivery. The core-side rules, then

@@ -58,7 +58,7 @@ from adapters.stomp.subscriptions import (
 from gateway.client import AckMode
 from gateway.errors import GatewayError, IllegalStateError, SecurityError
 from gateway.message import QUEUE, TEMP_PREFIX, TOPIC, Destination
-from mappings.engine import MappingFailed, default_wire
+from mappings.engine import MappingFailed
 from mappings.stomp import SEND_TRANSFORMATIONS
 
 if TYPE_CHECKING:
@@ -458,7 +458,7 @@ class StompConnection:
         mappings = self.broker.mappings
         # The default mapping, or the declarative mappings' wire side for this destination
         # (the same function unless a rule replaces or extends a default rule here).
-        to_message = default_wire("stomp", "in") if mappings is None else mappings.wire_for(
+        to_message = self.server.to_message if mappings is None else mappings.wire_for(
             dest, protocol="stomp", direction="in")  # fmt: skip
         now = self.broker.now()  # one clock reading for the timestamp and a delivery delay
         try:

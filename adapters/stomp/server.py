@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from adapters.listener import BatchedProtocol, Listener, listen
@@ -57,6 +58,11 @@ class StompServer:
         self.dirty: list[Any] = []
         self._last: tuple[Message | None, str, bytes, bytes] = (None, "", b"", b"")
         self._last_transformation: str | None = None
+        # The default mapping (stomp_to_message / message_to_stomp while the rows are the
+        # ones they are written for), taken once: it is the same for the gateway's life.
+        self.to_message: Callable[..., Message] = default_wire("stomp", "in")
+        self.to_stomp: Callable[..., tuple[list[tuple[str, str]], bytes]] = default_wire(
+            "stomp", "out")
 
     def render(self, msg: Message, conn: StompConnection, transformation: str | None = None
                ) -> tuple[bytes, bytes]:
@@ -71,7 +77,7 @@ class StompServer:
             return block, body
         original = msg
         mappings = self.broker.mappings
-        to_stomp = default_wire("stomp", "out")
+        to_stomp = self.to_stomp
         dest = msg.destination
         if mappings is not None and dest is not None:  # raises MappingFailed: refused
             msg = mappings.apply(msg, protocol="stomp", direction="out")
