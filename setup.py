@@ -59,6 +59,7 @@ COMPILED = [
     "adapters/mqtt/overlap.py",
     "adapters/mqtt/properties.py",
     "adapters/mqtt/session.py",
+    "adapters/mqtt/server.py",
     "adapters/mqtt/topics.py",
     "mappings/mqtt.py",
     "mappings/typedtext.py",

@@ -209,13 +209,15 @@ class MqttServer:
             if len(self._subjects) >= TOPIC_CACHE_SIZE:
                 self._subjects.clear()
             self._subjects[topic] = name
-        dest = Destination.topic(name)
         if name.startswith("$"):
             # $-topics are the server's ([MQTT-4.7.2]), but for replies: the Response Topic a
             # JMS or AMQP requester's temporary queue or topic is rendered as (``$TMP$/...``).
-            dest = self._temporary(name)  # type: ignore[assignment]
-            if dest is None:
+            temporary = self._temporary(name)
+            if temporary is None:
                 return ReasonCode.TOPIC_NAME_INVALID, None
+            dest = temporary
+        else:
+            dest = Destination.topic(name)
         reply_to = None
         rt = p.properties.get("response_topic") if level >= 5 else None
         if rt:
