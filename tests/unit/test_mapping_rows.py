@@ -21,8 +21,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from mappings import amqp_rows, mqtt, rows, stomp
 
 ROOT = Path(__file__).resolve().parent.parent.parent
