@@ -66,6 +66,9 @@ FIELD_TYPES: Final[dict[str, int]] = {
     "ipport": RvType.IPPORT16,
     "service": RvType.STRING,
     "network": RvType.STRING,
+    # certified delivery (TIBCO Rendezvous Concepts, Appendix B)
+    **{name: RvType.U64 for name in ("seqno", "seqno_begin", "seqno_end", "seqno_last_sent",
+                                     "seqno_last_confirmed")},
 }
 
 
