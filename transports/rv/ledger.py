@@ -158,7 +158,7 @@ class SqliteLedger(Ledger):
     def load(self, name: str) -> LedgerState:
         self._lock()
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None)
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             self._unlock()
             raise LedgerError(f"ledger {self.path}: cannot open: {exc}") from exc

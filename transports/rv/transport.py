@@ -311,18 +311,20 @@ class _BaseTransport:
 
     # -- sending ---------------------------------------------------------------------------
 
-    def _check_subject(self, msg: Message) -> str:
+    def _check_subject(self, msg: Message, internal: bool = False) -> str:
         subject = msg.send_subject
         if subject is None:
             raise SubjectError("the message has no send subject")
         if subject in _valid_subjects:
             return subject
         try:
-            validate_send_subject(subject, allow_wildcard=False)
+            validate_send_subject(subject, allow_internal=internal, allow_wildcard=False)
         except SubjectError as exc:
             self._advise(CLIENT_ILLEGAL_PUBLISH, {"sub": subject, "tport": self.id,
                                                   "descr": str(exc)})
             raise
+        if internal:
+            return subject
         if len(_valid_subjects) >= _VALID_CACHE:
             _valid_subjects.clear()
         _valid_subjects[subject] = None
@@ -340,11 +342,12 @@ class _BaseTransport:
                 "scid": host.port if host is not None else 0})
             raise
 
-    def _send(self, msg: Message) -> None:
-        """Send ``msg`` to its subject (Fundamentals, Multicast and Point-to-Point Messages)."""
+    def _send(self, msg: Message, internal: bool = False) -> None:
+        """Send ``msg`` to its subject (Fundamentals, Multicast and Point-to-Point Messages);
+        ``internal``: a layer of the bus itself sends it (a reserved subject is allowed)."""
         if self.closed:
             raise TransportError("transport closed")
-        subject = self._check_subject(msg)
+        subject = self._check_subject(msg, internal)
         payload = self._encode(msg)
         host = self.host
         if host is None:  # the intra-process transport
