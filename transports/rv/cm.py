@@ -15,7 +15,7 @@ and touches no socket: its driver feeds it what the bus delivers (:meth:`CmCore.
 what the program sends and confirms (:meth:`~CmCore.send`, :meth:`~CmCore.confirm`), the time
 (:meth:`~CmCore.tick` at :meth:`~CmCore.next_deadline`), and after each turn calls
 :meth:`~CmCore.flush`, which commits the ledger and then hands out the messages to send and
-the events for the program (:class:`CmDelivery`, and advisories as messages). Committing
+the events for the program (:class:`CmDelivery`, and :class:`CmAdvisory`). Committing
 before anything of the turn goes out is what makes the ledger safe: a sequence number is on
 disk before a message carries it, a stored message before it leaves, a confirmed position
 before its confirmation.
@@ -112,7 +112,6 @@ from __future__ import annotations
 import heapq
 import random
 from collections import deque
-from collections.abc import Iterable
 from typing import Final
 
 from transports.rv.advisory import advisory_message
@@ -168,6 +167,28 @@ class CmDelivery:
 
     def __repr__(self) -> str:
         return f"CmDelivery({self.subject!r}, sender={self.sender!r}, seq={self.seq})"
+
+
+class CmAdvisory:
+    """An advisory of the protocol: its subject and fields. The message is built only when
+    somebody takes it (:meth:`message`): most are INFO advisories nobody listens to, two
+    for every message confirmed."""
+
+    __slots__ = ("subject", "fields", "_msg")
+
+    def __init__(self, subject: str, fields: dict[str, object],
+                 msg: Message | None = None) -> None:
+        self.subject = subject
+        self.fields = fields
+        self._msg = msg
+
+    def message(self) -> Message:
+        if self._msg is None:
+            self._msg = advisory_message(self.subject, self.fields)
+        return self._msg
+
+    def __repr__(self) -> str:
+        return f"CmAdvisory({self.subject!r}, {self.fields!r})"
 
 
 class _Reg:
@@ -262,7 +283,7 @@ class CmCore:
             key: _Source(KNOWN, confirmed) for key, confirmed in state.sources.items()}
         self._listening: list[str] = []
         self._out: list[Message] = []
-        self._events: list[CmDelivery | Message] = []
+        self._events: list[CmDelivery | CmAdvisory] = []
         self._control("HELLO", name, reply=False)
 
     # -- the program's side ------------------------------------------------------------------
@@ -407,7 +428,7 @@ class CmCore:
             times.extend(reg.next_request for reg in regs.values() if reg.next_request)
         return min(times) if times else None
 
-    def flush(self) -> tuple[list[Message], list[CmDelivery | Message]]:
+    def flush(self) -> tuple[list[Message], list[CmDelivery | CmAdvisory]]:
         """Commit the ledger, then take the messages to send (in order) and the events for the
         program. Raises the ledger's error when it cannot write; nothing is taken then."""
         for (sender, subject), src in self._sources.items():
@@ -730,7 +751,7 @@ class CmCore:
             pass
         for listener in sorted(stored.pending):
             adv.add("listener", listener, RvType.STRING)
-        self._events.append(adv)
+        self._events.append(CmAdvisory(adv.send_subject or "", {}, adv))
 
     # -- control messages --------------------------------------------------------------------
 
@@ -802,14 +823,10 @@ class CmCore:
                 self.remove_listener(subject, peer, notify=False)
 
     def _advise(self, adv_subject: str, /, **fields: object) -> None:
-        self._events.append(advisory_message(adv_subject, fields))
+        self._events.append(CmAdvisory(adv_subject, fields))
 
 
 def _get(msg: Message, name: str, default: int) -> int:
     value = msg.get(name) if name in msg else default
     return int(value) if isinstance(value, (int, bool)) else default
 
-
-def take_deliveries(events: Iterable[CmDelivery | Message]) -> list[CmDelivery]:
-    """The deliveries among ``events`` (the rest are advisories)."""
-    return [e for e in events if isinstance(e, CmDelivery)]

@@ -96,24 +96,46 @@ class CmTransport:
         self._owed: dict[tuple[str, str, int], int] = {}  # certified message -> callbacks due
         self._turn_due = False
         self._timer: asyncio.TimerHandle | None = None
+        self._sends: list[tuple[Message, float | None]] = []  # from other threads
+        self._sends_due = False
+        self._finished = False  # closed, and the ledger with it
+        self._confirms: list[tuple[str, str, int]] = []  # from the dispatching threads
+        self._confirms_due = False
         self._bus_listen(self.core.control_subject)
         self._run(self._kick)
 
     # -- the program's side ------------------------------------------------------------------
 
-    def send(self, msg: Message, time_limit: float | None = None) -> int:
-        """Send ``msg`` labeled, to its send subject; returns its sequence number. It is kept
-        for the listeners registered on its subject until they confirm it or ``time_limit``
-        seconds (default: ``default_ttl``; 0 = none) pass."""
+    def send(self, msg: Message, time_limit: float | None = None) -> None:
+        """Send ``msg`` labeled, to its send subject. It is kept for the listeners registered
+        on its subject until they confirm it or ``time_limit`` seconds (default:
+        ``default_ttl``; 0 = none) pass. Never blocks: from another thread than the loop's,
+        the message is handed over with the others of the same burst (one wake-up of the
+        loop), and ``msg.cm`` gets its label there."""
         if self.closed:
             raise TransportError("CM transport closed")
+        if time_limit is not None and time_limit < 0:
+            raise ValueError(f"time limit {time_limit} is negative")
         self.transport._check_subject(msg)
-        return self._run(lambda: self._send(msg, time_limit))
+        if self._on_loop():
+            self.core.send(msg, time.time(), time_limit)
+            self._kick()
+            return
+        with self._lock:
+            self._sends.append((msg, time_limit))
+            if self._sends_due:
+                return
+            self._sends_due = True
+        self.loop.call_soon_threadsafe(self._take_sends)
 
-    def _send(self, msg: Message, time_limit: float | None) -> int:
-        seq = self.core.send(msg, time.time(), time_limit)
+    def _take_sends(self) -> None:
+        with self._lock:
+            sends, self._sends = self._sends, []
+            self._sends_due = False
+        now = time.time()
+        for msg, time_limit in sends:
+            self.core.send(msg, now, time_limit)
         self._kick()
-        return seq
 
     def listen(self, subject: str, callback: Callback, queue: Queue | None = None, *,
                explicit_confirm: bool = False) -> CmListener:
@@ -157,7 +179,9 @@ class CmTransport:
     def _close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        self._take_sends()
         self._turn()
+        self._finished = True
         self.core.ledger.close()
 
     # -- listeners ---------------------------------------------------------------------------
@@ -209,6 +233,8 @@ class CmTransport:
     def _turn(self) -> None:
         """Commit the ledger, then send and present what the core produced; set the timer."""
         self._turn_due = False
+        if self._finished:
+            return
         try:
             out, events = self.core.flush()
         except LedgerError as exc:
@@ -222,11 +248,14 @@ class CmTransport:
             except Exception as exc:  # noqa: BLE001 - one unsendable message stops no other
                 log.error("CM transport %s: cannot send to %s: %s", self.name,
                           msg.send_subject, exc)
+        transport = self.transport
         for event in events:
             if isinstance(event, CmDelivery):
                 self._present(event)
-            elif not self.transport.present(event) and is_logged(event.send_subject or ""):
-                log.warning("rv advisory %s", event.to_text())
+            elif transport.listens(event.subject):
+                transport.present(event.message())
+            elif is_logged(event.subject):
+                log.warning("rv advisory %s", event.message().to_text())
         if not self.closed:
             self._arm(self.core.next_deadline())
 
@@ -253,6 +282,13 @@ class CmTransport:
         for listener in listeners:
             assert isinstance(listener, CmListener)
             listener.queue.push(Event(listener, d.msg))
+
+    def _take_confirms(self) -> None:
+        with self._lock:
+            keys, self._confirms = self._confirms, []
+            self._confirms_due = False
+        for key in keys:
+            self._confirmed(key)
 
     def _confirmed(self, key: tuple[str, str, int]) -> None:
         owed = self._owed.get(key)
@@ -333,8 +369,14 @@ class CmListener:
         cm = self.cm
         if cm._on_loop():
             cm._confirmed(key)
-        elif not cm.loop.is_closed():
-            cm.loop.call_soon_threadsafe(cm._confirmed, key)
+            return
+        with cm._lock:  # handed over with the others of the same burst: one wake-up
+            cm._confirms.append(key)
+            if cm._confirms_due:
+                return
+            cm._confirms_due = True
+        if not cm.loop.is_closed():
+            cm.loop.call_soon_threadsafe(cm._take_confirms)
 
     def destroy(self, cancel_agreements: bool = False) -> None:
         if not self.active:

@@ -152,7 +152,12 @@ class SqliteLedger(Ledger):
         self.sync = sync
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
+        # What the next commit writes. A message put since the last commit is kept as the
+        # core's own object, so what happens to it before the commit (confirmations, its
+        # deletion) is netted: only what is left of it is written, or nothing.
         self._ops: list[tuple[str, tuple[Any, ...]]] = []
+        self._seqs: dict[str, int] = {}
+        self._fresh: dict[tuple[str, int], StoredMessage] = {}
         self.commits = 0  # transactions written (a turn with no change writes none)
 
     def load(self, name: str) -> LedgerState:
@@ -235,7 +240,7 @@ class SqliteLedger(Ledger):
     # -- changes (written at commit) ----------------------------------------------------------
 
     def set_seq(self, subject: str, last: int) -> None:
-        self._ops.append(("INSERT OR REPLACE INTO seqs VALUES (?, ?)", (subject, last)))
+        self._seqs[subject] = last
 
     def put_reg(self, subject: str, listener: str, last: int) -> None:
         self._ops.append(("INSERT OR REPLACE INTO regs VALUES (?, ?, ?)",
@@ -248,17 +253,16 @@ class SqliteLedger(Ledger):
                           (subject, listener)))
 
     def put_message(self, subject: str, seq: int, msg: StoredMessage) -> None:
-        self._ops.append(("INSERT OR REPLACE INTO msgs VALUES (?, ?, ?, ?)",
-                          (subject, seq, msg.deadline, msg.data)))
-        for listener in msg.pending:
-            self._ops.append(("INSERT OR REPLACE INTO pending VALUES (?, ?, ?)",
-                              (subject, seq, listener)))
+        self._fresh[(subject, seq)] = msg  # its pending set is read at the commit
 
     def confirm(self, subject: str, seq: int, listener: str) -> None:
-        self._ops.append(("DELETE FROM pending WHERE subject = ? AND seq = ? AND listener = ?",
-                          (subject, seq, listener)))
+        if (subject, seq) not in self._fresh:
+            self._ops.append(("DELETE FROM pending WHERE subject = ? AND seq = ? AND "
+                              "listener = ?", (subject, seq, listener)))
 
     def delete_message(self, subject: str, seq: int) -> None:
+        if self._fresh.pop((subject, seq), None) is not None:
+            return  # put and deleted between two commits: never written
         self._ops.append(("DELETE FROM msgs WHERE subject = ? AND seq = ?", (subject, seq)))
         self._ops.append(("DELETE FROM pending WHERE subject = ? AND seq = ?", (subject, seq)))
 
@@ -283,8 +287,8 @@ class SqliteLedger(Ledger):
             LedgerError: the write failed (disk full, I/O error); the changes are kept and
                 written with the next commit.
         """
-        ops = self._ops
-        if not ops:
+        ops, seqs, fresh = self._ops, self._seqs, self._fresh
+        if not ops and not seqs and not fresh:
             return
         conn = self._conn
         if conn is None:
@@ -293,13 +297,19 @@ class SqliteLedger(Ledger):
             conn.execute("BEGIN")
             for sql, args in ops:
                 conn.execute(sql, args)
+            conn.executemany("INSERT OR REPLACE INTO seqs VALUES (?, ?)", seqs.items())
+            conn.executemany("INSERT OR REPLACE INTO msgs VALUES (?, ?, ?, ?)",
+                             [(k[0], k[1], m.deadline, m.data) for k, m in fresh.items()])
+            conn.executemany("INSERT OR REPLACE INTO pending VALUES (?, ?, ?)",
+                             [(k[0], k[1], listener) for k, m in fresh.items()
+                              for listener in m.pending])
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             raise LedgerError(f"ledger {self.path}: write failed: {exc}") from exc
-        self._ops = []
+        self._ops, self._seqs, self._fresh = [], {}, {}
         self.commits += 1
 
     def close(self) -> None:

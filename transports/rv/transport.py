@@ -293,6 +293,11 @@ class _BaseTransport:
                 else:
                     queued.append(ev)
 
+    def listens(self, subject: str) -> bool:
+        """Does a listener of this transport match ``subject``?"""
+        with self._lock():
+            return bool(self.matcher.match(subject))
+
     def present(self, msg: Message, head: bool = False) -> int:
         """Queue an advisory for this transport's matching listeners; how many took it."""
         subject = msg.send_subject

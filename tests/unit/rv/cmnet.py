@@ -75,7 +75,8 @@ class CmNet:
         peer.down = True
         self.peers.remove(peer)
         ledger = peer.core.ledger
-        ledger._ops = []  # type: ignore[attr-defined]  # unwritten changes die with it
+        # Unwritten changes die with it.
+        ledger._ops, ledger._seqs, ledger._fresh = [], {}, {}  # type: ignore[attr-defined]
         ledger.close()
 
     def send(self, peer: Peer, subject: str, n: int, time_limit: float | None = None) -> int:
@@ -102,7 +103,7 @@ class CmNet:
                     if event.certified and not peer.explicit:
                         peer.core.confirm(event.sender or "", event.subject, event.seq)
                 else:
-                    peer.advisories.append(event)
+                    peer.advisories.append(event.message())
                 moved = True
             for msg in out:
                 data = encode(msg)
