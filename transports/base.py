@@ -636,12 +636,25 @@ class Transport:
         if ack is not None:
             ack()
 
+    def import_record(self, msg: Message, far: Far) -> tuple[str, str, bytes] | None:
+        """A record (namespace, key, value) of the gateway's store to write with the import of
+        ``msg``, in the same commit: a transport's own position in the far side's stream, so
+        that after a crash it knows what it imported already (the rv transport's certified
+        imports). None: nothing (every transport but that one)."""
+        return None
+
     def _publish(self, msg: Message, ack: Callable[[], None] | None, far: Far = None) -> None:
         # The core writes the delivery log's import record (client: this transport's name):
         # the one record of the message entering the gateway.
+        record = self.import_record(msg, far)
+        if record is not None:
+            # In the store's current unit: the message's own commit, when the core stores it.
+            self.broker.store.put_kv(*record)
         try:
             fut = self.broker.publish(msg, self.core, far=far if far is not None else NO_FAR)
         except GatewayError as exc:
+            if record is not None:
+                self.broker.store.commit()
             self.stats["failed"] += 1
             self._forget(msg)
             log.warning("transport %s: import to %s refused: %s", self.name, msg.destination, exc)
@@ -649,6 +662,10 @@ class Transport:
                 ack()  # refused for good (no such destination, limits): EMS drops it too
             return
         self.stats["imported"] += 1
+        if record is not None:
+            # Written with the message when the core stored it (its commit took the unit);
+            # otherwise on its own, now.
+            self.broker.store.commit()
         if fut is None or (fut.done() and fut.exception() is None):
             if ack is not None:
                 ack()

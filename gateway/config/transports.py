@@ -55,7 +55,16 @@ unlimited; ``spool_policy`` (``block`` | ``reject``) when the spool is full; ``t
           database when the file is read, an empty one as ``rendezvous``; 7500; the
           parameter holds the port), ``network`` (""), ``daemon`` (""),
           ``temp_destination_timeout`` (60 s; EMS User's Guide,
-          "Configuring Transports for Rendezvous", temp_destination_timeout)
+          "Configuring Transports for Rendezvous", temp_destination_timeout).
+          Certified delivery (EMS's ``tibrvcm`` parameters, EMS User's Guide,
+          "Configuring Transports for Rendezvous Certified Messaging"): ``cm_name``
+          (the correspondent name; certified delivery is on when it is given),
+          ``ledger_file`` (a file ledger, resolved against the configuration directory;
+          none: in memory), ``sync_ledger`` (false), ``request_old`` (false),
+          ``explicit_config_only`` (false), ``default_ttl`` (0 s = none; the time limit
+          of exports), ``cm_listener`` (``NAME SUBJECT[, NAME SUBJECT ...]``: listeners
+          registered in advance, as EMS's tibrvcm.conf; no wildcards). The others need
+          ``cm_name``
 ========  ===========================================================================
 """
 
@@ -234,6 +243,35 @@ def _heartbeat(v: str) -> tuple[int, int]:
     return parse_int(parts[0]), parse_int(parts[1])
 
 
+def _cm_name(v: str) -> str:
+    """A correspondent name, or a CM listener's subject: a bus subject (dot-separated
+    non-empty elements, at most 255 bytes) with no wildcard, not starting with ``_`` (TIBCO
+    Rendezvous Concepts, Certified Message Delivery: names follow subject syntax)."""
+    elements = v.split(".")
+    if not v or len(v.encode()) > 255 or "" in elements or "\0" in v:
+        raise ValueError(f"{v!r} is not a subject name (dot-separated, no empty element, "
+                         "at most 255 bytes)")
+    if "*" in elements or ">" in elements:
+        raise ValueError(f"{v!r} takes no wildcard")
+    if v.startswith("_"):
+        raise ValueError(f"{v!r} starts with '_' (reserved)")
+    return v
+
+
+def _cm_listeners(v: str) -> tuple[tuple[str, str], ...]:
+    """``NAME SUBJECT[, NAME SUBJECT ...]``: CM listeners registered in advance."""
+    out = []
+    for item in v.split(","):
+        parts = item.split()
+        if len(parts) != 2:
+            raise ValueError(f"{item.strip()!r} is not 'NAME SUBJECT'")
+        out.append((_cm_name(parts[0]), _cm_name(parts[1])))
+    return tuple(out)
+
+
+CM_PARAMS = ("ledger_file", "sync_ledger", "request_old", "explicit_config_only",
+             "default_ttl", "cm_listener")
+
 _PATH = object()  # marker: the value is a file path, resolved and checked
 
 Spec = dict[str, tuple[Callable[[str], Any], Any]]
@@ -309,6 +347,13 @@ SPECS: dict[str, Spec] = {
         "network": (_any_text, ""),
         "daemon": (_any_text, ""),
         "temp_destination_timeout": (_seconds, 60.0),
+        "cm_name": (_cm_name, None),
+        "ledger_file": (_text, None),
+        "sync_ledger": (parse_bool, False),
+        "request_old": (parse_bool, False),
+        "explicit_config_only": (parse_bool, False),
+        "default_ttl": (_seconds, 0.0),
+        "cm_listener": (_cm_listeners, ()),
     },
 }
 
@@ -465,6 +510,8 @@ def _section(
         except ValueError as e:
             errors.append(sl.error(f"{key}: {e}"))
             continue
+        if key == "ledger_file":
+            params[key] = resolve_path(params[key], base_dir)
         if key in _PATH_PARAMS:
             params[key] = resolve_path(params[key], base_dir)
             if not os.path.isfile(params[key]):
@@ -485,6 +532,10 @@ def _section(
         if params["reconnect_min"] > params["reconnect_max"]:
             at = kv.get("reconnect_min", kv.get("reconnect_max", ("", header)))[1]
             errors.append(at.error("reconnect_min is larger than reconnect_max"))
+    if ttype == "rv" and "cm_name" not in kv:
+        for key in CM_PARAMS:
+            if key in kv:
+                errors.append(kv[key][1].error(f"{key} needs cm_name (certified delivery)"))
     if "tls_key" in kv and "tls_cert" not in kv:
         errors.append(kv["tls_key"][1].error("tls_key is set but tls_cert is not"))
     url = params.get("url")

@@ -343,3 +343,33 @@ def test_destination_naming_a_broken_transport_is_not_reported_twice(tmp_path: P
     with pytest.raises(ConfigErrors) as ei:
         load_config(tmp_path)
     assert [(os.path.basename(e.file), e.line) for e in ei.value.errors] == [("transports.conf", 1)]
+
+
+def test_rv_certified_parameters(tmp_path: Path) -> None:
+    t, _ = load(tmp_path, "[bus]\ntype = rv\ncm_name = GW.ONE\nledger_file = gw.ledger\n"
+                          "sync_ledger = true\nrequest_old = true\ndefault_ttl = 600\n"
+                          "cm_listener = DB orders.new, AUDIT orders.new\n"
+                          "explicit_config_only = true\n")
+    p = t["bus"].params
+    assert p["cm_name"] == "GW.ONE"
+    assert p["ledger_file"] == str(tmp_path / "gw.ledger")
+    assert (p["sync_ledger"], p["request_old"], p["explicit_config_only"]) == (True, True, True)
+    assert p["default_ttl"] == 600.0
+    assert p["cm_listener"] == (("DB", "orders.new"), ("AUDIT", "orders.new"))
+    t, _ = load(tmp_path / "plain", "[bus]\ntype = rv\n")
+    p = t["bus"].params
+    assert (p["cm_name"], p["ledger_file"], p["cm_listener"], p["default_ttl"]) == (
+        None, None, (), 0.0)
+
+
+@pytest.mark.parametrize(("text", "detail"), [
+    ("ledger_file = x.ledger", "ledger_file needs cm_name"),
+    ("cm_listener = DB a.b", "cm_listener needs cm_name"),
+    ("cm_name = A.*", "takes no wildcard"),
+    ("cm_name = _A", "starts with '_'"),
+    ("cm_name = GW\ncm_listener = DB orders.>", "takes no wildcard"),
+    ("cm_name = GW\ncm_listener = DB", "is not 'NAME SUBJECT'"),
+])
+def test_rv_certified_parameters_refused(tmp_path: Path, text: str, detail: str) -> None:
+    errors = errors_of(tmp_path, f"[bus]\ntype = rv\n{text}\n")
+    assert any(detail in message for _, message in errors), errors

@@ -45,17 +45,37 @@ destination's name. Messages cross by the RV mapping
   delivery log (event ``drop``, reason the advisory's name, with the lost packet count) and
   counted (``dataloss``, ``slowconsumer`` in :meth:`info`); nothing is replayed (the bus
   said the data is gone).
+* Certified delivery (``cm_name`` given; EMS's ``tibrvcm`` parameters, EMS User's Guide,
+  "Configuring Transports for Rendezvous Certified Messaging"): the bridge is a persistent
+  correspondent of that name (:class:`~transports.rv.cmtransport.CmTransport`, its ledger in
+  ``ledger_file``). Imports are CM listeners with explicit confirmation: a certified
+  message is confirmed to its sender only once the core has it (stored, when its delivery
+  mode is PERSISTENT), and the bridge's position in each sender's stream (sender, subject,
+  sequence number) is written to the gateway's store *in the same commit* as the message
+  (:meth:`import_record`), so after a crash what the sender sends again is dropped as a
+  duplicate rather than imported twice. ``JMS_GW_CM_PUBLISHER`` and ``JMS_GW_CM_SEQUENCE``
+  carry the label (the RV mapping), and the delivery log's ``far_id`` is
+  ``<sender>#<sequence>``. Exports are labeled; one kept for a registered listener (the
+  ``cm_listener`` ones, registered when the bridge connects, or any that registered)
+  leaves the gateway's spool only at ``DELIVERY.COMPLETE`` -- every listener confirmed it --
+  and is refused (undeliverable, as a far side's refusal) at ``DELIVERY.FAILED``, when
+  ``default_ttl`` passed first. An export sent before a restart and still in the ledger is
+  not sent again: the bridge finds it there by its trace id and waits for its outcome.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
 from gateway.config.transports import DiscardPolicy
 from gateway.errors import GatewayError
 from gateway.message import DeliveryMode, Destination, Message
+from mappings.rv import CM_PUBLISHER, CM_SEQUENCE
 from transports.base import ExportBinding, RetryLater, Transport
+from transports.rv.cmtransport import CmListener, CmTransport
+from transports.rv.codec import FormatError, decode
 from transports.rv.message import Message as RvMessage
 from transports.rv.message import Origin
 from transports.rv.queue import DISCARD_FIRST, DISCARD_LAST, Queue
@@ -97,6 +117,18 @@ class RvTransport(Transport):
         self.advisory_listeners: list[Listener] = []
         self.stats["dataloss"] = 0
         self.stats["slowconsumer"] = 0
+        # Certified delivery (cm_name): the CM transport, its listeners by import pattern,
+        # the exports waiting for their outcome by (subject, sequence number), what the
+        # ledger keeps from an earlier connection by trace id, and the position imported
+        # from each sender's stream (as written to the store, by the key of import_record).
+        self.cm: CmTransport | None = None
+        self.cm_listeners: dict[str, CmListener] = {}
+        self.cm_exports: dict[tuple[str, int], tuple[Delivery, ExportBinding]] = {}
+        self.cm_kept: dict[str, tuple[str, int]] = {}
+        self.cm_far_ids: dict[str, str] = {}  # trace id -> "<cm name>#<seq>" of an export
+        self.cm_namespace = f"rvcm:{self.name}"
+        self.cm_imported: dict[str, int] = {
+            key: int(value) for key, value in self.broker.kv.get(self.cm_namespace, {}).items()}
         self.export_headers = bool(self.params.get("export_headers", True))
         self.export_properties = bool(self.params.get("export_properties", True))
         # rv_queue_policy is the limit policy of the bus queue the imports wait in (EMS
@@ -124,6 +156,30 @@ class RvTransport(Transport):
             Listener(bus, DATALOSS_ADVISORIES, self._on_advisory),
             Listener(bus, SLOWCONSUMER_ADVISORY, self._on_advisory),
         ]
+        if p.get("cm_name"):
+            self._open_cm(bus)
+
+    def _open_cm(self, bus: AsyncTransport) -> None:
+        p = self.params
+        cm = CmTransport(bus, p["cm_name"], ledger_file=p.get("ledger_file"),
+                         sync_ledger=bool(p.get("sync_ledger")),
+                         require_old=bool(p.get("request_old")),
+                         default_ttl=float(p.get("default_ttl") or 0.0),
+                         explicit_config_only=bool(p.get("explicit_config_only")))
+        cm.on_outcome = self._cm_outcome
+        for listener, subject in p.get("cm_listener") or ():
+            cm.add_listener(listener, subject)
+        kept: dict[str, tuple[str, int]] = {}
+        for subject, seq, data in cm.core.stored_items():
+            try:
+                origin = decode(data).origin
+            except (FormatError, ValueError):
+                continue
+            trace_id = origin.origin_id.partition(" ")[2] if origin is not None else ""
+            if trace_id:
+                kept[trace_id] = (subject, seq)
+        self.cm_kept = kept
+        self.cm = cm
 
     def disconnect(self) -> None:
         bus = self.bus
@@ -135,11 +191,24 @@ class RvTransport(Transport):
         self.listeners.clear()
         self.reply_listeners.clear()
         self.advisory_listeners = []
+        for cm_listener in self.cm_listeners.values():
+            cm_listener.destroy()
+        self.cm_listeners.clear()
+        self.cm_exports.clear()  # given back to the spool (base.py); the ledger keeps them
+        if self.cm is not None:
+            self.cm.close()
+            self.cm = None
         if bus is not None:
             self.broker.loop.create_task(bus.close())
 
     def remote_subscribe(self, pattern: str, kind: Any) -> None:
         if self.bus is None or pattern.startswith(NOT_BRIDGED) or pattern in self.listeners:
+            return
+        if self.cm is not None:
+            if pattern not in self.cm_listeners:
+                self.cm_listeners[pattern] = self.cm.listen(
+                    pattern, lambda m, li: self._on_certified(m, li, pattern, kind), self.queue,
+                    explicit_confirm=True)
             return
         self.listeners[pattern] = Listener(
             self.bus, pattern, lambda m, _l: self._on_message(m, pattern, kind), self.queue)
@@ -148,6 +217,9 @@ class RvTransport(Transport):
         listener = self.listeners.pop(pattern, None)
         if listener is not None:
             listener.destroy()
+        cm_listener = self.cm_listeners.pop(pattern, None)
+        if cm_listener is not None:
+            cm_listener.destroy()  # the agreements stay: the senders keep what comes meanwhile
 
     def _on_up(self) -> None:
         for inbox in self.replies.names:  # an inbox of the previous connection is gone
@@ -158,29 +230,66 @@ class RvTransport(Transport):
 
     def export(self, d: Delivery, binding: ExportBinding) -> bool:
         """Send one message on the bus (reliable multicast, or point to point to an inbox):
-        done once handed to the engine, as the bus acknowledges nothing."""
-        self._send(d.msg, None)
-        return True
+        done once handed to the engine, as the bus acknowledges nothing -- unless it is
+        certified and kept for a registered listener: then done at its outcome
+        (:meth:`_cm_outcome`)."""
+        cm = self.cm
+        if cm is None:
+            self._send(d.msg, None)
+            return True
+        trace_id = d.msg.trace_id
+        kept = self.cm_kept.pop(trace_id, None) if trace_id else None
+        if kept is not None and cm.core.is_stored(*kept):
+            # Sent before a restart, still in the ledger: its listeners get it from there.
+            self.cm_exports[kept] = (d, binding)
+            self.cm_far_ids[trace_id or ""] = f"{cm.name}#{kept[1]}"
+            return False
+        subject, seq = self._send(d.msg, None, cm)
+        if not cm.core.is_stored(subject, seq):
+            return True  # no registered listener: labeled, not certified to anyone
+        self.cm_exports[(subject, seq)] = (d, binding)
+        if trace_id:
+            self.cm_far_ids[trace_id] = f"{cm.name}#{seq}"
+        return False
+
+    def _cm_outcome(self, subject: str, seq: int, complete: bool) -> None:
+        """A certified export left the ledger: confirmed by every listener, or failed."""
+        entry = self.cm_exports.pop((subject, seq), None)
+        if entry is None:
+            return
+        d, binding = entry
+        if complete:
+            self.confirmed(d, binding)
+        else:
+            self.cm_far_ids.pop(d.msg.trace_id or "", None)
+            self.failed(d, binding, "its certified delivery time limit passed before every "
+                                    "registered listener confirmed it (DELIVERY.FAILED)")
 
     def send_reply(self, msg: Message, name: str) -> None:
         """A message published to the temporary topic of inbox ``name``: point to point to
         that inbox (EMS User's Guide, "Working With TIBCO Rendezvous", "JMSReplyTo")."""
         self._send(msg, name)
 
-    def _send(self, msg: Message, inbox: str | None) -> None:
+    def _send(self, msg: Message, inbox: str | None,
+              cm: CmTransport | None = None) -> tuple[str, int]:
         """``msg`` through the mappings to the bus: to ``inbox``, or else to the subject of
-        its (mapped) destination."""
+        its (mapped) destination; labeled through ``cm`` when given. Returns the subject and
+        the sequence number (0 when not labeled)."""
         bus = self.bus
         if bus is None:
             raise RetryLater("not connected")
         delivered = msg
         try:
-            self._send_mapped(bus, self.mapped_out(msg), inbox)
+            rv = self._to_rv(self.mapped_out(msg), inbox)
+            if cm is None:
+                bus.send(rv)
+                return rv.send_subject or "", 0
+            return rv.send_subject or "", cm.send_on_loop(rv)
         except BaseException:
             self.sent_as.pop(id(delivered), None)  # not sent: no export record to name it
             raise
 
-    def _send_mapped(self, bus: AsyncTransport, msg: Message, inbox: str | None) -> None:
+    def _to_rv(self, msg: Message, inbox: str | None) -> RvMessage:
         dest = msg.destination
         assert dest is not None
         send_subject = inbox if inbox is not None else dest.name
@@ -195,7 +304,7 @@ class RvTransport(Transport):
                               export_headers=self.export_headers,
                               export_properties=self.export_properties)
         rv.origin = origin_marker(msg.origin or self.broker.id, msg.trace_id, msg.hops)
-        bus.send(rv)
+        return rv
 
     def mapped_out(self, msg: Message) -> Message:
         """The message through the declarative mappings of this transport (direction out);
@@ -216,9 +325,11 @@ class RvTransport(Transport):
     def far_name(self, msg: Message) -> tuple[str | None, str | None]:
         """The bus gives a message no id (the ``JMSMessageID`` of a ``JMSHeaders``
         submessage is the receiving broker's to replace, EMS User's Guide, "Message
-        Translation"): none. The subject it was sent on (a reply's inbox is named by base.py)."""
+        Translation"): none, but ``<cm name>#<sequence>`` for a certified export. The subject
+        it was sent on (a reply's inbox is named by base.py)."""
         dest = msg.destination
-        return None, dest.name if dest is not None else None
+        far_id = self.cm_far_ids.pop(msg.trace_id, None) if msg.trace_id else None
+        return far_id, dest.name if dest is not None else None
 
     def _inbox(self, *parts: str) -> str:
         assert self.bus is not None
@@ -236,7 +347,37 @@ class RvTransport(Transport):
 
     # -- import -------------------------------------------------------------------------------
 
-    def _on_message(self, rv: RvMessage, pattern: str, kind: Any) -> None:
+    def _on_certified(self, rv: RvMessage, listener: CmListener, pattern: str,
+                      kind: Any) -> None:
+        """A message to a CM listener of an import: certified ones are confirmed once the
+        core has them, and dropped as duplicates when the store's position says they were
+        imported before (a resend after a crash)."""
+        label = rv.cm
+        subject = rv.send_subject or ""
+        if label is None or not label.sequence:
+            self._on_message(rv, pattern, kind)
+            return
+        key = json.dumps([label.sender, subject])
+        seq = label.sequence
+        duplicate = seq <= self.cm_imported.get(key, 0)
+        if not duplicate:
+            self.cm_imported[key] = seq
+        self._on_message(rv, pattern, kind, lambda: listener.confirm(rv),
+                         f"{label.sender}#{seq}", duplicate)
+
+    def import_record(self, msg: Message, far: Any) -> tuple[str, str, bytes] | None:
+        """A certified import's position in its sender's stream, written with the message."""
+        if self.cm is None or far is None:
+            return None
+        sender = msg.properties.get(CM_PUBLISHER)
+        seq = msg.properties.get(CM_SEQUENCE)
+        if not isinstance(sender, str) or not isinstance(seq, int) or not seq:
+            return None
+        return (self.cm_namespace, json.dumps([sender, far[1]]), str(int(seq)).encode())
+
+    def _on_message(self, rv: RvMessage, pattern: str, kind: Any,
+                    ack: Any = None, far_id: str | None = None,
+                    duplicate: bool = False) -> None:
         subject = rv.send_subject or ""
         if subject.startswith(NOT_BRIDGED):
             return
@@ -244,6 +385,8 @@ class RvTransport(Transport):
             if kind is None:  # an inbox of a reply route
                 dest = self.replies.target(pattern) if pattern in self.replies else None
                 if dest is None:
+                    if ack is not None:
+                        ack()
                     return
             else:
                 dest = Destination(kind, subject or pattern)
@@ -262,6 +405,8 @@ class RvTransport(Transport):
         except (GatewayError, ValueError) as exc:
             self.stats["failed"] += 1
             log.warning("transport %s: cannot import from %r: %s", self.name, subject, exc)
+            if ack is not None:
+                ack()  # refused for good: a certified sender must not keep it for us
             return
         # The delivery log's far_dest: the subject it came on (an inbox for a reply); no
         # far_id, as the bus gives a message none (msg.message_id is None until the core
@@ -269,12 +414,12 @@ class RvTransport(Transport):
         far_dest = subject or pattern
         origin = rv.origin
         if origin is None:
-            self.imported(msg, None, 0, None, far_dest)
+            self.imported(msg, None, 0, ack, far_dest, far_id, duplicate)
             return
         origin_id, _, trace_id = origin.origin_id.partition(" ")
         if trace_id:
             msg.trace_id = trace_id  # the far gateway's: one trace across the bus
-        self.imported(msg, origin_id, origin.hops, None, far_dest)
+        self.imported(msg, origin_id, origin.hops, ack, far_dest, far_id, duplicate)
 
     def _on_advisory(self, adv: RvMessage, _listener: Listener) -> None:
         """DATALOSS / SLOWCONSUMER of the bus: counted and written to the delivery log."""

@@ -85,7 +85,9 @@ Rules, with the sections of Certified Message Delivery they follow:
 * A listener that owes a confirmation for longer than ``request_interval`` gets CONFIRM_REQ
   every ``request_interval``, each presenting ``DELIVERY.NO_RESPONSE``; its answer makes the
   sender send again what the listener still lacks (a message lost past the bus's reliability
-  interval is recovered this way even when nothing follows it).
+  interval is recovered this way even when nothing follows it). A CM listener that gets
+  CONFIRM_REQ from a sender it does not know, on a subject it listens to, discovers the
+  sender by it (an anticipated listener that starts after the messages were sent).
 * A message whose time limit passes is deleted and ``DELIVERY.FAILED`` presented, with the
   data and each listener that did not confirm; a listener that asks for it then gets
   UNAVAILABLE.
@@ -247,11 +249,14 @@ class CmCore:
         request_interval: seconds between registration, retransmission and confirmation
             requests.
         registration_attempts: REG_REQs sent before ``REGISTRATION.NO_RESPONSE``.
+        explicit_config_only: as a sender, accept only the listeners announced with
+            :meth:`add_listener` (TIBCO EMS's ``explicit_config_only``); others get REG_DENY.
     """
 
     def __init__(self, name: str | None = None, ledger: Ledger | None = None, *, now: float,
                  require_old: bool = False, default_ttl: float = 0.0,
                  request_interval: float = 1.0, registration_attempts: int = 5,
+                 explicit_config_only: bool = False,
                  rng: random.Random | None = None) -> None:
         rng = rng or random.Random()
         self.transient = name is None
@@ -267,6 +272,7 @@ class CmCore:
         self.default_ttl = default_ttl
         self.request_interval = request_interval
         self.registration_attempts = registration_attempts
+        self.explicit_config_only = explicit_config_only
         self.ledger = ledger if ledger is not None else Ledger()
         state = self.ledger.load(name)
         self._seqs = state.seqs
@@ -363,7 +369,7 @@ class CmCore:
         for seq, stored in list(self._stored.get(subject, {}).items()):
             if listener in stored.pending:
                 stored.pending.discard(listener)
-                self._maybe_complete(subject, seq, stored, record=False)
+                self._maybe_complete(subject, seq, stored)
         self._advise(REGISTRATION_CLOSED + subject, subject=subject, listener=listener,
                      seqno_last_sent=self._seqs.get(subject, 0), seqno_last_confirmed=reg.last)
         if notify:
@@ -449,6 +455,15 @@ class CmCore:
         if subject is not None:
             return len(self._stored.get(subject, ()))
         return sum(len(m) for m in self._stored.values())
+
+    def is_stored(self, subject: str, seq: int) -> bool:
+        """Is message ``seq`` of ``subject`` kept for a listener that has not confirmed it?"""
+        return seq in self._stored.get(subject, ())
+
+    def stored_items(self) -> list[tuple[str, int, bytes]]:
+        """Every kept message: (subject, sequence number, the labeled message encoded)."""
+        return [(subject, seq, st.data) for subject, msgs in self._stored.items()
+                for seq, st in msgs.items()]
 
     def registered(self, subject: str) -> list[str]:
         """The listeners registered (or anticipated) on ``subject``."""
@@ -625,12 +640,12 @@ class CmCore:
 
     def _on_register_request(self, listener: str, inst: str, subject: str, last: int,
                              old: bool, now: float) -> None:
-        if listener in self._disallowed:
+        reg = self._regs.get(subject, {}).get(listener)
+        if listener in self._disallowed or (reg is None and self.explicit_config_only):
             self._control("REG_DENY", listener, subject=subject)
             return
         current = self._seqs.get(subject, 0)
         regs = self._regs.setdefault(subject, {})
-        reg = regs.get(listener)
         if reg is None:
             reg = regs[listener] = _Reg(current)
             begin = current + 1
@@ -645,7 +660,7 @@ class CmCore:
                 if listener in stored.pending:
                     stored.pending.discard(listener)
                     self.ledger.confirm(subject, seq, listener)
-                    self._maybe_complete(subject, seq, stored, record=False)
+                    self._maybe_complete(subject, seq, stored)
         if reg.inst is not None and reg.inst != inst:
             self._advise(REGISTRATION_MOVED + listener, name=listener)
         reg.inst = inst
@@ -704,7 +719,7 @@ class CmCore:
                 self.ledger.confirm(subject, seq, listener)
                 self._advise(DELIVERY_CONFIRM + subject, subject=subject, listener=listener,
                              seqno=seq)
-                self._maybe_complete(subject, seq, st, record=True)
+                self._maybe_complete(subject, seq, st)
         if req:  # it answers a CONFIRM_REQ: send again what it still lacks
             late = [s for s, st in stored.items()
                     if s > upto and listener in st.pending
@@ -713,14 +728,14 @@ class CmCore:
                 stored[seq].sent_at = now
                 self._control("DATA", listener, msg=stored[seq].data)
 
-    def _maybe_complete(self, subject: str, seq: int, stored: StoredMessage,
-                        record: bool) -> None:
+    def _maybe_complete(self, subject: str, seq: int, stored: StoredMessage) -> None:
+        """Delete a message no listener owes a confirmation for any more (each confirmed it,
+        or the agreement ended): ``DELIVERY.COMPLETE``."""
         if stored.pending:
             return
         self._stored[subject].pop(seq, None)
         self.ledger.delete_message(subject, seq)
-        if record:
-            self._advise(DELIVERY_COMPLETE + subject, subject=subject, seqno=seq)
+        self._advise(DELIVERY_COMPLETE + subject, subject=subject, seqno=seq)
 
     def _check_owed(self, subject: str, listener: str, reg: _Reg, now: float) -> None:
         """Ask ``listener`` for its confirmation if it owes one for longer than the interval;
@@ -751,7 +766,8 @@ class CmCore:
             pass
         for listener in sorted(stored.pending):
             adv.add("listener", listener, RvType.STRING)
-        self._events.append(CmAdvisory(adv.send_subject or "", {}, adv))
+        self._events.append(CmAdvisory(adv.send_subject or "", {"subject": subject,
+                                                                "seqno": seq}, adv))
 
     # -- control messages --------------------------------------------------------------------
 
@@ -810,6 +826,15 @@ class CmCore:
             src = self._sources.get((peer, subject))
             if src is not None and src.state == CERTIFIED:
                 self._control("CONFIRM", peer, subject=subject, upto=src.confirmed, req=True)
+            elif ((src is None or src.state == KNOWN)
+                  and any(_matches(p, subject) for p in self._listening)):
+                # A sender keeps messages for us (we were anticipated, or it remembers us
+                # from an earlier run) and we have heard none of them: discovered this way.
+                if src is None:
+                    src = self._sources[(peer, subject)] = _Source(REQUESTING)
+                    self._advise(REGISTRATION_DISCOVERY + subject, subject=subject,
+                                 sender=peer)
+                self._request(peer, subject, src, now)
         elif op == "RETRANS_REQ":
             if self._regs.get(subject, {}).get(peer) is not None:
                 first, last = _get(msg, "first", 0), _get(msg, "last", 0)

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from transports.rv.advisory import is_logged
-from transports.rv.cm import CmCore, CmDelivery
+from transports.rv.cm import DELIVERY_COMPLETE, DELIVERY_FAILED, CmCore, CmDelivery
 from transports.rv.ledger import Ledger, LedgerError, SqliteLedger
 from transports.rv.message import Message
 from transports.rv.queue import Event, Queue
@@ -57,6 +57,7 @@ T = TypeVar("T")
 Callback = Callable[[Message, "CmListener"], object]
 
 LEDGER_RETRY_S = 1.0  # after a failed ledger write, the next try
+_OUTCOMES = (DELIVERY_COMPLETE, DELIVERY_FAILED)
 
 
 class CmTransport:
@@ -70,13 +71,20 @@ class CmTransport:
         sync_ledger: write the file ledger synchronously (fsync per turn).
         require_old: as a listener, ask returning senders for what was missed meanwhile.
         default_ttl: the time limit of a message sent without one; 0 = none.
-        request_interval, registration_attempts: as :class:`~transports.rv.cm.CmCore`.
+        request_interval, registration_attempts, explicit_config_only: as
+            :class:`~transports.rv.cm.CmCore`.
+
+    ``on_outcome``, when set, is called on the loop with ``(subject, seq, complete)`` when a
+    kept message leaves the ledger: ``complete`` True for ``DELIVERY.COMPLETE``, False for
+    ``DELIVERY.FAILED`` (what the gateway's bridge waits for before an export leaves its
+    spool).
     """
 
     def __init__(self, transport: _BaseTransport, name: str | None = None, *,
                  ledger_file: str | os.PathLike[str] | None = None, sync_ledger: bool = True,
                  require_old: bool = False, default_ttl: float = 0.0,
-                 request_interval: float = 1.0, registration_attempts: int = 5) -> None:
+                 request_interval: float = 1.0, registration_attempts: int = 5,
+                 explicit_config_only: bool = False) -> None:
         host = transport.host
         if host is None:
             raise TransportError("certified delivery needs a network transport")
@@ -85,8 +93,10 @@ class CmTransport:
         ledger = SqliteLedger(ledger_file, sync=sync_ledger) if ledger_file else Ledger()
         self.core = CmCore(name, ledger, now=time.time(), require_old=require_old,
                            default_ttl=default_ttl, request_interval=request_interval,
-                           registration_attempts=registration_attempts)
+                           registration_attempts=registration_attempts,
+                           explicit_config_only=explicit_config_only)
         self.name = self.core.name
+        self.on_outcome: Callable[[str, int, bool], None] | None = None
         self.closed = False
         self._queue = Queue("cm:" + self.name)
         self._queue.bind_loop(self.loop)
@@ -127,6 +137,15 @@ class CmTransport:
                 return
             self._sends_due = True
         self.loop.call_soon_threadsafe(self._take_sends)
+
+    def send_on_loop(self, msg: Message, time_limit: float | None = None) -> int:
+        """:meth:`send` for a caller on the transport's loop: returns the sequence number."""
+        if self.closed:
+            raise TransportError("CM transport closed")
+        self.transport._check_subject(msg)
+        seq = self.core.send(msg, time.time(), time_limit)
+        self._kick()
+        return seq
 
     def _take_sends(self) -> None:
         with self._lock:
@@ -252,7 +271,13 @@ class CmTransport:
         for event in events:
             if isinstance(event, CmDelivery):
                 self._present(event)
-            elif transport.listens(event.subject):
+                continue
+            if self.on_outcome is not None and event.subject.startswith(_OUTCOMES):
+                seqno = event.fields["seqno"]
+                assert isinstance(seqno, int)
+                self.on_outcome(str(event.fields["subject"]), seqno,
+                                event.subject.startswith(DELIVERY_COMPLETE))
+            if transport.listens(event.subject):
                 transport.present(event.message())
             elif is_logged(event.subject):
                 log.warning("rv advisory %s", event.message().to_text())

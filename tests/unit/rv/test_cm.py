@@ -397,3 +397,34 @@ def test_malformed_control_messages_are_ignored() -> None:
                 .add("subject", S).add("upto", 5)):
         core.receive(msg, 0.0)
     assert core.flush() == ([], [])
+
+
+def test_an_anticipated_listener_that_comes_after_the_messages_discovers_the_sender() -> None:
+    net = CmNet()
+    joe = net.add("JOE")
+    joe.core.add_listener("DB", S)
+    for n in range(3):
+        net.send(joe, S, n)
+    net.settle()
+    db = net.add("DB", listen=("ORDERS.>",), require_old=True)
+    net.run()  # JOE's confirmation request reaches DB, which registers
+    assert db.certified() == [1, 2, 3]
+    assert db.adv(cm.REGISTRATION_DISCOVERY)
+    assert joe.core.stored_count() == 0
+
+
+def test_explicit_config_only_accepts_only_announced_listeners() -> None:
+    net = CmNet()
+    joe = net.add("JOE", explicit_config_only=True)
+    joe.core.add_listener("DB", S)
+    sue = net.add("SUE", listen=("ORDERS.>",))
+    db = net.add("DB", listen=("ORDERS.>",), require_old=True)
+    net.settle()
+    net.send(joe, S, 0)
+    net.settle()
+    net.send(joe, S, 1)
+    net.run()
+    assert sue.adv(cm.REGISTRATION_NOT_CERTIFIED) and sue.certified() == []
+    assert sue.texts() == ["0", "1"]
+    assert db.certified() == [1, 2]
+    assert joe.core.registered(S) == ["DB"]
