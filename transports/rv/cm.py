@@ -20,91 +20,15 @@ before anything of the turn goes out is what makes the ledger safe: a sequence n
 disk before a message carries it, a stored message before it leaves, a confirmed position
 before its confirmation.
 
-The control protocol is this bus's own (Rendezvous does not publish its wire protocol). Each
-CM transport listens on ``_RVCM.<its name>`` and sends control messages to the other side's
-``_RVCM.<name>``; a control message has ``op`` (STRING), ``from`` (the sender's correspondent
-name), ``inst`` (a random id of this run of it) and per kind:
-
-=================  =========================  ====================================================
-op                 from -> to                 fields
-=================  =========================  ====================================================
-``HELLO``          anyone -> its own name     ``reply`` BOOL: sent at start, so that a second CM
-                                              transport of the same name is found (COLLISION)
-``REG_REQ``        listener -> sender         ``subject``, ``last`` U64 (last sequence number it
-                                              confirmed, 0: none), ``old`` BOOL (wants the
-                                              messages it missed)
-``REG_ACK``        sender -> listener         ``subject``, ``begin`` U64: the first certified one
-``REG_DENY``       sender -> listener         ``subject``: refused (the listener is disallowed)
-``NOT_CERT``       sender -> listener         ``subject``: the sender ended the agreement
-``CLOSE``          listener -> sender         ``subject``: the listener ended the agreement
-``CONFIRM``        listener -> sender         ``subject``, ``upto`` U64: every message up to
-                                              ``upto`` is confirmed (see hold-back below);
-                                              ``req`` BOOL: an answer to CONFIRM_REQ
-``CONFIRM_REQ``    sender -> listener         ``subject``: confirm again, please
-``RETRANS_REQ``    listener -> sender         ``subject``, ``first``, ``last`` U64: send these again
-``DATA``           sender -> listener         ``msg`` OPAQUE: a stored labeled message, encoded,
-                                              sent again
-``UNAVAILABLE``    sender -> listener         ``subject``, ``first``, ``last`` U64: not kept any more
-=================  =========================  ====================================================
-
-Rules, with the sections of Certified Message Delivery they follow:
-
-* Sequence numbers are given serially per subject by each sender, from 1 ("Sequencing and
-  Retransmission"); every labeled message has one, registered listeners or not. A sender
-  stores a message only for the listeners registered on its subject when it is sent.
-* Discovery ("Discovery and Registration"): the first labeled message from an unknown sender
-  is delivered uncertified (with the sender's name, sequence number 0 -- a listener that is not
-  registered does not see it), ``REGISTRATION.DISCOVERY`` is presented, a REG_REQ goes out,
-  and later messages from that sender on that subject wait. With ``require_old`` the first
-  message waits too: a sender that kept messages for this listener (an anticipated listener)
-  sends it again, certified, and it must not arrive twice. The REG_REQ is repeated every
-  ``request_interval`` seconds; after ``registration_attempts`` requests with no answer
-  ``REGISTRATION.NO_RESPONSE`` is presented, the waiting messages are delivered uncertified,
-  and so is everything later from that sender on that subject.
-* Registration: the sender accepts (unless it disallows the listener: REG_DENY and
-  ``REGISTRATION.NOT_CERTIFIED`` at the listener, who then gets the waiting and later
-  messages uncertified), records the listener in its ledger, presents
-  ``REGISTRATION.REQUEST`` and answers REG_ACK with ``begin``: for a new listener the next
-  sequence number; for one it knows (a persistent correspondent coming back, or one announced
-  with :meth:`CmCore.add_listener`) that asks for old messages, the one after the last it
-  confirmed -- and it sends the stored ones again (DATA) and reports what it no longer keeps
-  (UNAVAILABLE). The listener presents ``REGISTRATION.CERTIFIED`` (``seqno_begin``), delivers
-  the waiting messages below ``begin`` uncertified and the rest certified, in order.
-  Without ``require_old`` a returning listener starts at the next message and the sender
-  drops what it kept for it (Persistent Correspondents, ``requireOldMsgs``).
-* Delivery: certified messages are delivered in sequence order. A gap holds the later ones
-  and sends RETRANS_REQ (again every ``request_interval`` while it stays open); an
-  UNAVAILABLE range is reported as ``DELIVERY.UNAVAILABLE`` and skipped. Duplicates are
-  dropped.
-* Confirmation: the program confirms each certified message (the API does it when the
-  callback returns, unless it confirms explicitly). Confirming 57 does not confirm 55 and 56:
-  the listener holds its confirmation back until every message before it is confirmed, then
-  confirms them together (CONFIRM ``upto``). The sender presents ``DELIVERY.CONFIRM`` per
-  message and listener, and ``DELIVERY.COMPLETE`` once every listener confirmed, deleting the
-  message from its ledger.
-* A listener that owes a confirmation for longer than ``request_interval`` gets CONFIRM_REQ
-  every ``request_interval``, each presenting ``DELIVERY.NO_RESPONSE``; its answer makes the
-  sender send again what the listener still lacks (a message lost past the bus's reliability
-  interval is recovered this way even when nothing follows it). A CM listener that gets
-  CONFIRM_REQ from a sender it does not know, on a subject it listens to, discovers the
-  sender by it (an anticipated listener that starts after the messages were sent).
-* A message whose time limit passes is deleted and ``DELIVERY.FAILED`` presented, with the
-  data and each listener that did not confirm; a listener that asks for it then gets
-  UNAVAILABLE.
-* ``cancel`` (the listener ends its agreements on a subject) sends CLOSE; the sender presents
-  ``REGISTRATION.CLOSED``. :meth:`CmCore.remove_listener` and :meth:`CmCore.disallow` end it
-  from the sender's side (``REGISTRATION.CLOSED`` there, NOT_CERT and
-  ``REGISTRATION.NOT_CERTIFIED`` at the listener); a disallowed listener is refused until
-  :meth:`CmCore.allow`.
-* Two CM transports with one name: each presents ``REGISTRATION.COLLISION`` when it hears the
-  other's HELLO. A known listener heard from another run (``inst``) presents
-  ``REGISTRATION.MOVED``.
-
-Advisories are messages on ``_RV.<class>.RVCM.<name>.<subject or correspondent>`` with
-``ADV_CLASS``, ``ADV_SOURCE`` (``RVCM``), ``ADV_NAME`` and the fields of TIBCO Rendezvous
-Concepts, Appendix B (``subject``, ``listener``, ``sender`` STRING; ``seqno``,
-``seqno_begin``, ``seqno_end``, ``seqno_last_sent``, ``seqno_last_confirmed`` U64; ``data``
-MSG).
+The control protocol is this bus's own (Rendezvous does not publish its wire protocol):
+control messages go between correspondents on ``_RVCM.<name>``, with ``op``, ``from``,
+``inst`` and the fields of their kind. ``transports/rv/README.md``, "Certified delivery",
+gives the table of kinds and the rules (discovery, registration, delivery in order with
+retransmission requests, held-back confirmation, confirmation requests, time limits,
+cancelling, disallowing, collisions), which the methods below follow section by section.
+Advisories are :class:`CmAdvisory` objects on ``_RV.<class>.RVCM.<name>.<subject or
+correspondent>`` with the fields of TIBCO Rendezvous Concepts, Appendix B; their messages are
+built only for a listener.
 
 Not here: relay agents, and the ledger advisories some Rendezvous releases present.
 """
