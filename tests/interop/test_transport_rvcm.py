@@ -67,6 +67,14 @@ def registered(cm: CmTransport, listener: str, subject: str = SUBJECT) -> bool:
     return bool(cm._run(lambda: listener in cm.core.registered(subject)))
 
 
+def warm_up(sender: CmTransport, subject: str = SUBJECT) -> None:
+    """Send ``{n=0}`` on ``subject`` until the gateway (GW) registered for it: the message
+    it discovers the sender by, and a few more while the registration goes round."""
+    wait_for(lambda: (sender.send(Message(subject).add("n", 0)),
+                      registered(sender, "GW", subject))[1], timeout=60,
+             what=f"the gateway's registration on {subject}")
+
+
 def test_certified_imports_are_confirmed_once_stored_and_carry_their_label(
         start_gw, bus, tmp_path):
     g = start_gw(">\n", listen=("stomp",), queues='orders.> import="bus"\n>\n',
@@ -75,8 +83,7 @@ def test_certified_imports_are_confirmed_once_stored_and_carry_their_label(
     sender = CmTransport(bus.t, "SENDER", ledger_file=tmp_path / "sender.ledger",
                          request_interval=0.2)
     try:
-        wait_for(lambda: (sender.send(Message(SUBJECT).add("n", 0)),
-                          registered(sender, "GW"))[1], timeout=30, what="the registration")
+        warm_up(sender)
         for n in range(1, 21):
             sender.send(Message(SUBJECT).add("n", n))
         wait_for(lambda: sender.stored_count() == 0, timeout=30, what="every confirmation")
@@ -285,9 +292,7 @@ def test_gateway_killed_mid_stream_imports_every_certified_message_once(bus, tmp
         wait_for(lambda: gw.api("transports")[0].get("imports", {}).get("alerts.>"),
                  timeout=30, what="the topic import")
         for subject in ("orders.new", "alerts.new"):
-            wait_for(lambda subject=subject: (sender.send(Message(subject).add("n", 0)),
-                                              registered(sender, "GW", subject))[1],
-                     timeout=60, what=f"the registration on {subject}")
+            warm_up(sender, subject)
         start = time.monotonic()
         for i in range(1, n + 1):
             sender.send(Message("orders.new" if i % 2 else "alerts.new").add("n", i))
@@ -350,8 +355,7 @@ def test_mqtt_qos1_subscriber_gets_certified_imports(start_gw, bus, tmp_path):
     try:
         c.subscribe("orders/#", 1)
         wait_for(lambda: info(g)["imports"], what="the topic import")
-        wait_for(lambda: (sender.send(Message(SUBJECT).add("n", 0)),
-                          registered(sender, "GW"))[1], timeout=30, what="the registration")
+        warm_up(sender)
         for n in range(1, 6):
             sender.send(Message(SUBJECT).add("n", n))
         wait_for(lambda: [x["n"] for x in got if x["n"] > 0] == [1, 2, 3, 4, 5], timeout=30,
@@ -374,8 +378,7 @@ def test_what_a_sender_resends_after_a_crash_is_dropped_as_imported_already(
     sender = CmTransport(bus.t, "SENDER", ledger_file=tmp_path / "sender.ledger",
                          request_interval=0.2)
     try:
-        wait_for(lambda: (sender.send(Message(SUBJECT).add("n", 0)),
-                          registered(sender, "GW"))[1], timeout=30, what="the registration")
+        warm_up(sender)
         wait_for(lambda: sender.stored_count() == 0, what="the warm-ups confirmed")
         monkeypatch.setattr(CmListener, "confirm", lambda self, msg: None)  # "killed" here
         for n in range(1, 6):
