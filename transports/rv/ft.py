@@ -17,8 +17,8 @@ multicasts a *status* on ``_RVFT.<group>`` at its heartbeat interval -- actives 
 inactives alike, so that each member knows every other's weight and can rank them all -- and
 at once when its state or weight changes; a member that withdraws sends ``LEAVE``. A status
 has ``op`` = ``STATUS``, ``id`` (random, per member object), ``weight`` U32, ``active``
-and ``joining`` BOOL, ``goal`` U32, and the intervals ``heartbeat``, ``preparation``,
-``activation`` F64 seconds.
+BOOL, ``goal`` U32, and in F64 seconds ``joining`` (what is left of its join wait, 0 when
+over) and the intervals ``heartbeat``, ``preparation``, ``activation``.
 
 The rules, with the sections of Fault Tolerance Concepts they follow:
 
@@ -29,8 +29,9 @@ The rules, with the sections of Fault Tolerance Concepts they follow:
   to the active goal should be active. Weight 0 is for a member with resource errors: it
   activates only as a last resort.
 * **Joining** ("New member"): a member starts inactive and waits one activation interval,
-  hearing the others, before it may activate; its statuses say so (``joining`` BOOL), and
-  a member deciding whether to activate does not wait for one still joining.
+  hearing the others, before it may activate; its statuses say how long it still waits
+  (``joining``), and a member deciding whether to activate does not wait for one still
+  joining.
 * **Activation**: a member that ranks within the goal and is inactive activates; an active
   member deactivates once as many better-ranked members as the goal are active (a heavier
   one came: it steps down when that one is active, not while it is still joining). A member whose statuses stop
@@ -80,13 +81,13 @@ class FtAction(enum.Enum):
 
 
 class _Peer:
-    __slots__ = ("weight", "active", "joining", "goal", "heartbeat", "preparation",
+    __slots__ = ("weight", "active", "joining_until", "goal", "heartbeat", "preparation",
                  "activation", "last")
 
     def __init__(self) -> None:
         self.weight = 0
         self.active = False
-        self.joining = False
+        self.joining_until = 0.0  # (this member's clock) when its join wait ends
         self.goal = 0
         self.heartbeat = self.preparation = self.activation = 0.0
         self.last = 0.0
@@ -173,7 +174,7 @@ class FtCore:
         try:
             peer.weight = int(fields["weight"])  # type: ignore[call-overload]
             peer.active = bool(fields["active"])
-            peer.joining = bool(fields["joining"])
+            peer.joining_until = now + float(fields["joining"])  # type: ignore[arg-type]
             peer.goal = int(fields["goal"])  # type: ignore[call-overload]
             peer.heartbeat = float(fields["heartbeat"])  # type: ignore[arg-type]
             peer.preparation = float(fields["preparation"])  # type: ignore[arg-type]
@@ -248,7 +249,8 @@ class FtCore:
         """(id, weight, active) of the members heard within an activation interval and this
         one, best first; ``joined_only``: leave out those still in their join wait."""
         rows = [(ident, p.weight, p.active) for ident, p in self.peers.items()
-                if now - p.last < self.activation and not (joined_only and p.joining)]
+                if now - p.last < self.activation
+                and not (joined_only and now < p.joining_until)]
         rows.append((self.id, self.weight, self.active))
         rows.sort(key=lambda r: (-r[1], not r[2], r[0]))
         return rows
@@ -303,7 +305,7 @@ class FtCore:
         msg = Message(self.subject)
         msg.add("op", "STATUS", RvType.STRING).add("id", self.id, RvType.STRING)
         msg.add("weight", self.weight, RvType.U32).add("active", self.active, RvType.BOOL)
-        msg.add("joining", now < self.joined_at + self.activation, RvType.BOOL)
+        msg.add("joining", max(0.0, self.joined_at + self.activation - now), RvType.F64)
         msg.add("goal", self.goal, RvType.U32)
         msg.add("heartbeat", self.heartbeat, RvType.F64)
         msg.add("preparation", self.preparation, RvType.F64)
