@@ -25,6 +25,10 @@ ADAPTERS: dict[str, str] = {
     "stomps": "adapters.stomp.server:start",
 }
 
+# Fault tolerance of the gateway itself (``ft_group`` in gateway.conf): the group lives on the
+# RV-style bus.
+FT_STANDBY = "transports.rv.ftgateway:standby"
+
 TRANSPORTS: dict[str, str] = {
     "mqtt": "transports.mqtt:start",
     "amqp": "transports.amqp:start",

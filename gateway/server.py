@@ -27,7 +27,7 @@ from gateway.config import Config, load_config
 from gateway.dlog import DeliveryLog
 from gateway.errors import ConfigError
 from gateway.store import open_store
-from gateway.store.base import StoreError
+from gateway.store.base import StoreError, StoreLocked
 
 log = logging.getLogger("gateway")
 
@@ -173,11 +173,13 @@ def tune_gc() -> None:
 async def serve(config_dir: str | None) -> int:
     """Run until SIGTERM or SIGINT; return the exit status."""
     config = load_config(config_dir)
-    gateway = Gateway(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if config.gateway.ft_group:
+        return await _serve_fault_tolerant(config, stop)
+    gateway = Gateway(config)
     await gateway.start()
     tune_gc()
     print("gateway ready", flush=True)
@@ -186,4 +188,42 @@ async def serve(config_dir: str | None) -> int:
         log.info("signal received; shutting down")
     finally:
         await gateway.stop()
+    return 0
+
+
+STORE_RETRY_S = 0.5  # a backup activated while the store's lock is still held: the next try
+
+
+async def _serve_fault_tolerant(config: Config, stop: asyncio.Event) -> int:
+    """``ft_group``: run only while the fault-tolerance group has this gateway active
+    (transports/rv/ftgateway.py); stand by otherwise."""
+    member = await registry.import_string(registry.FT_STANDBY)(config.gateway)
+    print("gateway standby", flush=True)
+    try:
+        while await member.wait_active(stop):
+            gateway: Gateway | None = Gateway(config)
+            while gateway is not None:
+                try:
+                    await gateway.start()
+                    break
+                except StoreLocked as exc:  # the old active gateway still holds it
+                    log.warning("fault tolerance: %s; trying again", exc)
+                    if stop.is_set() or not member.active.is_set():
+                        gateway = None
+                        break
+                    await asyncio.sleep(STORE_RETRY_S)
+                    gateway = Gateway(config)
+            if gateway is None:
+                continue
+            tune_gc()
+            print("gateway ready", flush=True)
+            try:
+                await member.wait_inactive(stop)
+            finally:
+                await gateway.stop()
+            if not stop.is_set():
+                print("gateway standby", flush=True)
+        log.info("signal received; shutting down")
+    finally:
+        await member.close()
     return 0

@@ -127,6 +127,17 @@ parameter                           default            meaning
                                                        and held to it; a 3.1/3.1.1 client, which
                                                        cannot be told, is held to it too. 0 = no
                                                        maximum: the client's Keep Alive stands
+``ft_group``                        (none)             run as a member of this fault-tolerance group
+                                                       of the RV-style bus: the gateway starts only
+                                                       when the group activates it, and gives way
+                                                       when it deactivates it (gateways sharing a
+                                                       ``store`` directory: a primary and backups)
+``ft_service``                      ``7500``           the bus service (UDP port) of the group
+``ft_network``                      ""                 the bus network of the group
+``ft_weight``                       50                 this gateway's weight in the group
+``ft_heartbeat``                    1s                 the group's heartbeat interval
+``ft_activation``                   3s                 the group's activation interval: how long a
+                                                       silent active gateway is waited for
 ``amqp_default_destination``        ``queue``          what a bare AMQP address (no ``queue://`` or
                                                        ``topic://`` prefix, no capability or
                                                        ``x-opt-jms-dest`` saying) names: ``queue``
@@ -147,6 +158,7 @@ from typing import Any
 from gateway.config.files import (
     SourceLine,
     parse_bool,
+    parse_duration_ms,
     parse_int,
     parse_list,
     parse_size,
@@ -248,6 +260,12 @@ class GatewaySettings:
     tls_ca: str | None = None
     tls_require_client_cert: bool = False
     amqp_default_destination: str = "queue"
+    ft_group: str | None = None
+    ft_service: int = 7500
+    ft_network: str = ""
+    ft_weight: int = 50
+    ft_heartbeat: float = 1.0
+    ft_activation: float = 3.0
     mqtt_max_keepalive: int = 0
     log_level: str = "info"
 
@@ -415,6 +433,12 @@ _PARAMS: dict[str, Callable[[str], Any]] = {
     "stomp_transports": parse_bool,
     "rv_transports": parse_bool,
     "startup_abort_list": _abort_list,
+    "ft_group": _text,
+    "ft_service": lambda v: parse_int(v, minimum=1, maximum=65535),
+    "ft_network": lambda v: v,
+    "ft_weight": lambda v: parse_int(v, minimum=0),
+    "ft_heartbeat": lambda v: _positive_seconds(v),
+    "ft_activation": lambda v: _positive_seconds(v),
     "tls_cert": _text,
     "tls_key": _text,
     "tls_ca": _text,
@@ -426,6 +450,13 @@ _PARAMS: dict[str, Callable[[str], Any]] = {
 _PATHS = ("store", "delivery_log_dir", "tls_cert", "tls_key", "tls_ca")
 _TLS_FILES = ("tls_cert", "tls_key", "tls_ca")
 PARAMETERS = frozenset(_PARAMS) | {"listen"}
+
+
+def _positive_seconds(v: str) -> float:
+    seconds = parse_duration_ms(v) / 1000.0
+    if seconds <= 0:
+        raise ValueError(f"{v!r} is not a positive duration")
+    return seconds
 
 
 def parse_gateway_conf(
@@ -491,6 +522,9 @@ def parse_gateway_conf(
             f"{seen['allow_anonymous'].where()}: allow_anonymous = disabled has no effect while"
             " authorization is disabled: every connection is accepted"
         )
+    if values.get("ft_heartbeat", 1.0) >= values.get("ft_activation", 3.0):
+        at = seen.get("ft_heartbeat") or seen["ft_activation"]
+        errors.append(at.error("ft_heartbeat must be less than ft_activation"))
     if values.get("tls_require_client_cert") and "tls_ca" not in values:
         errors.append(seen["tls_require_client_cert"].error("tls_require_client_cert needs tls_ca"))
     if listen_none is not None:

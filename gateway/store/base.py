@@ -56,6 +56,11 @@ class StoreError(GatewayError):
     reason = "store"
 
 
+class StoreLocked(StoreError):
+    """The store's lock is held: another gateway process has the store open (a fault-tolerant
+    backup waits for it to be released)."""
+
+
 @dataclass
 class Recovered:
     """Everything a store holds, as returned by :meth:`Store.open`."""

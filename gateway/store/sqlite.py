@@ -86,6 +86,7 @@ from gateway.store.base import (
     ReadCallback,
     Recovered,
     StoreError,
+    StoreLocked,
 )
 from gateway.store.sqlite_batch import DELETE_ENDPOINT, MAX_ROWS, apply_ops
 
@@ -454,7 +455,7 @@ class SqliteStore:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise StoreError(
+            raise StoreLocked(
                 f"store {self.path} is in use by another gateway process (lock file "
                 f"{self.path}.lock)"
             ) from None

@@ -185,33 +185,44 @@ def free_port() -> int:
 
 class GatewayProcess:
     """``python -m gateway serve`` with a certified rv transport importing queue orders.* and
-    topic alerts.*, listening for AMQP, MQTT and HTTP."""
+    topic alerts.*, listening for AMQP, MQTT and HTTP. ``store`` and ``ports`` may be shared
+    with another (fault-tolerant gateways); ``extra``: more lines of its gateway.conf."""
 
-    def __init__(self, directory: Path, bus: Bus) -> None:
+    def __init__(self, directory: Path, bus: Bus, *, store: Path | None = None,
+                 ports: tuple[int, int, int] | None = None, extra: str = "") -> None:
         self.dir = directory
-        self.amqp, self.mqtt, self.http = free_port(), free_port(), free_port()
+        self.store = store or directory / "data"
+        self.amqp, self.mqtt, self.http = ports or (free_port(), free_port(), free_port())
         conf = directory / "conf"
         conf.mkdir(parents=True, exist_ok=True)
         (conf / "gateway.conf").write_text(
             f"listen = amqp://127.0.0.1:{self.amqp}\nlisten = mqtt://127.0.0.1:{self.mqtt}\n"
             f"listen = http://127.0.0.1:{self.http}\n"
-            f"store = {directory / 'data'}\nrv_transports = enabled\n")
+            f"store = {self.store}\nrv_transports = enabled\n" + extra)
         (conf / "transports.conf").write_text(
             f"[bus]\ntype = rv\nservice = {bus.service}\nnetwork = {bus.network}\n"
             "queue_import_dm = PERSISTENT\ntopic_import_dm = PERSISTENT\ncm_name = GW\n"
-            f"request_old = true\nledger_file = {directory / 'gw.ledger'}\n")
+            f"request_old = true\nledger_file = {self.store / 'gw.ledger'}\n")
         (conf / "queues.conf").write_text('orders.> import="bus"\n>\n')
         (conf / "topics.conf").write_text('alerts.> import="bus"\n>\n')
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, ready: bool = True) -> None:
+        """Start it; ``ready``: wait until its transport is up."""
         self.log = open(self.dir / "gateway.out", "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--config-dir", str(self.dir / "conf")],
             cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        if ready:
+            self.wait_up()
+
+    def wait_up(self, timeout: float = 60) -> None:
         wait_for(lambda: self.api("transports")[0]["state"] == "up" if self.alive() else
-                 _died(self), timeout=60, what="the gateway's transport up")
+                 _died(self), timeout=timeout, what="the gateway's transport up")
+
+    def said(self, text: str) -> bool:
+        return text in (self.dir / "gateway.out").read_text(errors="replace")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -424,3 +424,18 @@ def test_config_table_by_kind(tmp_path: Path) -> None:
     cfg = load_config(write(tmp_path, topics="t.>", queues="q.>"))
     assert cfg.table("topic").resolve("t.x") is not None
     assert cfg.table("queue").resolve("t.x") is None
+
+
+def test_fault_tolerance_parameters(tmp_path):
+    from gateway.config import load_config
+
+    (tmp_path / "gateway.conf").write_text(
+        "ft_group = GW.PAIR\nft_service = 7504\nft_network = 127.0.0.1;239.192.75.4\n"
+        "ft_weight = 20\nft_heartbeat = 500 msec\nft_activation = 2\n")
+    gw = load_config(tmp_path).gateway
+    assert (gw.ft_group, gw.ft_service, gw.ft_network, gw.ft_weight) == (
+        "GW.PAIR", 7504, "127.0.0.1;239.192.75.4", 20)
+    assert (gw.ft_heartbeat, gw.ft_activation) == (0.5, 2.0)
+    (tmp_path / "gateway.conf").write_text("ft_group = G\nft_heartbeat = 3\n")
+    with pytest.raises(ConfigErrors, match="ft_heartbeat must be less than ft_activation"):
+        load_config(tmp_path)
