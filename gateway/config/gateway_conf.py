@@ -135,8 +135,8 @@ parameter                           default            meaning
 ``ft_service``                      ``7500``           the bus service (UDP port) of the group
 ``ft_network``                      ""                 the bus network of the group
 ``ft_weight``                       50                 this gateway's weight in the group
-``ft_heartbeat``                    1s                 the group's heartbeat interval
-``ft_activation``                   3s                 the group's activation interval: how long a
+``ft_heartbeat``                    1 sec              the group's heartbeat interval
+``ft_activation``                   3 sec              the group's activation interval: how long a
                                                        silent active gateway is waited for
 ``amqp_default_destination``        ``queue``          what a bare AMQP address (no ``queue://`` or
                                                        ``topic://`` prefix, no capability or
