@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,15 +147,6 @@ class Child:
         self._reader.join(timeout=5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
-
-
-@pytest.fixture
-def bus() -> Iterator[Bus]:
-    b = Bus()
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def test_script_example_between_processes(bus: Bus) -> None:

@@ -12,11 +12,9 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from test_rv_bus import ROOT, Bus, wait_for
 
 from transports.rv import Listener, Message
@@ -24,15 +22,6 @@ from transports.rv.cmtransport import CmListener, CmTransport
 
 CHILD = str(Path(__file__).with_name("rvcm_child.py"))
 SUBJECT = "ORDERS.NEW"
-
-
-@pytest.fixture
-def bus() -> Iterator[Bus]:
-    b = Bus()
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def test_certified_between_two_transports_of_one_process(bus: Bus, tmp_path: Path) -> None:

@@ -11,11 +11,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from test_rv_bus import ROOT, Bus, wait_for
 
 from transports.rv import Listener, Message
@@ -24,15 +22,6 @@ from transports.rv.fttransport import FtMember, FtMonitor
 
 CHILD = str(Path(__file__).with_name("rvft_child.py"))
 GROUP = "ORDERS.SERVER"
-
-
-@pytest.fixture
-def bus() -> Iterator[Bus]:
-    b = Bus()
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def test_members_in_one_process_fail_over_on_withdrawal(bus: Bus) -> None:

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,15 +19,6 @@ from transports.rv.vc import VC_CONNECTED, VC_DISCONNECTED_ERROR, VC_DISCONNECTE
 
 CHILD = str(Path(__file__).with_name("rvvc_child.py"))
 HB = 0.5
-
-
-@pytest.fixture
-def bus() -> Iterator[Bus]:
-    b = Bus()
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def advisories(bus: Bus, vc: VcTransport) -> list[Message]:
