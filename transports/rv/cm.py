@@ -44,7 +44,7 @@ from transports.rv.advisory import advisory_message
 from transports.rv.codec import FormatError, decode, encode
 from transports.rv.ledger import Ledger, StoredMessage
 from transports.rv.message import CmLabel, Message, RvType
-from transports.rv.subject import validate_listen_subject, validate_send_subject
+from transports.rv.subject import matches, validate_listen_subject, validate_send_subject
 
 CONTROL_PREFIX: Final = "_RVCM."
 
@@ -148,17 +148,6 @@ class _Source:
         self.reconfirm = False  # CONFIRM the position again (a duplicate came)
 
 
-def _matches(pattern: str, subject: str) -> bool:
-    """Does listen subject ``pattern`` (with ``*`` and ``>``) match ``subject``?"""
-    want, have = pattern.split("."), subject.split(".")
-    for i, element in enumerate(want):
-        if element == ">":
-            return len(have) > i
-        if i >= len(have) or (element != "*" and element != have[i]):
-            return False
-    return len(have) == len(want)
-
-
 class CmCore:
     """The certified-delivery protocol of one CM transport (module docstring).
 
@@ -250,7 +239,7 @@ class CmCore:
         validate_listen_subject(pattern)
         self._listening.append(pattern)
         for (sender, subject), src in self._sources.items():
-            if src.state == KNOWN and _matches(pattern, subject):
+            if src.state == KNOWN and matches(pattern, subject):
                 self._request(sender, subject, src, now)
 
     def cancel(self, pattern: str) -> None:
@@ -258,7 +247,7 @@ class CmCore:
         its agreements cancelled): the senders stop keeping messages for this listener."""
         if pattern in self._listening:
             self._listening.remove(pattern)
-        for key in [k for k in self._sources if _matches(pattern, k[1])]:
+        for key in [k for k in self._sources if matches(pattern, k[1])]:
             sender, subject = key
             src = self._sources.pop(key)
             if src.state in (REQUESTING, CERTIFIED):
@@ -392,11 +381,6 @@ class CmCore:
     def registered(self, subject: str) -> list[str]:
         """The listeners registered (or anticipated) on ``subject``."""
         return sorted(self._regs.get(subject, ()))
-
-    def source_state(self, sender: str, subject: str) -> int | None:
-        """The listener-side state of ``sender`` on ``subject`` (KNOWN ... UNCERTIFIED)."""
-        src = self._sources.get((sender, subject))
-        return None if src is None else src.state
 
     # -- listener side -----------------------------------------------------------------------
 
@@ -636,7 +620,12 @@ class CmCore:
         stored = self._stored.get(subject)
         if not stored:
             return
-        for seq in [s for s in stored if s <= upto]:
+        done = []
+        for seq in stored:  # in sequence order: as sent, or as read back from the ledger
+            if seq > upto:
+                break
+            done.append(seq)
+        for seq in done:
             st = stored[seq]
             if listener in st.pending:
                 st.pending.discard(listener)
@@ -751,7 +740,7 @@ class CmCore:
             if src is not None and src.state == CERTIFIED:
                 self._control("CONFIRM", peer, subject=subject, upto=src.confirmed, req=True)
             elif ((src is None or src.state == KNOWN)
-                  and any(_matches(p, subject) for p in self._listening)):
+                  and any(matches(p, subject) for p in self._listening)):
                 # A sender keeps messages for us (we were anticipated, or it remembers us
                 # from an earlier run) and we have heard none of them: discovered this way.
                 if src is None:

@@ -35,7 +35,6 @@ In a received message ``msg.cm`` is the label: ``sender`` (the sending correspon
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import os
 import threading
@@ -89,6 +88,7 @@ class CmTransport:
         if host is None:
             raise TransportError("certified delivery needs a network transport")
         self.transport = transport
+        self.host = host
         self.loop: asyncio.AbstractEventLoop = host.loop
         ledger = SqliteLedger(ledger_file, sync=sync_ledger) if ledger_file else Ledger()
         self.core = CmCore(name, ledger, now=time.time(), require_old=require_old,
@@ -329,10 +329,7 @@ class CmTransport:
     # -- threads -----------------------------------------------------------------------------
 
     def _on_loop(self) -> bool:
-        try:
-            return asyncio.get_running_loop() is self.loop
-        except RuntimeError:
-            return False
+        return self.host.in_loop()
 
     def _call(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` on the loop (now, if this is the loop), then a turn."""
@@ -340,25 +337,11 @@ class CmTransport:
             fn(*args)
             self._kick()
 
-        if self._on_loop():
-            run()
-        else:
-            self.loop.call_soon_threadsafe(run)
+        self.host.soon(run)
 
     def _run(self, fn: Callable[[], T]) -> T:
         """``fn()`` on the loop, waited for when called from another thread."""
-        if self._on_loop():
-            return fn()
-        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                fut.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                fut.set_exception(exc)
-
-        self.loop.call_soon_threadsafe(run)
-        return fut.result()
+        return self.host.call(fn)
 
 
 class CmListener:

@@ -55,6 +55,7 @@ class _Driver:
         if host is None:
             raise TransportError("fault tolerance needs a network transport")
         self.transport = transport
+        self.host = host
         self.loop: asyncio.AbstractEventLoop = host.loop
         self.queue = queue if queue is not None else transport.default_listener_queue
         self.active = True  # (a queue runs only the events of an active listener)
@@ -65,21 +66,13 @@ class _Driver:
 
     core: Any
 
-    def _on_loop(self) -> bool:
-        try:
-            return asyncio.get_running_loop() is self.loop
-        except RuntimeError:
-            return False
-
     def _call(self, fn: Callable[[], object]) -> None:
+        """``fn()`` on the loop, then a step of the core (its output, its timer)."""
         def run() -> None:
             fn()
             self._step()
 
-        if self._on_loop():
-            run()
-        else:
-            self.loop.call_soon_threadsafe(run)
+        self.host.soon(run)
 
     def _on_bus(self, msg: Message, _: Listener) -> None:
         self.core.receive(msg, time.monotonic())
@@ -161,10 +154,7 @@ class FtMember(_Driver):
             self._flush()
             self._stop()
 
-        if self._on_loop():
-            leave()
-        else:
-            self.loop.call_soon_threadsafe(leave)
+        self.host.soon(leave)
         self.queue.purge(self)
 
     def _flush(self) -> None:
@@ -207,10 +197,7 @@ class FtMonitor(_Driver):
     def destroy(self) -> None:
         if not self.active:
             return
-        if self._on_loop():
-            self._stop()
-        else:
-            self.loop.call_soon_threadsafe(self._stop)
+        self.host.soon(self._stop)
         self.queue.purge(self)
 
     def _flush(self) -> None:

@@ -19,6 +19,7 @@ of synchronous transports. :mod:`transports.rv.transport` documents the whole in
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import ipaddress
 import itertools
@@ -26,7 +27,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -238,6 +239,32 @@ class EngineHost:
         self.publish_internal(advisory_message(self.host_status_subject, fields))
         self._status_timer = self.loop.call_later(HOST_STATUS_INTERVAL, self._host_status)
 
+    def in_loop(self) -> bool:
+        """Is the caller the loop's thread (the engine's, and the layers' above it)?"""
+        return threading.get_ident() == self.loop_thread
+
+    def soon(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the loop: at once when called there, else as soon as it can."""
+        if self.in_loop():
+            fn()
+        else:
+            self.loop.call_soon_threadsafe(fn)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the loop, waited for when called from another thread."""
+        if self.in_loop():
+            return fn()
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(exc)
+
+        self.loop.call_soon_threadsafe(run)
+        return fut.result()
+
     def attach(self, transport: _BaseTransport) -> None:
         with self.lock:
             self.transports.append(transport)
@@ -251,7 +278,7 @@ class EngineHost:
                sender: Any = None) -> None:
         """Hand ``payload`` to the engine (multicast, or to ``dest``), from any thread;
         ``sender`` is the transport, told of a wait over :data:`FAST_PRODUCER_WAIT`."""
-        if threading.get_ident() == self.loop_thread:
+        if self.in_loop():
             self._send_now(payload, dest)
             return
         with self._out_lock:

@@ -18,7 +18,7 @@ position it confirms is on disk.
 
 Two kinds:
 
-* :class:`MemoryLedger` -- a process-based ledger: nothing is written; certification lasts as
+* :class:`Ledger` itself -- a process-based ledger: nothing is written; certification lasts as
   long as the process (a transient correspondent, or a named one without a ledger file).
 * :class:`SqliteLedger` -- a file-based ledger in SQLite (the standard library's), which
   makes a named CM transport a *persistent correspondent*: its state survives a restart.
@@ -138,8 +138,6 @@ class Ledger:
 
     def close(self) -> None: ...
 
-
-MemoryLedger = Ledger
 
 
 class SqliteLedger(Ledger):

@@ -151,6 +151,18 @@ def is_wildcard(subject: str) -> bool:
     return False
 
 
+def matches(pattern: str, subject: str) -> bool:
+    """Does listen subject ``pattern`` (``*`` and ``>`` as in :class:`SubjectMatcher`) match
+    the received ``subject``? For one pattern; many listeners use a matcher."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, element in enumerate(want):
+        if element == GT:
+            return len(have) > i
+        if i >= len(have) or (element != STAR and element != have[i]):
+            return False
+    return len(have) == len(want)
+
+
 _EMPTY: tuple[object, ...] = ()
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, Final
+from typing import Final
 
 from transports.rv.advisory import advisory_message
 from transports.rv.codec import FormatError, decode
@@ -66,6 +66,7 @@ class VcTransport(_BaseTransport):
         if host is None:
             raise TransportError("a virtual circuit needs a network transport")
         self.under = transport
+        self.under_host = host
         self.loop: asyncio.AbstractEventLoop = host.loop
         self.heartbeat = heartbeat
         self.inbox = transport.create_inbox()
@@ -92,7 +93,7 @@ class VcTransport(_BaseTransport):
         the reply subject of an ordinary message."""
         vc = cls(transport, heartbeat)
         vc.connect_subject = vc.inbox
-        vc._on_loop(vc._arm)
+        vc.under_host.soon(vc._arm)
         return vc
 
     @classmethod
@@ -101,7 +102,7 @@ class VcTransport(_BaseTransport):
         """The connecting terminal, from the connect subject an invitation brought."""
         vc = cls(transport, heartbeat)
         vc.peer = connect_subject
-        vc._on_loop(vc._connect)
+        vc.under_host.soon(vc._connect)
         return vc
 
     # -- using one ---------------------------------------------------------------------------
@@ -136,7 +137,7 @@ class VcTransport(_BaseTransport):
             return
         if self.peer is not None and self.connected.is_set() and not self.disconnected:
             self.under._send(self._control("CLOSE"), internal=True)
-        self._on_loop(lambda: self._disconnect(None, "this terminal was closed"))
+        self.under_host.soon(lambda: self._disconnect(None, "this terminal was closed"))
         self._close_listeners()
         self._listener.destroy()
         self._queue.destroy()
@@ -148,16 +149,6 @@ class VcTransport(_BaseTransport):
         msg = Message(self.peer, reply_subject=self.inbox)
         msg.add("op", op, RvType.STRING)
         return msg
-
-    def _on_loop(self, fn: Any) -> None:
-        try:
-            on_loop = asyncio.get_running_loop() is self.loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:
-            fn()
-        else:
-            self.loop.call_soon_threadsafe(fn)
 
     def _connect(self) -> None:
         if not self.connected.is_set() and not self.disconnected:

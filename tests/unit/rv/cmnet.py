@@ -16,10 +16,11 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from transports.rv.cm import CONTROL_PREFIX, CmCore, CmDelivery, _matches
+from transports.rv.cm import CONTROL_PREFIX, CmCore, CmDelivery
 from transports.rv.codec import decode, encode
 from transports.rv.ledger import Ledger
 from transports.rv.message import Message
+from transports.rv.subject import matches
 
 
 @dataclass
@@ -88,7 +89,7 @@ class CmNet:
         if subject.startswith(CONTROL_PREFIX):
             return [p for p in self.peers if p.core.control_subject == subject and p is not sender]
         return [p for p in self.peers if p is not sender
-                and any(_matches(pat, subject) for pat in p.patterns)]
+                and any(matches(pat, subject) for pat in p.patterns)]
 
     def step(self) -> bool:
         """One turn of every core: flush, deliver what it sent. True if anything moved."""
