@@ -4,18 +4,11 @@ listener killed with SIGKILL and restarted from its ledger."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
-from test_rv_bus import ROOT, Bus, wait_for
+from jsonchild import JsonChild
+from test_rv_bus import Bus, wait_for
 
 from transports.rv import Listener, Message
 from transports.rv.cmtransport import CmListener, CmTransport
@@ -71,56 +64,23 @@ def test_explicit_confirmation_keeps_the_message_until_confirmed(bus: Bus) -> No
     sender.close()
 
 
-class CmChild:
+class CmChild(JsonChild):
     """tests/interop/rvcm_child.py in another process."""
 
     def __init__(self, bus: Bus, mode: str, name: str, ledger: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, CHILD, bus.service, bus.network, mode, name, str(ledger),
-             SUBJECT if mode == "send" else "ORDERS.>"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
-        self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         self.got: list[tuple[int, int]] = []  # (n, seq)
         self.certified: list[str] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        first = self.lines.get(timeout=60)
-        assert "ready" in first, first
+        super().__init__(CHILD, bus.service, bus.network, mode, name, str(ledger),
+                         SUBJECT if mode == "send" else "ORDERS.>")
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            obj = json.loads(line)
-            if "n" in obj:
-                self.got.append((obj["n"], obj["seq"]))
-            elif "certified" in obj:
-                self.certified.append(obj["certified"])
-            else:
-                self.lines.put(obj)
-
-    def say(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-        self.stop()
-
-    def stop(self) -> None:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        if not self.proc.stdin.closed:
-            with contextlib.suppress(BrokenPipeError):
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.reader.join(timeout=10)
-        self.proc.stdout.close()
+    def take(self, obj: dict[str, Any]) -> bool:
+        if "n" in obj:
+            self.got.append((obj["n"], obj["seq"]))
+        elif "certified" in obj:
+            self.certified.append(obj["certified"])
+        else:
+            return False
+        return True
 
 
 def test_a_listener_killed_and_restarted_gets_every_message_it_missed(

@@ -3,18 +3,12 @@ and in separate processes over loopback multicast, the active one killed with SI
 
 from __future__ import annotations
 
-import json
-import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from test_rv_bus import ROOT, Bus, wait_for
+from jsonchild import JsonChild
+from test_rv_bus import Bus, wait_for
 
 from transports.rv import Listener, Message
 from transports.rv.ft import FtAction
@@ -57,50 +51,23 @@ def test_ft_advisories_are_presented_on_the_transport(bus: Bus) -> None:
     b.destroy()
 
 
-class FtChild:
-    def __init__(self, bus: Bus, weight: int, heartbeat: float, activation: float) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, CHILD, bus.service, bus.network, GROUP, str(weight),
-             str(heartbeat), str(activation)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
-        self.actions: list[tuple[str, float]] = []
-        self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        assert self.lines.get(timeout=60) == {"ready": True}
+class FtChild(JsonChild):
+    """tests/interop/rvft_child.py in another process: its actions, with their times."""
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            obj = json.loads(line)
-            if "action" in obj:
-                self.actions.append((obj["action"], obj["t"]))
-            else:
-                self.lines.put(obj)
+    def __init__(self, bus: Bus, weight: int, heartbeat: float, activation: float) -> None:
+        self.actions: list[tuple[str, float]] = []
+        super().__init__(CHILD, bus.service, bus.network, GROUP, str(weight), str(heartbeat),
+                         str(activation))
+
+    def take(self, obj: dict[str, Any]) -> bool:
+        if "action" not in obj:
+            return False
+        self.actions.append((obj["action"], obj["t"]))
+        return True
 
     def active(self) -> bool:
         acts = [a for a, _ in self.actions if a != "PREPARE_TO_ACTIVATE"]
         return bool(acts) and acts[-1] == "ACTIVATE"
-
-    def stop(self, kill: bool = False) -> None:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        if kill:
-            self.proc.send_signal(signal.SIGKILL)
-        elif not self.proc.stdin.closed:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if not self.proc.stdin.closed:
-            try:
-                self.proc.stdin.close()
-            except BrokenPipeError:
-                pass
-        self.reader.join(timeout=10)
-        self.proc.stdout.close()
 
 
 def test_the_backup_process_takes_over_when_the_active_one_is_killed(bus: Bus) -> None:
@@ -112,7 +79,7 @@ def test_the_backup_process_takes_over_when_the_active_one_is_killed(bus: Bus) -
         time.sleep(2 * heartbeat)
         assert not backup.active()
         killed_at = time.time()
-        primary.stop(kill=True)
+        primary.kill()
         wait_for(lambda: backup.active(), timeout=30, what="the backup active")
         took = backup.actions[-1][1] - killed_at
         # Not before the primary's last status is an activation interval old (it was at

@@ -287,6 +287,25 @@ class MqttSession:
         self.c.disconnect()
 
 
+def drain_amqp(port: int, queue: str, expect: set[int]) -> list[int]:
+    """The ``n`` of every message an AMQP receiver takes from ``queue`` (accepting each)
+    until all of ``expect`` came, and then any that come within half a second more."""
+    got: list[int] = []
+    conn = amqp_connect(port)
+    try:
+        receiver = conn.create_receiver(f"queue://{queue}")
+        while not expect <= set(got):
+            got.append(int(receiver.receive(timeout=30).body["n"]))
+            receiver.accept()
+        with contextlib.suppress(proton.Timeout):  # a duplicate, if any, would come now
+            while True:
+                got.append(int(receiver.receive(timeout=0.5).body["n"]))
+                receiver.accept()
+    finally:
+        conn.close()
+    return got
+
+
 def test_gateway_killed_mid_stream_imports_every_certified_message_once(bus, tmp_path):
     """Certified RV -> gateway -> an AMQP queue and an MQTT QoS 1 subscriber (a persistent
     session), with the gateway killed with SIGKILL mid-stream and restarted: every message
@@ -316,19 +335,7 @@ def test_gateway_killed_mid_stream_imports_every_certified_message_once(bus, tmp
         wait_for(lambda: sender.stored_count() == 0, timeout=60,
                  what="the sender's ledger to empty (every message confirmed)")
         odd = set(range(1, n + 1, 2))
-        got: list[int] = []
-        conn = amqp_connect(gw.amqp)
-        try:
-            receiver = conn.create_receiver(f"queue://{SUBJECT}")
-            while not odd <= set(got):
-                got.append(int(receiver.receive(timeout=30).body["n"]))
-                receiver.accept()
-            with contextlib.suppress(proton.Timeout):  # a duplicate, if any, would come now
-                while True:
-                    got.append(int(receiver.receive(timeout=0.5).body["n"]))
-                    receiver.accept()
-        finally:
-            conn.close()
+        got = drain_amqp(gw.amqp, SUBJECT, odd)
         # (the warm-ups, n = 0, are sent until the registration is in)
         assert sorted(x for x in got if x) == sorted(odd), "the queue: every message once"
         even = set(range(2, n + 1, 2))
