@@ -3,7 +3,7 @@
 ``gateway serve [--config-dir DIR]`` runs the gateway (on its embedded default when no
 directory is given); ``gateway check-config DIR`` reports every bad line and exits 1 if
 there is one; ``gateway passwd`` prints a hashed password for ``users.conf``;
-``gateway rv listen|send|request ...`` are the RV-style bus's tools (``transports.rv.cli``,
+``gateway rv listen|send|request|route ...`` are the RV-style bus's tools (``transports.rv.cli``,
 loaded by name at run time: the core imports no transport); ``gateway reconcile LOGDIR...
 --out DIR`` runs the reconciliation job on delivery logs (``spark.cli``, imported only when
 the subcommand runs: the gateway never loads pyspark otherwise).
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p_check.add_argument("config_dir")
     sub.add_parser("passwd", help="hash a password for users.conf (reads it from stdin)")
     p_rv = sub.add_parser("rv", add_help=False,
-                          help="RV-style bus tools: listen, send, request ('rv -h')")
+                          help="RV-style bus tools: listen, send, request, route ('rv -h')")
     p_rv.add_argument("rv_args", nargs=argparse.REMAINDER)
     p_rec = sub.add_parser("reconcile", add_help=False,
                            help="verdicts from delivery logs, with Spark ('reconcile -h'; "

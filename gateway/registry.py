@@ -28,6 +28,8 @@ ADAPTERS: dict[str, str] = {
 # Fault tolerance of the gateway itself (``ft_group`` in gateway.conf): the group lives on the
 # RV-style bus.
 FT_STANDBY = "transports.rv.ftgateway:standby"
+# Routers between RV-style buses (``routers.conf``).
+RV_ROUTERS = "transports.rv.router:start_routers"
 
 TRANSPORTS: dict[str, str] = {
     "mqtt": "transports.mqtt:start",

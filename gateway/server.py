@@ -43,6 +43,7 @@ class Gateway:
         self.listeners: list[tuple[Any, Any]] = []
         self.addresses: dict[str, tuple[str, int]] = {}
         self.transports: Any = None
+        self.routers: Any = None
 
     async def start(self) -> None:
         gw = self.config.gateway
@@ -88,6 +89,10 @@ class Gateway:
                 self.transports = manager(self.broker, self.config)
                 self.broker.transports = self.transports
                 await self.transports.start()
+            if self.config.routers:
+                # routers.conf: routers between RV-style buses (loaded by name, as transports)
+                start_routers = registry.import_string(registry.RV_ROUTERS)
+                self.routers = await start_routers(self.config.routers.values())
         except Exception:
             await self.stop()
             raise
@@ -108,6 +113,12 @@ class Gateway:
         return loaded
 
     async def stop(self) -> None:
+        if self.routers is not None:
+            try:
+                await self.routers.close()
+            except Exception:  # pragma: no cover - shutdown must go on
+                log.exception("error stopping the routers")
+            self.routers = None
         if self.transports is not None:
             try:
                 await self.transports.stop()

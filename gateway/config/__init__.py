@@ -3,9 +3,10 @@ chapter "Using the Configuration Files").
 
 A config directory holds ``gateway.conf`` (:mod:`gateway.config.gateway_conf`),
 ``topics.conf`` / ``queues.conf`` (:mod:`gateway.config.destinations`), ``users.conf``,
-``groups.conf`` and ``acl.conf`` (:mod:`gateway.config.security`) and ``transports.conf``
-(:mod:`gateway.config.transports`). :func:`load_config` reads them all, reports every bad
-line at once as :class:`~gateway.errors.ConfigErrors`, and returns a :class:`Config`.
+``groups.conf`` and ``acl.conf`` (:mod:`gateway.config.security`), ``transports.conf``
+(:mod:`gateway.config.transports`) and ``routers.conf`` (:mod:`gateway.config.routers`).
+:func:`load_config` reads them all, reports every bad line at once as
+:class:`~gateway.errors.ConfigErrors`, and returns a :class:`Config`.
 """
 
 from gateway.config.destinations import (

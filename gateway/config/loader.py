@@ -4,6 +4,7 @@ How this works. :func:`load_config` reads the files of one directory (TIBCO EMS 
 "Using Other Configuration Files", adapted: ``gateway.conf`` stands for ``tibemsd.conf``)::
 
     gateway.conf  topics.conf  queues.conf  users.conf  groups.conf  acl.conf  transports.conf
+    routers.conf
 
 Any of them may be missing (an empty file); the directory itself must exist. With no
 directory the embedded default in ``gateway/defaults/`` is used, whose relative paths
@@ -32,6 +33,7 @@ from pathlib import Path
 from gateway.config.destinations import DestinationEntry, DestinationTable, load_destinations
 from gateway.config.files import read_lines
 from gateway.config.gateway_conf import GatewaySettings, parse_gateway_conf
+from gateway.config.routers import RouterDef, parse_routers
 from gateway.config.security import Security, parse_acl, parse_groups, parse_users
 from gateway.config.transports import TransportDef, parse_transports
 from gateway.errors import ConfigError, ConfigErrors
@@ -45,6 +47,7 @@ CONFIG_FILES = (
     "groups.conf",
     "acl.conf",
     "transports.conf",
+    "routers.conf",
 )
 
 
@@ -60,6 +63,7 @@ class Config:
     transports: dict[str, TransportDef]
     warnings: list[str] = field(default_factory=list)
     embedded: bool = False
+    routers: dict[str, RouterDef] = field(default_factory=dict)
 
     def table(self, kind: str) -> DestinationTable:
         """``topics`` or ``queues`` by kind name (``"topic"`` / ``"queue"``)."""
@@ -96,6 +100,7 @@ def load_config(config_dir: str | os.PathLike[str] | None = None) -> Config:
     acl = parse_acl(lines["acl.conf"], user_names, [g.name for g in groups], errors, warnings)
     section_names: set[str] = set()
     transports = parse_transports(lines["transports.conf"], base, errors, warnings, section_names)
+    routers = parse_routers(lines["routers.conf"], errors)
 
     _check_transport_refs(topics, queues, transports, section_names, settings, errors, warnings)
     _check_import_names(topics, queues, errors)
@@ -116,6 +121,7 @@ def load_config(config_dir: str | os.PathLike[str] | None = None) -> Config:
         transports=transports,
         warnings=warnings,
         embedded=embedded,
+        routers=routers,
     )
 
 

@@ -19,6 +19,7 @@ from transports.rv.message import (
     FieldError,
     Message,
     Origin,
+    Route,
     RvDateTime,
     RvType,
 )
@@ -71,6 +72,7 @@ __all__ = [  # noqa: RUF022 - the lazy names follow the eager ones
     "Message",
     "MessageTooLarge",
     "Origin",
+    "Route",
     "RvDateTime",
     "RvType",
     "SubjectError",

@@ -15,11 +15,14 @@ source and the rest of the subject), then its own fields with the types Appendix
 | CLIENT.FASTPRODUCER | ``waiting`` U32 (messages waiting to be sent) |
 | CLIENT.ILLEGAL_PUBLISH | ``sub``, ``tport``, ``descr`` STRING |
 | LISTEN.START / LISTEN.STOP.<subject> | ``id`` STRING (the transport's id), ``sub`` STRING |
+| LISTEN.QUERY | none: every engine that receives it announces LISTEN.START again for each subject its transports listen to |
 | UNREACHABLE.TRANSPORT.<id> | ``id`` STRING |
 | HOST.STATUS.<ip hex> | ``hostaddr`` IPADDR32, ``time`` DATETIME, ``up`` U32 (seconds), ``cc`` U32 (transports), ``ms`` ``bs`` ``mr`` ``br`` ``ps`` ``pr`` ``rx`` ``pm`` ``idl`` ``odl`` U64, ``ipport`` IPPORT16 (the daemon parameter's port), ``service``, ``network`` STRING |
 
 LISTEN.START and LISTEN.STOP are not in Appendix A; they follow the Rendezvous daemon's
 advisories of the same names (a transport began or stopped listening to a subject).
+LISTEN.QUERY is this bus's own: a router (:mod:`transports.rv.router`) sends it when it
+starts, to learn the listeners that already exist.
 
 An ERROR or WARN advisory that no listener takes is logged (``transports.rv`` logger); an
 INFO one is dropped (Appendix A, "Advisory Messages": unhandled errors and warnings go to
@@ -40,6 +43,7 @@ CLIENT_FASTPRODUCER: Final = "_RV.WARN.SYSTEM.CLIENT.FASTPRODUCER"
 CLIENT_ILLEGAL_PUBLISH: Final = "_RV.ERROR.SYSTEM.CLIENT.ILLEGAL_PUBLISH"
 LISTEN_START: Final = "_RV.INFO.SYSTEM.LISTEN.START."
 LISTEN_STOP: Final = "_RV.INFO.SYSTEM.LISTEN.STOP."
+LISTEN_QUERY: Final = "_RV.INFO.SYSTEM.LISTEN.QUERY"
 UNREACHABLE_TRANSPORT: Final = "_RV.INFO.SYSTEM.UNREACHABLE.TRANSPORT."
 HOST_STATUS: Final = "_RV.INFO.SYSTEM.HOST.STATUS."
 

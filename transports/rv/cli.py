@@ -8,6 +8,8 @@
                        SUBJECT [FIELD=VALUE...]
     gateway rv request [--service S] [--network N] [--daemon D] [--ttl T] [--json]
                        [--timeout T] SUBJECT [FIELD=VALUE...]
+    gateway rv route   --name ROUTER --bus NAME SERVICE NETWORK --bus NAME SERVICE NETWORK...
+                       [--forward SUBJECT...] [--interval S] [--hop-limit N] [--ttl T]
 
 ``listen`` prints one line per message: ``subject=..., reply=..., message={...}`` with the
 readable nested form of :meth:`~transports.rv.message.Message.to_text` (types shown), or with
@@ -16,7 +18,11 @@ and typed). It says on standard error when it listens, and stops after ``--count
 or on Ctrl-C. ``send`` builds the message from ``PATH[:TYPE]=VALUE`` arguments
 (:func:`~transports.rv.msgtext.parse_field_args`; an untyped value is a STRING) and sends it.
 ``request`` sends it with an inbox as reply subject and prints the first reply; exit code 1
-when none comes within ``--timeout`` seconds (5). Bad arguments exit 2.
+when none comes within ``--timeout`` seconds (5). ``route`` runs a router
+(:mod:`transports.rv.router`) between the buses given, each by its network name (unique in
+the routed network), service and network, until Ctrl-C or SIGTERM; it says
+``gateway rv: routing ROUTER: NAME, NAME`` on standard error once it runs. Bad arguments
+exit 2.
 
 The gateway's own command loads this module by name, so the gateway's core never imports the
 bus.
@@ -45,6 +51,17 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway rv",
                                      description="Listen, send and request on the RV-style bus.")
     sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("route", help="run a router between buses (after rvrd)")
+    p.add_argument("--name", required=True, help="the router's name, unique among routers")
+    p.add_argument("--bus", action="append", nargs=3, required=True,
+                   metavar=("NAME", "SERVICE", "NETWORK"),
+                   help="a bus to link: its network name, service and network (twice or more)")
+    p.add_argument("--forward", action="append", default=[], metavar="SUBJECT",
+                   help="a subject always forwarded (e.g. '_RVCM.>'); repeatable")
+    p.add_argument("--interval", type=float, default=1.0,
+                   help="seconds between the router's state announcements (default 1)")
+    p.add_argument("--hop-limit", type=int, default=16, help="routers a message may cross")
+    p.add_argument("--ttl", type=int, default=1, help="multicast TTL (0: this host only)")
     p = sub.add_parser("listen", help="print messages on subjects (wildcards allowed)")
     _common(p)
     p.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -72,6 +89,8 @@ def format_message(msg: Message, as_json: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.action == "route":
+        return _route(args)
     # the transport layer loads sockets, threads and asyncio: only once the arguments are good
     from transports.rv.net import ParameterError
     from transports.rv.subject import SubjectError
@@ -130,6 +149,49 @@ def _listen(transport: Any, args: argparse.Namespace, listener_class: Any) -> in
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _route(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from transports.rv.net import ParameterError
+    from transports.rv.router import Router
+    from transports.rv.transport import TransportError
+
+    logging.basicConfig(level=logging.INFO, format="gateway rv: %(message)s")
+    buses = {name: (service, network) for name, service, network in args.bus}
+    if len(buses) < 2 or len(buses) != len(args.bus):
+        print("gateway rv: route needs two or more --bus with different names",
+              file=sys.stderr)
+        return 2
+    try:
+        router = Router(args.name, buses, forward=args.forward, interval=args.interval,
+                        hop_limit=args.hop_limit, ttl=args.ttl)
+    except ValueError as exc:
+        print(f"gateway rv: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> int:
+        try:
+            await router.start()
+        except (ParameterError, TransportError, OSError) as exc:
+            print(f"gateway rv: {exc}", file=sys.stderr)
+            return 2
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"gateway rv: routing {args.name}: {', '.join(buses)}", file=sys.stderr,
+              flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await router.close()
+        return 0
+
+    return asyncio.run(run())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,9 +9,9 @@ and 16-bit ids, nesting, arrays, the supplementary information of Fundamentals,
 "Supplementary Information for Messages") and reuses Rendezvous' public type numbers, but it is not
 TIBCO's byte layout. ``README.md`` ("Messages and the wire format") documents every byte.
 
-In short: ``VERSION FLAGS SLEN SUBJECT [REPLY] [ENCODING] [CM LABEL] [ORIGIN] FIELD*``, where
-each field is an 8-byte header ``TYPE:u8 NLEN:u8 FID:u16 SIZE:u32``, then ``NLEN`` bytes of
-UTF-8 name, then ``SIZE`` bytes of data whose layout depends on the type. Numbers are
+In short: ``VERSION FLAGS SLEN SUBJECT [REPLY] [ENCODING] [CM LABEL] [ORIGIN] [ROUTE] FIELD*``,
+where each field is an 8-byte header ``TYPE:u8 NLEN:u8 FID:u16 SIZE:u32``, then ``NLEN`` bytes
+of UTF-8 name, then ``SIZE`` bytes of data whose layout depends on the type. Numbers are
 big-endian (network byte order, as Rendezvous requires of IPADDR32 and IPPORT16). A submessage
 is the same field list, nested; the length of every container is known before its content is
 read, so the decoder never scans for an end.
@@ -70,6 +70,7 @@ from transports.rv.message import (
     FieldError,
     Message,
     Origin,
+    Route,
     RvDateTime,
 )
 
@@ -82,7 +83,8 @@ FLAG_REPLY = 0x01
 FLAG_ENCODING = 0x02
 FLAG_CM = 0x04
 FLAG_ORIGIN = 0x08
-_FLAGS_KNOWN = FLAG_REPLY | FLAG_ENCODING | FLAG_CM | FLAG_ORIGIN
+FLAG_ROUTE = 0x10
+_FLAGS_KNOWN = FLAG_REPLY | FLAG_ENCODING | FLAG_CM | FLAG_ORIGIN | FLAG_ROUTE
 
 HEADER = struct.Struct(">BBHI")  # field: TYPE, NLEN, FID, SIZE
 _U8 = struct.Struct(">B")
@@ -185,6 +187,15 @@ def encode(msg: Message, *, max_depth: int = DEFAULT_MAX_DEPTH) -> bytes:
         out += _U8.pack(len(ob))
         out += ob
         out += _U8.pack(origin.hops)
+    route = msg.route
+    if route is not None:
+        flags |= FLAG_ROUTE
+        nb = _short("route network", route.network)
+        if not (isinstance(route.hops, int) and 0 <= route.hops <= 255):
+            raise FieldError(f"envelope: router hop count {route.hops!r} is not 0..255")
+        out += _U8.pack(len(nb))
+        out += nb
+        out += _U8.pack(route.hops)
     out[1] = flags
     _encode_fields(msg.fields, out, enc, max_depth - 1)
     if len(out) > MAX_MESSAGE:
@@ -383,6 +394,12 @@ def decode(data: bytes | bytearray | memoryview, *,
         if off >= n:
             raise FormatError("envelope ends before the hop count")
         msg.origin = Origin(oid, data[off])
+        off += 1
+    if flags & FLAG_ROUTE:
+        network, off = _envelope_string(data, off, "route network")
+        if off >= n:
+            raise FormatError("envelope ends before the router hop count")
+        msg.route = Route(network, data[off])
         off += 1
     msg.fields = _decode_fields(data, off, n, enc, max_depth - 1)
     return msg

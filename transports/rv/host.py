@@ -10,7 +10,15 @@ decoding a message only when a listener matches; an inbox only to its owner; ``_
 never from the wire), turns the engine's advisories into messages for every transport, and
 takes sends from any thread: from the loop's own thread straight to the engine, from others
 through a deque drained by one ``call_soon_threadsafe`` per burst (a burst that waited over
-5 s presents CLIENT.FASTPRODUCER to its senders). Every 90 s it multicasts HOST.STATUS.
+5 s presents CLIENT.FASTPRODUCER to its senders). Every 90 s it multicasts HOST.STATUS, and
+on LISTEN.QUERY from the network it announces LISTEN.START again for every subject its
+transports listen to (so a router that starts late learns the interest already there).
+
+``host_for(..., private=True)`` starts an engine of its own for one transport, outside the
+registry and its network rule: a router (:mod:`transports.rv.router`) links two networks that
+may share a service, as a Rendezvous routing daemon does. Its service socket shares the port
+with the other engines (``SO_REUSEPORT``) and, with ``IP_MULTICAST_ALL = 0``, receives only
+the groups it joined itself.
 
 :class:`Runtime` is the private loop, in one daemon thread per process, that runs the engines
 of synchronous transports. :mod:`transports.rv.transport` documents the whole interface.
@@ -34,6 +42,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from transports.rv.advisory import (
     CLIENT_FASTPRODUCER,
     HOST_STATUS,
+    LISTEN_QUERY,
+    LISTEN_START,
     advisory_message,
     is_logged,
 )
@@ -138,12 +148,17 @@ def _same_network(a: Network, b: Network) -> bool:
 
 
 async def host_for(service: str | int | None, network: str | None, daemon: str | int | None,
-                   ttl: int, reliability: float, transport: _BaseTransport) -> EngineHost:
+                   ttl: int, reliability: float, transport: _BaseTransport,
+                   private: bool = False) -> EngineHost:
     """The engine host of this loop for ``service``, started if need be, with ``transport``
-    attached (runs on the loop, so a host found here is not closing)."""
+    attached (runs on the loop, so a host found here is not closing). ``private``: a new
+    engine for ``transport`` alone, not shared and not bound by the network rule."""
     loop = asyncio.get_running_loop()
     port = parse_service(service).port
     net = parse_network(network)
+    if private:
+        return await _private_host(loop, port, net, service, network, daemon, ttl,
+                                   reliability, transport)
     key = (port, id(loop))
     while True:
         with _hosts_lock:
@@ -181,6 +196,19 @@ async def host_for(service: str | int | None, network: str | None, daemon: str |
         _hosts[key] = host
     host.attach(transport)
     pending.set_result(host)
+    return host
+
+
+async def _private_host(loop: asyncio.AbstractEventLoop, port: int, net: Network,
+                        service: str | int | None, network: str | None,
+                        daemon: str | int | None, ttl: int, reliability: float,
+                        transport: _BaseTransport) -> EngineHost:
+    host = EngineHost(loop, port, net)
+    host.shell = await Shell.start(
+        functools.partial(Engine, reliability=reliability), service, network, daemon,
+        on_events=host.on_events, ttl=ttl)
+    host.started()
+    host.attach(transport)
     return host
 
 
@@ -377,6 +405,8 @@ class EngineHost:
                         continue
                     if subject.startswith("_LOCAL."):
                         continue
+                    if subject == LISTEN_QUERY:
+                        self.loop.call_soon(self.announce_listens)
                 self.fan_out(subject, None, payload, None, batch)
             elif type(ev) is Advisory:
                 if batch:  # what came before the advisory is queued before it
@@ -390,6 +420,16 @@ class EngineHost:
         if batch:
             _hand_over(batch)
 
+    def announce_listens(self) -> None:
+        """LISTEN.START again for every subject every transport of this engine listens to
+        (the answer to LISTEN.QUERY); a router's own transports stay silent."""
+        with self.lock:
+            listening = [(t, list(t.listen_counts)) for t in self.transports
+                         if not t.routing and not t.closed]
+        for t, subjects in listening:
+            for subject in subjects:
+                t._listen_advisory(LISTEN_START, subject)
+
     async def remove(self, transport: _BaseTransport) -> None:
         with self.lock:
             if transport in self.transports:
@@ -399,7 +439,8 @@ class EngineHost:
             last = not self.transports
         if last:
             with _hosts_lock:
-                _hosts.pop(self.key, None)
+                if _hosts.get(self.key) is self:  # (a private engine is not registered)
+                    del _hosts[self.key]
             if self._status_timer is not None:
                 self._status_timer.cancel()
             self._drain_outbox()

@@ -46,7 +46,9 @@ The envelope travels with a top-level message (TIBCO Rendezvous Concepts, Fundam
 "Supplementary Information for Messages"): :attr:`Message.send_subject`,
 :attr:`Message.reply_subject`, the string-encoding tag :attr:`Message.encoding` (``None`` =
 UTF-8), the certified-delivery label :attr:`Message.cm` and the gateway-origin marker
-:attr:`Message.origin` (used to stop bridging loops). A nested message's envelope is not encoded.
+:attr:`Message.origin` (used to stop bridging loops), and the routing marker
+:attr:`Message.route` (the network a router picked the message up on, and its router hops:
+:mod:`transports.rv.router`). A nested message's envelope is not encoded.
 
 Equality is exact: fields in order with the same names, ids, types and values, where floats
 compare by their bits (two NaNs with the same bits are equal, ``-0.0`` is not ``0.0``), and
@@ -235,6 +237,15 @@ class Origin(NamedTuple):
     bridge hops, so a gateway never re-exports what it imported (loop prevention)."""
 
     origin_id: str
+    hops: int = 0
+
+
+class Route(NamedTuple):
+    """The routing marker of the envelope (:mod:`transports.rv.router`): the network name of
+    the bus where a router first picked the message up, and how many routers forwarded it
+    since (the hop limit's count)."""
+
+    network: str
     hops: int = 0
 
 
@@ -460,7 +471,7 @@ class Message:
         reply_subject: where replies go, usually an inbox.
     """
 
-    __slots__ = ("fields", "send_subject", "reply_subject", "encoding", "cm", "origin")
+    __slots__ = ("fields", "send_subject", "reply_subject", "encoding", "cm", "origin", "route")
 
     def __init__(self, send_subject: str | None = None,
                  reply_subject: str | None = None) -> None:
@@ -472,6 +483,7 @@ class Message:
         """Codec name of STRING data when not UTF-8 (the envelope's encoding tag)."""
         self.cm: CmLabel | None = None
         self.origin: Origin | None = None
+        self.route: Route | None = None
 
     # -- building ------------------------------------------------------------------------
 
@@ -599,7 +611,7 @@ class Message:
         return (self.fields == other.fields and self.send_subject == other.send_subject
                 and self.reply_subject == other.reply_subject
                 and self.encoding == other.encoding and self.cm == other.cm
-                and self.origin == other.origin)
+                and self.origin == other.origin and self.route == other.route)
 
     def __hash__(self) -> int:
         raise TypeError("a Message is mutable and not hashable")
@@ -610,6 +622,7 @@ class Message:
         m.encoding = self.encoding
         m.cm = self.cm
         m.origin = self.origin
+        m.route = self.route
         m.fields = [Field(f.name, f.fid, f.type, _copy_value(f.type, f.value), f.name_bytes)
                     for f in self.fields]
         return m

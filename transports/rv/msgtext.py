@@ -16,7 +16,7 @@ an equal message::
 
     {"subject": "A.B", "reply": "_INBOX.x", "encoding": "latin-1",
      "cm": {"sender": "s", "sequence": 7, "time_limit": 0.0},
-     "origin": {"id": "gw1", "hops": 1},
+     "origin": {"id": "gw1", "hops": 1}, "route": {"network": "PLANT", "hops": 1},
      "fields": [{"name": "n", "id": 3, "type": "i16", "value": 5}, ...]}
 
 Envelope keys appear only when set; ``name`` and ``id`` only when the field has them. ``type``
@@ -84,6 +84,7 @@ from transports.rv.message import (
     FieldError,
     Message,
     Origin,
+    Route,
     RvDateTime,
 )
 
@@ -201,6 +202,8 @@ def to_jsonable(msg: Message) -> dict[str, Any]:
                    "time_limit": msg.cm.time_limit}
     if msg.origin is not None:
         d["origin"] = {"id": msg.origin.origin_id, "hops": msg.origin.hops}
+    if msg.route is not None:
+        d["route"] = {"network": msg.route.network, "hops": msg.route.hops}
     d["fields"] = _json_fields(msg)
     return d
 
@@ -317,7 +320,7 @@ def from_json(text: str | bytes | dict[str, Any]) -> Message:
             raise FieldError(f"not JSON: {e}") from None
     if not isinstance(d, dict):
         raise FieldError("a message's JSON form is an object")
-    extra = set(d) - {"subject", "reply", "encoding", "cm", "origin", "fields"}
+    extra = set(d) - {"subject", "reply", "encoding", "cm", "origin", "route", "fields"}
     if extra:
         raise FieldError(f"unknown message keys {sorted(extra)}")
     m = Message()
@@ -341,6 +344,12 @@ def from_json(text: str | bytes | dict[str, Any]) -> Message:
             m.origin = Origin(str(origin["id"]), int(origin.get("hops", 0)))
         except (KeyError, TypeError, ValueError):
             raise FieldError(f"origin is {{id, hops}}, not {origin!r:.60}") from None
+    route = d.get("route")
+    if route is not None:
+        try:
+            m.route = Route(str(route["network"]), int(route.get("hops", 0)))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise FieldError(f"route is {{network, hops}}, not {route!r:.60}") from None
     return _fields_from_json(d.get("fields", []), m)
 
 

@@ -71,7 +71,14 @@ How it works.
   UNREACHABLE.TRANSPORT.<id> (a transport closed) and, every 90 s per engine,
   HOST.STATUS.<ip hex> are multicast to the network, as a Rendezvous daemon does, and
   fanned out locally. Subjects starting with ``_`` give no
-  LISTEN advisories.
+  LISTEN advisories. LISTEN.QUERY from the network makes every engine announce LISTEN.START
+  again for what its transports listen to.
+
+* **Routers** (:mod:`transports.rv.router`) open their transports with the internal keywords
+  ``routing=True`` (no LISTEN advisories, so routers never take each other's listeners for
+  interest; the envelope's route marker is sent as it is, where any other transport sends a
+  message without it) and ``private_engine=True`` (an engine of its own, outside the
+  service/network rule).
 
 Sending refuses, with :class:`~transports.rv.subject.SubjectError`, a subject that breaks
 the send rules, a reserved subject other than ``_INBOX.``/``_LOCAL.`` (``_RV.`` is the bus's
@@ -217,6 +224,8 @@ class _BaseTransport:
     """What every transport has: its listeners, its delivery, its sending rules."""
 
     host: EngineHost | None = None
+    routing = False
+    """A router's transport: no LISTEN advisories, and the route marker is sent."""
 
     def __init__(self, description: str, max_consumer_buffer: int,
                  max_consumer_age: float) -> None:
@@ -264,7 +273,7 @@ class _BaseTransport:
 
     def _listen_advisory(self, prefix: str, subject: str) -> None:
         host = self.host
-        if host is None or subject[0] == "_":
+        if host is None or subject[0] == "_" or self.routing:
             return
         name = prefix + subject
         if len(name.encode()) > 255:
@@ -353,7 +362,17 @@ class _BaseTransport:
         if self.closed:
             raise TransportError("transport closed")
         subject = self._check_subject(msg, internal)
-        payload = self._encode(msg)
+        route = msg.route
+        if route is not None and not self.routing:
+            # a program resending what a router delivered: a new message here, not the
+            # router's (its origin network would be wrong)
+            msg.route = None
+            try:
+                payload = self._encode(msg)
+            finally:
+                msg.route = route
+        else:
+            payload = self._encode(msg)
         host = self.host
         if host is None:  # the intra-process transport
             with self.lock:
@@ -442,17 +461,21 @@ class Transport(_BaseTransport):
     ``service``, ``network``, ``daemon``: TIBCO Rendezvous Concepts, Transports, Network
     Transport Parameters (:mod:`transports.rv.net`); ``ttl`` the multicast TTL;
     ``reliability`` the engine's retention in seconds (only the first transport of a service
-    sets it); ``max_consumer_buffer`` / ``max_consumer_age`` the slow-consumer bounds.
+    sets it); ``max_consumer_buffer`` / ``max_consumer_age`` the slow-consumer bounds;
+    ``routing``, ``private_engine``: for routers (module docstring).
     """
 
     def __init__(self, service: str | int | None = None, network: str | None = "",
                  daemon: str | int | None = None, *, description: str = "",
                  ttl: int = DEFAULT_MULTICAST_TTL, reliability: float = 60.0,
-                 max_consumer_buffer: int = 0, max_consumer_age: float = 60.0) -> None:
+                 max_consumer_buffer: int = 0, max_consumer_age: float = 60.0,
+                 routing: bool = False, private_engine: bool = False) -> None:
         super().__init__(description, max_consumer_buffer, max_consumer_age)
+        self.routing = routing
         rt = runtime()
         self._rt = rt
-        host = rt.call(host_for(service, network, daemon, ttl, reliability, self))
+        host = rt.call(host_for(service, network, daemon, ttl, reliability, self,
+                                private_engine))
         self.host = host
         self.id = host.next_id()
 
@@ -522,10 +545,11 @@ class AsyncTransport(_BaseTransport):
     async def open(cls, service: str | int | None = None, network: str | None = "",
                    daemon: str | int | None = None, *, description: str = "",
                    ttl: int = DEFAULT_MULTICAST_TTL, reliability: float = 60.0,
-                   max_consumer_buffer: int = 0,
-                   max_consumer_age: float = 60.0) -> AsyncTransport:
+                   max_consumer_buffer: int = 0, max_consumer_age: float = 60.0,
+                   routing: bool = False, private_engine: bool = False) -> AsyncTransport:
         t = cls(description, max_consumer_buffer, max_consumer_age)
-        host = await host_for(service, network, daemon, ttl, reliability, t)
+        t.routing = routing
+        host = await host_for(service, network, daemon, ttl, reliability, t, private_engine)
         t.host = host
         t.id = host.next_id()
         t.queue.bind_loop(host.loop)

@@ -28,6 +28,7 @@ from transports.rv.message import (
     FieldError,
     Message,
     Origin,
+    Route,
     RvDateTime,
     RvType,
 )
@@ -82,6 +83,7 @@ def _envelope() -> Message:
     m = Message("A", "R")
     m.cm = CmLabel("c", 7, 1.5)
     m.origin = Origin("g", 2)
+    m.route = Route("N", 3)
     return m
 
 
@@ -93,7 +95,7 @@ def _latin1() -> Message:
 
 VECTORS += [
     ("envelope", _envelope(),
-     "01 0d 01 41  01 52  01 63 0000000000000007 3ff8000000000000  01 67 02"),
+     "01 1d 01 41  01 52  01 63 0000000000000007 3ff8000000000000  01 67 02  01 4e 03"),
     ("latin-1", _latin1(),
      "01 02 01 41  07 6c6174696e2d31  08 01 0000 00000002 73 e900"),
 ]
@@ -210,7 +212,11 @@ def test_a_message_that_contains_itself_is_refused():
 
 REFUSED = [
     ("02 00 00", "version"),
-    ("01 10 00", "flags"),
+    ("01 20 00", "flags"),
+    ("01 80 00", "flags"),
+    ("01 10 00", "route network"),
+    ("01 10 00 00", "route network"),
+    ("01 10 00 01 50", "router hop count"),
     ("01 00", "shorter"),
     ("01 00 05 41", "send subject"),
     ("01 00 01 ff", "UTF-8"),
@@ -316,6 +322,13 @@ def test_encoding_errors():
     m.cm = None
     m.origin = Origin("g", 256)
     with pytest.raises(FieldError, match="hop count"):
+        encode(m)
+    m.origin = None
+    m.route = Route("N", -1)
+    with pytest.raises(FieldError, match="router hop count"):
+        encode(m)
+    m.route = Route("", 1)
+    with pytest.raises(FieldError, match="route network"):
         encode(m)
 
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 
 from transports.rv import FieldError, Message, RvDateTime, RvType
 from transports.rv.codec import decode, encode
-from transports.rv.message import CmLabel, Field, Origin, infer_type
+from transports.rv.message import CmLabel, Field, Origin, Route, infer_type
 from transports.rv.msgtext import from_json, parse_datetime, parse_field_args, to_jsonable
 
 from .rvgen import top_messages
@@ -313,6 +313,7 @@ def test_json_keeps_the_envelope_and_odd_values():
     m.encoding = "latin-1"
     m.cm = CmLabel("c", 2**64 - 1, 2.5)
     m.origin = Origin("gw", 3)
+    m.route = Route("PLANT", 2)
     m.add("_data_", 1, internal=True).add("x", b"\x01", 201)
     odd_nan = struct.unpack(">d", bytes.fromhex("fff8000000000001"))[0]
     m.add("n", odd_nan).add("d", RvDateTime(2**39 - 1, 0))
@@ -325,7 +326,7 @@ BAD_JSON = [
     "not json", "[]", '{"fields": {}}', '{"fields": [{"type": "i8"}]}',
     '{"fields": [{"type": "nope", "value": 1}]}', '{"fields": [{"type": 256, "value": ""}]}',
     '{"fields": [{"type": "i8", "value": 1, "extra": 0}]}', '{"other": 1}',
-    '{"subject": 5}', '{"cm": {"sender": "x"}}', '{"origin": 5}',
+    '{"subject": 5}', '{"cm": {"sender": "x"}}', '{"origin": 5}', '{"route": 5}', '{"route": {"hops": 1}}',
     '{"fields": [{"type": "f64", "value": "one"}]}',
     '{"fields": [{"type": "f64", "value": "NaN:zz"}]}',
     '{"fields": [{"type": "opaque", "value": "!!"}]}',
