@@ -378,6 +378,12 @@ class CmCore:
         return [(subject, seq, st.data) for subject, msgs in self._stored.items()
                 for seq, st in msgs.items()]
 
+    def source_confirmed(self, sender: str, subject: str) -> int | None:
+        """The position confirmed to ``sender`` on ``subject`` (every message up to it), or
+        None when there is no certified agreement with it."""
+        src = self._sources.get((sender, subject))
+        return src.confirmed if src is not None and src.state == CERTIFIED else None
+
     def registered(self, subject: str) -> list[str]:
         """The listeners registered (or anticipated) on ``subject``."""
         return sorted(self._regs.get(subject, ()))

@@ -125,17 +125,20 @@ class FtCore:
         heartbeat, preparation, activation: the intervals in seconds (preparation 0: no
             hints); activation the same at every member.
         now: the current time in seconds (any clock, the same for every call).
+        subject: where the statuses go, ``_RVFT.<group>`` unless given (a distributed queue
+            elects its scheduler on its own subject).
     """
 
     def __init__(self, group: str, *, weight: int = 50, active_goal: int = 1,
                  heartbeat: float = 1.0, preparation: float = 0.0, activation: float = 3.0,
-                 now: float, rng: random.Random | None = None) -> None:
+                 now: float, rng: random.Random | None = None,
+                 subject: str | None = None) -> None:
         validate_send_subject(group, allow_wildcard=False)
         check_intervals(heartbeat, preparation, activation)
         if weight < 0 or active_goal < 1:
             raise ValueError("the weight must be >= 0 and the active goal >= 1")
         self.group = group
-        self.subject = FT_PREFIX + group
+        self.subject = subject or FT_PREFIX + group
         self.id = f"{(rng or random.Random()).getrandbits(64):016x}"
         self.weight = weight
         self.goal = active_goal
