@@ -33,6 +33,10 @@ message sent, encoded with its subject) and ``CLOSE``. A terminal that hears not
 other for ``3 * heartbeat`` seconds, or gets a DATA out of sequence, disconnects with
 ``_RV.ERROR.SYSTEM.VC.DISCONNECTED``; ``close`` sends CLOSE, and the other terminal presents
 ``_RV.INFO.SYSTEM.VC.DISCONNECTED``; both carry ``description`` (STRING).
+
+:class:`VcCore` is that protocol for one terminal, sans I/O (it reads no clock and opens no
+socket, so the tests run it on a virtual clock); :class:`VcTransport` runs it on the loop of
+the bus engine under the transport.
 """
 
 from __future__ import annotations
@@ -55,11 +59,142 @@ HEARTBEAT_S: Final = 1.0
 LOST_HEARTBEATS: Final = 3
 
 
+class VcData:
+    """A message the other terminal sent on the circuit (``size``: its encoded bytes)."""
+
+    __slots__ = ("msg", "size")
+
+    def __init__(self, msg: Message, size: int) -> None:
+        self.msg = msg
+        self.size = size
+
+
+class VcCore:
+    """The protocol of one terminal (module docstring). ``peer`` None makes an accept
+    terminal (its connect subject is its inbox); else a connect terminal, ``peer`` the
+    connect subject. ``now`` is any clock, the same for every call."""
+
+    def __init__(self, inbox: str, *, peer: str | None, heartbeat: float, now: float) -> None:
+        if heartbeat <= 0:
+            raise ValueError("the heartbeat interval must be positive")
+        self.inbox = inbox
+        self.peer = peer
+        self.accepting = peer is None
+        self.heartbeat = heartbeat
+        self.connected = False
+        self.disconnected = False
+        self._sent = 0  # DATA sequence numbers
+        self._received = 0
+        self._heard = now
+        self._next = now if peer is not None else now + heartbeat  # CONNECT at once
+        self._out: list[Message] = []
+        self._events: list[Message | VcData] = []
+
+    def send(self, data: bytes) -> None:
+        """Queue ``data`` (a message, encoded) for the other terminal; the circuit must be
+        connected."""
+        if self.disconnected or not self.connected:
+            raise TransportError("the virtual circuit is "
+                                 + ("disconnected" if self.disconnected else "not connected yet"))
+        self._sent += 1
+        self._control("DATA").add("seq", self._sent, RvType.U64).add("msg", data, RvType.OPAQUE)
+
+    def close(self) -> None:
+        """This terminal is destroyed: the other one is told (CLOSE)."""
+        if self.peer is not None and self.connected and not self.disconnected:
+            self._control("CLOSE")
+        self._disconnect(None, "this terminal was closed")
+
+    def receive(self, msg: Message, now: float) -> None:
+        """A message that came to this terminal's inbox."""
+        if self.disconnected:
+            return
+        op = msg.get("op") if "op" in msg else None
+        sender = msg.reply_subject
+        if self.peer is None:  # an accept terminal, not connected yet
+            if op != "CONNECT" or not sender:
+                return
+            self.peer = sender
+            self._control("ACCEPT")
+            self._connected(now)
+            return
+        if sender != self.peer:
+            return  # nobody else gets into the circuit
+        self._heard = now
+        if op == "ACCEPT":
+            if not self.connected:
+                self._connected(now)
+        elif op == "DATA":
+            self._on_data(msg)
+        elif op == "CLOSE":
+            self._disconnect(VC_DISCONNECTED_INFO, "the other terminal closed the circuit")
+
+    def tick(self, now: float) -> None:
+        """Every heartbeat: CONNECT again (a connect terminal not accepted yet), or check the
+        other terminal's heartbeat and send this one's."""
+        if self.disconnected or now < self._next:
+            return
+        self._next = now + self.heartbeat
+        if not self.connected:
+            if not self.accepting:
+                self._control("CONNECT")  # asks again until accepted
+            return
+        if now - self._heard > LOST_HEARTBEATS * self.heartbeat:
+            self._disconnect(VC_DISCONNECTED_ERROR, "lost the other terminal's heartbeat")
+            return
+        self._control("HB")
+
+    def next_deadline(self) -> float | None:
+        return None if self.disconnected else self._next
+
+    def flush(self) -> tuple[list[Message], list[Message | VcData]]:
+        """The messages to send (to the other terminal's inbox, or the connect subject) and
+        the events: advisories to present, and the circuit's messages to deliver."""
+        out, self._out = self._out, []
+        events, self._events = self._events, []
+        return out, events
+
+    def _control(self, op: str) -> Message:
+        assert self.peer is not None
+        msg = Message(self.peer, reply_subject=self.inbox)
+        msg.add("op", op, RvType.STRING)
+        self._out.append(msg)
+        return msg
+
+    def _connected(self, now: float) -> None:
+        self._heard = now
+        self._next = now + self.heartbeat
+        self.connected = True
+        self._events.append(advisory_message(VC_CONNECTED, {}))
+
+    def _on_data(self, msg: Message) -> None:
+        seq = msg.get("seq") if "seq" in msg else 0
+        data = msg.get("msg") if "msg" in msg else None
+        if seq != self._received + 1 or not isinstance(data, bytes):
+            self._disconnect(VC_DISCONNECTED_ERROR, "data lost on the circuit")
+            return
+        self._received = seq
+        try:
+            inner = decode(data)
+        except (FormatError, ValueError):
+            self._disconnect(VC_DISCONNECTED_ERROR, "data lost on the circuit")
+            return
+        self._events.append(VcData(inner, len(data)))
+
+    def _disconnect(self, advisory: str | None, description: str) -> None:
+        if self.disconnected:
+            return
+        self.disconnected = True
+        if advisory is not None:
+            self._events.append(advisory_message(advisory, {"description": description}))
+
+
 class VcTransport(_BaseTransport):
     """A virtual circuit terminal (module docstring); make one with :meth:`create_accept` or
     :meth:`create_connect`."""
 
-    def __init__(self, transport: _BaseTransport, heartbeat: float) -> None:
+    def __init__(self, transport: _BaseTransport, heartbeat: float,
+                 connect_subject: str | None) -> None:
         super().__init__(f"virtual circuit on {transport.description or transport.id}", 0,
                          float("inf"))
         host = transport.host
@@ -68,21 +203,17 @@ class VcTransport(_BaseTransport):
         self.under = transport
         self.under_host = host
         self.loop: asyncio.AbstractEventLoop = host.loop
-        self.heartbeat = heartbeat
         self.inbox = transport.create_inbox()
         self.id = self.inbox
-        self.peer: str | None = None  # the other terminal's inbox
-        self.connect_subject: str | None = None
+        self.core = VcCore(self.inbox, peer=connect_subject, heartbeat=heartbeat,
+                           now=time.monotonic())
+        self.connect_subject = self.inbox if connect_subject is None else None
         self.connected = threading.Event()
-        self.disconnected = False
-        self._state_lock = threading.Lock()
-        self._sent = 0  # DATA sequence numbers
-        self._received = 0
-        self._heard = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self._queue = Queue(f"vc:{self.inbox}")
         self._queue.bind_loop(self.loop)
         self._listener = Listener(transport, self.inbox, self._on_message, queue=self._queue)
+        host.soon(self._turn)
 
     # -- making one --------------------------------------------------------------------------
 
@@ -91,21 +222,19 @@ class VcTransport(_BaseTransport):
                       heartbeat: float = HEARTBEAT_S) -> VcTransport:
         """The accepting terminal: invite the other program with :attr:`connect_subject` as
         the reply subject of an ordinary message."""
-        vc = cls(transport, heartbeat)
-        vc.connect_subject = vc.inbox
-        vc.under_host.soon(vc._arm)
-        return vc
+        return cls(transport, heartbeat, None)
 
     @classmethod
     def create_connect(cls, transport: _BaseTransport, connect_subject: str,
                        heartbeat: float = HEARTBEAT_S) -> VcTransport:
         """The connecting terminal, from the connect subject an invitation brought."""
-        vc = cls(transport, heartbeat)
-        vc.peer = connect_subject
-        vc.under_host.soon(vc._connect)
-        return vc
+        return cls(transport, heartbeat, connect_subject)
 
     # -- using one ---------------------------------------------------------------------------
+
+    @property
+    def disconnected(self) -> bool:
+        return self.core.disconnected
 
     def wait_for_vc_connection(self, timeout: float) -> bool:
         """Whether the circuit is connected, waiting at most ``timeout`` seconds (0: just
@@ -125,110 +254,60 @@ class VcTransport(_BaseTransport):
                                  + ("disconnected" if self.disconnected else "not connected yet"))
         self._check_subject(msg)
         data = self._encode(msg)
-        with self._state_lock:
-            self._sent += 1
-            wrapper = self._control("DATA")
-            wrapper.add("seq", self._sent, RvType.U64).add("msg", data, RvType.OPAQUE)
-            self.under._send(wrapper, internal=True)
+
+        def run() -> None:
+            if not self.core.disconnected:
+                self.core.send(data)
+                self._turn()
+
+        self.under_host.soon(run)
 
     def close(self) -> None:
         """Destroy this terminal: the other one presents ``VC.DISCONNECTED`` (INFO)."""
         if self.closed:
             return
-        if self.peer is not None and self.connected.is_set() and not self.disconnected:
-            self.under._send(self._control("CLOSE"), internal=True)
-        self.under_host.soon(lambda: self._disconnect(None, "this terminal was closed"))
+
+        def run() -> None:
+            self.core.close()
+            self._turn()
+
+        self.under_host.call(run)
         self._close_listeners()
         self._listener.destroy()
         self._queue.destroy()
 
-    # -- the protocol, on the loop ------------------------------------------------------------
-
-    def _control(self, op: str) -> Message:
-        assert self.peer is not None
-        msg = Message(self.peer, reply_subject=self.inbox)
-        msg.add("op", op, RvType.STRING)
-        return msg
-
-    def _connect(self) -> None:
-        if not self.connected.is_set() and not self.disconnected:
-            self.under._send(self._control("CONNECT"), internal=True)
-            self._arm()
-
-    def _arm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.loop.call_later(self.heartbeat, self._beat)
-
-    def _beat(self) -> None:
-        self._timer = None
-        if self.disconnected:
-            return
-        if not self.connected.is_set():
-            if self.connect_subject is None:
-                self._connect()  # the connect terminal asks again
-            else:
-                self._arm()
-            return
-        if time.monotonic() - self._heard > LOST_HEARTBEATS * self.heartbeat:
-            self._disconnect(VC_DISCONNECTED_ERROR, "lost the other terminal's heartbeat")
-            return
-        self.under._send(self._control("HB"), internal=True)
-        self._arm()
+    # -- on the loop -------------------------------------------------------------------------
 
     def _on_message(self, msg: Message, _: Listener) -> None:
-        if self.disconnected:
-            return
-        op = msg.get("op") if "op" in msg else None
-        sender = msg.reply_subject
-        if self.peer is None:  # an accept terminal, not connected yet
-            if op != "CONNECT" or not sender:
-                return
-            self.peer = sender
-            self.under._send(self._control("ACCEPT"), internal=True)
-            self._connected()
-            return
-        if sender != self.peer:
-            return  # nobody else gets into the circuit
-        self._heard = time.monotonic()
-        if op == "ACCEPT":
-            if not self.connected.is_set():
-                self._connected()
-        elif op == "DATA":
-            self._on_data(msg)
-        elif op == "CLOSE":
-            self._disconnect(VC_DISCONNECTED_INFO, "the other terminal closed the circuit")
+        self.core.receive(msg, time.monotonic())
+        self._turn()
 
-    def _connected(self) -> None:
-        self._heard = time.monotonic()
-        self.connected.set()
-        self.present(advisory_message(VC_CONNECTED, {}))
-        self._arm()
+    def _tick(self) -> None:
+        self._timer = None
+        self.core.tick(time.monotonic())
+        self._turn()
 
-    def _on_data(self, msg: Message) -> None:
-        seq = msg.get("seq") if "seq" in msg else 0
-        data = msg.get("msg") if "msg" in msg else None
-        if seq != self._received + 1 or not isinstance(data, bytes):
-            self._disconnect(VC_DISCONNECTED_ERROR, "data lost on the circuit")
-            return
-        self._received = seq
-        try:
-            inner = decode(data)
-        except (FormatError, ValueError):
-            self._disconnect(VC_DISCONNECTED_ERROR, "data lost on the circuit")
-            return
-        subject = inner.send_subject or ""
-        with self._lock():
-            listeners = self.matcher.match(subject)
-        if listeners:
-            self.enqueue(listeners, inner, len(data))
-
-    def _disconnect(self, advisory: str | None, description: str) -> None:
-        if self.disconnected:
-            return
-        self.disconnected = True
+    def _turn(self) -> None:
+        out, events = self.core.flush()
+        if self.under.closed:  # the program closed the transport under the terminal
+            out = []
+        for msg in out:
+            self.under._send(msg, internal=True)
+        for event in events:
+            if isinstance(event, VcData):
+                subject = event.msg.send_subject or ""
+                with self._lock():
+                    listeners = self.matcher.match(subject)
+                if listeners:
+                    self.enqueue(listeners, event.msg, event.size)
+                continue
+            if event.send_subject == VC_CONNECTED:
+                self.connected.set()
+            self.present(event)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if advisory is not None:
-            self.present(advisory_message(advisory, {"description": description}))
+        deadline = self.core.next_deadline()
+        if deadline is not None:
+            self._timer = self.loop.call_later(max(0.0, deadline - time.monotonic()),
+                                               self._tick)
