@@ -17,6 +17,9 @@ an error naming file and line.
                                 traffic, which carry no listen advisories)
 ``interval``      1 sec         between two state announcements of the router
 ``hop_limit``     16            routers a message may cross (1..255)
+``requery``       60 sec        between two LISTEN.QUERY on each bus; a subject no
+                                answer repeats is forgotten (its listener was killed);
+                                0: only at start
 ``ttl``           1             the multicast TTL of the router's transports
 ================  ============  ====================================================
 
@@ -54,6 +57,7 @@ class RouterDef:
     forward: tuple[str, ...] = ()
     interval: float = 1.0
     hop_limit: int = 16
+    requery: float = 60.0
     ttl: int = 1
 
     def where(self) -> str:
@@ -129,11 +133,13 @@ def parse_routers(lines: list[SourceLine] | None,
                 current.interval = ms / 1000.0
             elif key == "hop_limit":
                 current.hop_limit = parse_int(value, minimum=1, maximum=255)
+            elif key == "requery":
+                current.requery = parse_duration_ms(value) / 1000.0
             elif key == "ttl":
                 current.ttl = parse_int(value, minimum=0, maximum=255)
             else:
                 raise ValueError(f"unknown router parameter {key!r} "
-                                 "(bus, forward, interval, hop_limit, ttl)")
+                                 "(bus, forward, interval, hop_limit, requery, ttl)")
         except ValueError as exc:
             errors.append(sl.error(f"{key}: {exc}"))
     for r in list(out.values()):

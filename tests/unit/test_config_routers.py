@@ -22,13 +22,13 @@ def test_a_router_section_with_every_parameter(tmp_path):
         'bus = OFFICE 7501 "127.0.0.1;239.192.80.2"\n'
         "forward = _RVCM.>, _RVFT.>   # certified delivery and fault tolerance\n"
         "forward = ALWAYS.*\n"
-        "interval = 500 msec\nhop_limit = 8\nttl = 0\n"
+        "interval = 500 msec\nhop_limit = 8\nttl = 0\nrequery = 30 sec\n"
         "[SECOND]\nbus = A 7500 x\nbus = B 7500 y\n"))
     r = config.routers["PLANT-OFFICE"]
     assert r.buses == {"PLANT": ("7500", "127.0.0.1;239.192.80.1"),
                        "OFFICE": ("7501", "127.0.0.1;239.192.80.2")}
     assert r.forward == ("_RVCM.>", "_RVFT.>", "ALWAYS.*")
-    assert (r.interval, r.hop_limit, r.ttl) == (0.5, 8, 0)
+    assert (r.interval, r.hop_limit, r.ttl, r.requery) == (0.5, 8, 0, 30.0)
     second = config.routers["SECOND"]
     assert (second.interval, second.hop_limit, second.ttl, second.forward) == (1.0, 16, 1, ())
 

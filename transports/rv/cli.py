@@ -9,7 +9,7 @@
     gateway rv request [--service S] [--network N] [--daemon D] [--ttl T] [--json]
                        [--timeout T] SUBJECT [FIELD=VALUE...]
     gateway rv route   --name ROUTER --bus NAME SERVICE NETWORK --bus NAME SERVICE NETWORK...
-                       [--forward SUBJECT...] [--interval S] [--hop-limit N] [--ttl T]
+                       [--forward SUBJECT...] [--interval S] [--hop-limit N] [--requery S] [--ttl T]
 
 ``listen`` prints one line per message: ``subject=..., reply=..., message={...}`` with the
 readable nested form of :meth:`~transports.rv.message.Message.to_text` (types shown), or with
@@ -61,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=1.0,
                    help="seconds between the router's state announcements (default 1)")
     p.add_argument("--hop-limit", type=int, default=16, help="routers a message may cross")
+    p.add_argument("--requery", type=float, default=60.0,
+                   help="seconds between two LISTEN.QUERY on each bus (0: only at start)")
     p.add_argument("--ttl", type=int, default=1, help="multicast TTL (0: this host only)")
     p = sub.add_parser("listen", help="print messages on subjects (wildcards allowed)")
     _common(p)
@@ -168,7 +170,7 @@ def _route(args: argparse.Namespace) -> int:
         return 2
     try:
         router = Router(args.name, buses, forward=args.forward, interval=args.interval,
-                        hop_limit=args.hop_limit, ttl=args.ttl)
+                        hop_limit=args.hop_limit, ttl=args.ttl, requery=args.requery)
     except ValueError as exc:
         print(f"gateway rv: {exc}", file=sys.stderr)
         return 2

@@ -95,6 +95,9 @@ DEFAULT_HOP_LIMIT = 16
 #: Seconds a surrogate inbox lives unused, and how many the table holds.
 DEFAULT_INBOX_TTL = 600.0
 DEFAULT_MAX_INBOXES = 10_000
+# Seconds between two LISTEN.QUERY on each bus: what a listener killed without
+# UNREACHABLE.TRANSPORT left behind is forgotten when the next answers do not repeat it.
+DEFAULT_REQUERY = 60.0
 _DECISIONS_MAX = 4096  # cached forwarding decisions (origin, bus, subject)
 _NEVER = ("_RV.", "_LOCAL.", CONTROL_PREFIX)
 MAX_NETWORK_NAME = 127  # bytes: it travels in the envelope and as a field value
@@ -224,7 +227,8 @@ class RouterCore:
                  forward: Iterable[str] = (), incarnation: int = 0,
                  interval: float = DEFAULT_INTERVAL, hop_limit: int = DEFAULT_HOP_LIMIT,
                  inbox_ttl: float = DEFAULT_INBOX_TTL,
-                 max_inboxes: int = DEFAULT_MAX_INBOXES) -> None:
+                 max_inboxes: int = DEFAULT_MAX_INBOXES,
+                 requery: float = DEFAULT_REQUERY) -> None:
         if not name or not isinstance(name, str):
             raise ValueError("a router needs a name")
         self.name = name
@@ -251,6 +255,12 @@ class RouterCore:
         self.stats = RouterStats()
         # interest seen on our buses: bus -> transport id -> subjects
         self.listens: dict[str, dict[str, set[str]]] = {b: {} for b in self.buses}
+        if requery < 0:
+            raise ValueError("requery must be >= 0")
+        self.requery = requery
+        self._announced: dict[tuple[str, str, str], float] = {}  # (bus, id, subject) -> when
+        self._next_query = float("inf")
+        self._query_at = 0.0  # the last LISTEN.QUERY; 0: none to sweep after
         self.others: dict[str, RouterState] = {}
         self._next_state = 0.0
         self._dirty = True
@@ -373,6 +383,8 @@ class RouterCore:
         """Ask every bus for its listeners (LISTEN.QUERY) and announce this router."""
         self._started = True
         out: list[Output] = [(bus, Message(LISTEN_QUERY)) for bus in self.buses]
+        if self.requery:
+            self._next_query = now + self.requery
         out += self._announce(now)
         return out
 
@@ -385,7 +397,7 @@ class RouterCore:
             if subject.startswith("_INBOX."):
                 return self._from_surrogate(bus, subject, msg, now)
             if subject.startswith("_RV."):
-                self._advisory(bus, subject, msg)
+                self._advisory(bus, subject, msg, now)
                 return []
             if subject.startswith(CONTROL_PREFIX):
                 return self._control(bus, subject, msg, now)
@@ -465,7 +477,7 @@ class RouterCore:
         return [(entry.target_bus, self._relayed(msg, entry.target, bus, entry.target_bus,
                                                  Route(origin, hops + 1), now))]
 
-    def _advisory(self, bus: str, subject: str, msg: Message) -> None:
+    def _advisory(self, bus: str, subject: str, msg: Message, now: float) -> None:
         listens = self.listens[bus]
         tid = msg.get("id")
         if not isinstance(tid, str):
@@ -479,6 +491,7 @@ class RouterCore:
             except SubjectError:
                 return
             subs = listens.setdefault(tid, set())
+            self._announced[(bus, tid, sub)] = now
             if sub not in subs:
                 subs.add(sub)
                 self._interest_changed()
@@ -487,12 +500,38 @@ class RouterCore:
             known = listens.get(tid)
             if known is not None and sub in known:
                 known.discard(sub)
+                self._announced.pop((bus, tid, sub), None)
                 if not known:
                     del listens[tid]
                 self._interest_changed()
         elif subject.startswith(UNREACHABLE_TRANSPORT):
-            if listens.pop(tid, None) is not None:
+            gone = listens.pop(tid, None)
+            if gone is not None:
+                for sub in gone:
+                    self._announced.pop((bus, tid, sub), None)
                 self._interest_changed()
+
+    def _query(self, now: float) -> list[Output]:
+        """LISTEN.QUERY on every bus again; one interval later, what no answer repeated is
+        forgotten (its transport died without UNREACHABLE.TRANSPORT)."""
+        self._next_query = now + self.requery
+        self._query_at = now
+        return [(bus, Message(LISTEN_QUERY)) for bus in self.buses]
+
+    def _sweep(self) -> None:
+        since, self._query_at = self._query_at, 0.0
+        stale = [key for key, when in self._announced.items() if when < since]
+        for bus, tid, sub in stale:
+            del self._announced[(bus, tid, sub)]
+            subs = self.listens[bus].get(tid)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self.listens[bus][tid]
+        if stale:
+            log.info("router %s: %d subjects no longer listened to (no answer to the query)",
+                     self.name, len(stale))
+            self._interest_changed()
 
     def _control(self, bus: str, subject: str, msg: Message, now: float) -> list[Output]:
         if subject != STATE_SUBJECT:
@@ -545,15 +584,22 @@ class RouterCore:
             if now - entry.used <= self.inbox_ttl:
                 break
             self._forget_oldest()
+        out: list[Output] = []
+        if self._query_at and now >= self._query_at + self.interval:
+            self._sweep()
+        if self._started and now >= self._next_query:
+            out += self._query(now)
         if self._started and (self._dirty or now >= self._next_state):
-            return self._announce(now)
-        return []
+            out += self._announce(now)
+        return out
 
     def next_deadline(self) -> float:
         """When :meth:`tick` has something to do (0 when it has at once)."""
         if self._dirty and self._started:
             return 0.0
-        deadline = self._next_state
+        deadline = min(self._next_state, self._next_query)
+        if self._query_at:
+            deadline = min(deadline, self._query_at + self.interval)
         for s in self.others.values():
             deadline = min(deadline, s.heard + self.dead_after)
         if self._surrogates:
@@ -586,7 +632,8 @@ class Router:
     def __init__(self, name: str, buses: Mapping[str, BusSpec | Sequence[Any]], *,
                  forward: Iterable[str] = (), interval: float = DEFAULT_INTERVAL,
                  hop_limit: int = DEFAULT_HOP_LIMIT, inbox_ttl: float = DEFAULT_INBOX_TTL,
-                 max_inboxes: int = DEFAULT_MAX_INBOXES, ttl: int = 1) -> None:
+                 max_inboxes: int = DEFAULT_MAX_INBOXES, ttl: int = 1,
+                 requery: float = DEFAULT_REQUERY) -> None:
         self.specs = {bus: spec if isinstance(spec, BusSpec) else BusSpec(*spec)
                       for bus, spec in buses.items()}
         self.ttl = ttl
@@ -595,7 +642,7 @@ class Router:
                                drop_inbox=self._drop_inbox, forward=forward,
                                incarnation=time.time_ns() // 1_000_000, interval=interval,
                                hop_limit=hop_limit, inbox_ttl=inbox_ttl,
-                               max_inboxes=max_inboxes)
+                               max_inboxes=max_inboxes, requery=requery)
         self.name = name
         self.send_errors = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -706,7 +753,7 @@ async def start_routers(defs: Iterable[Any]) -> RouterGroup:
     try:
         for d in defs:
             r = Router(d.name, d.buses, forward=d.forward, interval=d.interval,
-                       hop_limit=d.hop_limit, ttl=d.ttl)
+                       hop_limit=d.hop_limit, ttl=d.ttl, requery=d.requery)
             await r.start()
             group.routers.append(r)
     except BaseException:

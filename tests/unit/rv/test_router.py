@@ -220,6 +220,22 @@ def test_a_router_started_after_the_listeners_learns_them_by_query():
     assert b.got_n() == [1]
 
 
+def test_interest_of_a_killed_listener_is_forgotten_at_the_next_query():
+    net = Net("A", "B")
+    core = net.router("R", "A", "B", requery=30.0)
+    b, killed = net.program("B"), net.program("B")
+    b.listen("KEEP")
+    killed.listen("GONE")
+    net.programs["B"].remove(killed)  # SIGKILL: no LISTEN.STOP, no UNREACHABLE.TRANSPORT
+    assert core.own_state().interest["B"] == frozenset({"KEEP", "GONE"})
+    net.advance(29.0)
+    assert core.own_state().interest["B"] == frozenset({"KEEP", "GONE"})
+    net.advance(3.0)  # the query at +30 s, the sweep an interval later
+    assert core.own_state().interest["B"] == frozenset({"KEEP"})
+    queries = [t for t in net.sent if t[2].send_subject == LISTEN_QUERY]
+    assert len(queries) == 4  # at start and at +30 s, on each bus
+
+
 def test_routers_do_not_take_each_others_interest_around_a_cycle():
     net = Net("A", "B", "C")
     for name, x, y in (("AB", "A", "B"), ("BC", "B", "C"), ("CA", "C", "A")):
