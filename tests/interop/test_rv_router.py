@@ -19,11 +19,13 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from jsonchild import JsonChild
 from test_rv_bus import free_udp_port, wait_for
+from test_rv_certified import CmChild
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = str(Path(__file__).with_name("rvroute_child.py"))
@@ -111,9 +113,11 @@ class Routed:
         self.progs.append(p)
         return p
 
-    def router(self, name: str, *buses: tuple[str, str]) -> Proc:
+    def router(self, name: str, *buses: tuple[str, str], forward: tuple[str, ...] = ()) -> Proc:
         args = [sys.executable, "-m", "gateway.cli", "rv", "route", "--name", name,
                 "--ttl", "0", "--interval", "0.5"]
+        for subject in forward:
+            args += ["--forward", subject]
         for bus, network in buses:
             args += ["--bus", bus, self.service, network]
         p = Proc(args)
@@ -242,3 +246,36 @@ def test_the_gateway_runs_a_router_from_routers_conf(routed, tmp_path):
     sender.do("send ORDERS.END 0 0", "sent")
     wait_for(lambda: far.has("ORDERS.END"), what="the end marker")
     assert far.ns("ORDERS.NEW") == list(range(20))
+
+
+def test_certified_delivery_across_a_router(routed, tmp_path):
+    """A certified sender on one bus, a persistent certified listener on another, a router
+    forwarding ``_RVCM.>`` (the control traffic of certified delivery) between them: the
+    registration, every message in order and every confirmation cross it."""
+    a, b = routed.network(), routed.network()
+    listener = CmChild(SimpleNamespace(service=routed.service, network=b), "listen", "L",
+                       tmp_path / "l.ledger")
+    sender = CmChild(SimpleNamespace(service=routed.service, network=a), "send", "S",
+                     tmp_path / "s.ledger")
+    try:
+        routed.router("R", ("PLANT", a), ("OFFICE", b), forward=("_RVCM.>",))
+
+        def certified() -> bool:  # (the first ones may go before the router knows L listens)
+            sender.say("0 0 1")
+            assert sender.lines.get(timeout=60) == {"sent": 0}
+            return listener.certified == ["S"]
+
+        wait_for(certified, what="the registration across the router")
+        sender.say("1 100 500")
+        assert sender.lines.get(timeout=60) == {"sent": 100}
+        wait_for(lambda: [n for n, seq in listener.got if seq and n] == list(range(1, 101)),
+                 what="every certified message, in order")
+
+        def stored() -> int:
+            sender.say("stored")
+            return int(sender.lines.get(timeout=30)["stored"])
+
+        wait_for(lambda: stored() == 0, what="every confirmation back across the router")
+    finally:
+        listener.stop()
+        sender.stop()
