@@ -7,11 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from jsonchild import JsonChild
 from test_rv_bus import Bus, wait_for
 
 from transports.rv import Listener, Message
 from transports.rv.cmtransport import CmListener, CmTransport
+from transports.rv.ledger import LedgerError
 
 CHILD = str(Path(__file__).with_name("rvcm_child.py"))
 SUBJECT = "ORDERS.NEW"
@@ -169,3 +171,39 @@ def test_certified_on_the_async_transport(bus: Bus) -> None:
         return got
 
     assert asyncio.run(main()) == [(0, 0), (1, 2), (2, 3), (3, 4)]
+
+
+def test_a_ledger_that_cannot_be_written_holds_the_turn_and_says_so(
+        bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file ledger whose writes fail (a full disk): nothing of the turn leaves, the CM
+    transport presents LEDGER.WRITE_FAILED once and LEDGER.WRITE_RESUMED when a retry
+    succeeds; then the message goes out."""
+    sender = CmTransport(bus.transport(), "JOE", ledger_file=tmp_path / "joe.ledger")
+    sue = CmTransport(bus.transport(), "SUE")
+    got: list[Message] = []
+    sue.listen("ORDERS.>", lambda m, _: got.append(m), queue=bus.queue)
+    ledger_advisories = bus.collect(sender.transport, "_RV.*.RVCM.LEDGER.>")
+    ledger = sender.core.ledger
+    real_commit = ledger.commit
+    failing = {"on": True, "tries": 0}
+
+    def commit() -> None:
+        failing["tries"] += 1
+        if failing["on"]:
+            raise LedgerError(f"ledger {tmp_path / 'joe.ledger'}: write failed: disk full")
+        real_commit()
+
+    monkeypatch.setattr(ledger, "commit", commit)
+    sender.send(Message(SUBJECT).add("n", 1))
+    wait_for(lambda: ledger_advisories, what="LEDGER.WRITE_FAILED")
+    wait_for(lambda: failing["tries"] >= 3, what="two retries")  # (one a second)
+    assert [m.send_subject for m in ledger_advisories] == [
+        "_RV.ERROR.RVCM.LEDGER.WRITE_FAILED.JOE"]
+    assert "disk full" in str(ledger_advisories[0].get("description"))
+    assert not got
+    failing["on"] = False
+    wait_for(lambda: got, what="the message, once the ledger is written")
+    assert [m.send_subject for m in ledger_advisories][1:] == [
+        "_RV.INFO.RVCM.LEDGER.WRITE_RESUMED.JOE"]
+    sue.close()
+    sender.close()

@@ -30,7 +30,8 @@ Advisories are :class:`CmAdvisory` objects on ``_RV.<class>.RVCM.<name>.<subject
 correspondent>`` with the fields of TIBCO Rendezvous Concepts, Appendix B; their messages are
 built only for a listener.
 
-Not here: relay agents, and the ledger advisories some Rendezvous releases present.
+Not here: relay agents. The ledger advisories (``LEDGER.WRITE_FAILED`` / ``WRITE_RESUMED``)
+are presented by the driver, which commits the ledger (:mod:`transports.rv.cmtransport`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ REGISTRATION_CLOSED: Final = "_RV.INFO.RVCM.REGISTRATION.CLOSED."
 REGISTRATION_DISCOVERY: Final = "_RV.INFO.RVCM.REGISTRATION.DISCOVERY."
 REGISTRATION_MOVED: Final = "_RV.INFO.RVCM.REGISTRATION.MOVED."
 REGISTRATION_COLLISION: Final = "_RV.ERROR.RVCM.REGISTRATION.COLLISION."
+# The ledger's own (this bus's; Rendezvous publishes none): a file ledger that cannot be
+# written -- nothing of the turn leaves until it can -- and written again.
+LEDGER_WRITE_FAILED: Final = "_RV.ERROR.RVCM.LEDGER.WRITE_FAILED."
+LEDGER_WRITE_RESUMED: Final = "_RV.INFO.RVCM.LEDGER.WRITE_RESUMED."
 
 _U64 = RvType.U64
 _CONTROL_TYPES: Final = {"begin": _U64, "last": _U64, "upto": _U64, "first": _U64,

@@ -42,8 +42,15 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from transports.rv.advisory import is_logged
-from transports.rv.cm import DELIVERY_COMPLETE, DELIVERY_FAILED, CmCore, CmDelivery
+from transports.rv.advisory import advisory_message, is_logged
+from transports.rv.cm import (
+    DELIVERY_COMPLETE,
+    DELIVERY_FAILED,
+    LEDGER_WRITE_FAILED,
+    LEDGER_WRITE_RESUMED,
+    CmCore,
+    CmDelivery,
+)
 from transports.rv.ledger import Ledger, LedgerError, SqliteLedger
 from transports.rv.message import Message
 from transports.rv.queue import Event, Queue
@@ -111,6 +118,7 @@ class CmTransport:
         self._finished = False  # closed, and the ledger with it
         self._confirms: list[tuple[str, str, int]] = []  # from the dispatching threads
         self._confirms_due = False
+        self._ledger_failing = False  # LEDGER.WRITE_FAILED presented, not resumed yet
         self._bus_listen(self.core.control_subject)
         self._run(self._kick)
 
@@ -259,8 +267,14 @@ class CmTransport:
         except LedgerError as exc:
             log.error("CM transport %s: %s; trying again in %g s", self.name, exc,
                       LEDGER_RETRY_S)
+            if not self._ledger_failing:  # once per failure, not per retry
+                self._ledger_failing = True
+                self._present_ledger(LEDGER_WRITE_FAILED, str(exc))
             self._arm(time.time() + LEDGER_RETRY_S)
             return
+        if self._ledger_failing:
+            self._ledger_failing = False
+            self._present_ledger(LEDGER_WRITE_RESUMED, "the ledger is written again")
         for msg in out:
             try:
                 self.transport._send(msg, internal=True)
@@ -283,6 +297,12 @@ class CmTransport:
                 log.warning("rv advisory %s", event.message().to_text())
         if not self.closed:
             self._arm(self.core.next_deadline())
+
+    def _present_ledger(self, head: str, description: str) -> None:
+        adv = advisory_message(head + self.name, {"name": self.name,
+                                                  "description": description})
+        if not self.transport.present(adv) and is_logged(head):
+            log.warning("rv advisory %s", adv.to_text())
 
     def _arm(self, deadline: float | None) -> None:
         if self._timer is not None:
