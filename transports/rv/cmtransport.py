@@ -51,6 +51,7 @@ from transports.rv.cm import (
     CmCore,
     CmDelivery,
 )
+from transports.rv.driver import ProgramListener
 from transports.rv.ledger import Ledger, LedgerError, SqliteLedger
 from transports.rv.message import Message
 from transports.rv.queue import Event, Queue
@@ -364,28 +365,20 @@ class CmTransport:
         return self.host.call(fn)
 
 
-class CmListener:
+class CmListener(ProgramListener):
     """A CM listener (:meth:`CmTransport.listen`). ``destroy(cancel_agreements=True)`` also
     ends the certified delivery agreements on its subject."""
 
-    __slots__ = ("cm", "subject", "user_callback", "queue", "active", "explicit")
+    __slots__ = ("cm",)
 
     def __init__(self, cm: CmTransport, subject: str, callback: Callback,
                  queue: Queue | None = None, *, explicit_confirm: bool = False) -> None:
         validate_listen_subject(subject)
+        super().__init__(subject, callback,
+                         queue if queue is not None else cm.transport.default_listener_queue,
+                         explicit_confirm)
         self.cm = cm
-        self.subject = subject
-        self.user_callback = callback
-        self.queue = queue if queue is not None else cm.transport.default_listener_queue
-        self.explicit = explicit_confirm
-        self.active = True
         cm._add(self)
-
-    def callback(self, msg: Message, _: object) -> None:
-        """Run by the queue: the program's callback, then the automatic confirmation."""
-        self.user_callback(msg, self)
-        if not self.explicit:
-            self.confirm(msg)
 
     def confirm(self, msg: Message) -> None:
         """Confirm a certified message this listener received (explicit confirmation); a
@@ -412,6 +405,3 @@ class CmListener:
         self.active = False
         self.cm._remove(self, cancel_agreements)
         self.queue.purge(self)
-
-    def __repr__(self) -> str:
-        return f"CmListener({self.subject!r})"

@@ -16,11 +16,11 @@ Each member of the queue runs the same program: the same name, the same subjects
 send certified messages (:class:`~transports.rv.cmtransport.CmTransport`) to those
 subjects; each task reaches one member's callback.
 
-How it works. As for certified delivery and fault tolerance, the protocol core lives on the
-loop of the bus engine under the transport: bus listeners on the queue's subject, on this
-member's inbox, on the queue's certified-delivery control subject and on the listeners'
-subjects feed it (on a queue dispatched on that loop), one loop timer runs it, and after
-each turn what it produced is sent and its tasks queued for the program. A task is finished
+How it works. As for fault tolerance, the protocol core lives on the loop of the bus engine
+under the transport (:class:`~transports.rv.driver.CoreDriver`): bus listeners on the
+queue's subject, on this member's inbox, on the queue's certified-delivery control subject
+and on the listeners' subjects feed it, one loop timer runs it, and after each turn what it
+produced is sent and its tasks queued for the program. A task is finished
 when its callback returns, or, for a listener made with ``explicit_confirm``, when the
 program calls :meth:`DqListener.confirm`; a callback that raises does not finish it (the
 task stays with this worker; with a complete time the scheduler gives it to another).
@@ -29,40 +29,33 @@ Advisories are presented on the transport (``_RV.*.RVCM.>``, ``_RV.*.RVFT.>``).
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import threading
 import time
 from collections.abc import Callable
 
-from transports.rv.advisory import is_logged
 from transports.rv.cm import CONTROL_PREFIX
 from transports.rv.dq import DqCore, DqTask
+from transports.rv.driver import CoreDriver, ProgramListener
 from transports.rv.message import Message
 from transports.rv.queue import Event, Queue
 from transports.rv.subject import SubjectMatcher, validate_listen_subject, validate_send_subject
-from transports.rv.transport import Listener, TransportError, _BaseTransport
-
-log = logging.getLogger("transports.rv")
+from transports.rv.transport import _BaseTransport
 
 Callback = Callable[[Message, "DqListener"], object]
 
 
-class DqTransport:
+class DqTransport(CoreDriver):
     """A member of distributed queue ``name`` on ``transport`` (module docstring); the other
     arguments are :class:`~transports.rv.dq.DqCore`'s."""
+
+    core: DqCore
 
     def __init__(self, transport: _BaseTransport, name: str, *, worker_weight: int = 1,
                  worker_tasks: int = 1, scheduler_weight: int = 1,
                  scheduler_heartbeat: float = 1.0, scheduler_activation: float = 3.5,
                  complete_time: float = 0.0, backlog_limit: int = 0, backlog_bytes: int = 0,
                  request_interval: float = 1.0) -> None:
-        host = transport.host
-        if host is None:
-            raise TransportError("a distributed queue needs a network transport")
-        self.transport = transport
-        self.host = host
-        self.loop: asyncio.AbstractEventLoop = host.loop
+        super().__init__(transport, "dq:" + name, "a distributed queue")
         inbox = transport.create_inbox()
         self.core = DqCore(name, inbox, worker_weight=worker_weight, worker_tasks=worker_tasks,
                            scheduler_weight=scheduler_weight,
@@ -76,13 +69,9 @@ class DqTransport:
         self._lock = threading.Lock()  # the matcher and the tasks owed
         self._matcher = SubjectMatcher()
         self._owed: dict[int, tuple[str, int]] = {}  # id(task message) -> (key, callbacks due)
-        self._queue = Queue("dq:" + name)
-        self._queue.bind_loop(self.loop)
-        self._timer: asyncio.TimerHandle | None = None
-        self._turn_due = False
-        self._bus = [Listener(transport, subject, self._on_bus, queue=self._queue)
-                     for subject in (self.core.subject, inbox, CONTROL_PREFIX + name)]
-        self._call(lambda: None)  # the first status, and the timer
+        for subject in (self.core.subject, inbox, CONTROL_PREFIX + name):
+            self.bus_listen(subject)
+        self.call(lambda: None)  # the first status, and the timer
 
     @property
     def is_scheduler(self) -> bool:
@@ -96,10 +85,10 @@ class DqTransport:
         return DqListener(self, subject, callback, queue, explicit_confirm=explicit_confirm)
 
     def set_worker_weight(self, weight: int) -> None:
-        self._call(lambda: self.core.set_worker(time.monotonic(), weight=weight))
+        self.call(lambda: self.core.set_worker(time.monotonic(), weight=weight))
 
     def set_worker_tasks(self, tasks: int) -> None:
-        self._call(lambda: self.core.set_worker(time.monotonic(), tasks=tasks))
+        self.call(lambda: self.core.set_worker(time.monotonic(), tasks=tasks))
 
     def set_complete_time(self, seconds: float) -> None:
         if seconds < 0:
@@ -108,7 +97,7 @@ class DqTransport:
         def run() -> None:
             self.core.complete_time = seconds
 
-        self._call(run)
+        self.call(run)
 
     def close(self) -> None:
         """Leave the queue (a scheduler hands over at once)."""
@@ -118,15 +107,10 @@ class DqTransport:
 
         def leave() -> None:
             self.core.close(time.monotonic())
-            self._flush()
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self.flush()
+            self.stop()
 
         self.host.call(leave)
-        for listener in self._bus:
-            listener.destroy()
-        self._queue.destroy()
 
     # -- listeners ---------------------------------------------------------------------------
 
@@ -135,9 +119,8 @@ class DqTransport:
         validate_send_subject(listener.subject, allow_wildcard=False)  # core refuses it
         with self._lock:
             self._matcher.add(listener.subject, listener)
-        self._bus.append(Listener(self.transport, listener.subject, self._on_bus,
-                                  queue=self._queue))
-        self._call(lambda: self.core.listen(listener.subject, time.monotonic()))
+        self.bus_listen(listener.subject)
+        self.call(lambda: self.core.listen(listener.subject, time.monotonic()))
 
     def _finish(self, msg: Message) -> None:
         """A callback returned (or the program confirmed): once every listener the task went
@@ -151,63 +134,20 @@ class DqTransport:
                 self._owed[id(msg)] = (key, due - 1)
                 return
             del self._owed[id(msg)]
-        self._call(lambda: self.core.complete(key, time.monotonic()))
+        self.call(lambda: self.core.complete(key, time.monotonic()))
 
     # -- on the loop -------------------------------------------------------------------------
 
-    def _call(self, fn: Callable[[], object]) -> None:
-        """``fn()`` on the loop (now, if this is the loop), then a turn."""
-        def run() -> None:
-            if not self.core.closed:
-                fn()
-                self._kick()
-
-        self.host.soon(run)
-
-    def _on_bus(self, msg: Message, _: Listener) -> None:
-        self.core.receive(msg, time.monotonic())
-        self._kick()
-
-    def _kick(self) -> None:
-        if not self._turn_due:
-            self._turn_due = True
-            self.loop.call_soon(self._turn)
-
-    def _turn(self) -> None:
-        self._turn_due = False
-        if self.core.closed:
-            return
-        self._flush()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        deadline = self.core.next_deadline()
-        if deadline is not None:
-            self._timer = self.loop.call_later(max(0.0, deadline - time.monotonic()),
-                                               self._tick)
-
-    def _tick(self) -> None:
-        self._timer = None
-        self.core.tick(time.monotonic())
-        self._turn()
-
-    def _flush(self) -> None:
+    def flush(self) -> None:
         out, events = self.core.flush(time.monotonic())
-        if self.transport.closed:
-            return
-        for msg in out:
-            try:
-                self.transport._send(msg, internal=True)
-            except Exception as exc:  # noqa: BLE001 - one unsendable message stops no other
-                log.error("distributed queue %s: cannot send to %s: %s", self.name,
-                          msg.send_subject, exc)
+        self.send(out, f"distributed queue {self.name}")
         for event in events:
             if isinstance(event, DqTask):
-                self._present(event)
-            elif not self.transport.present(event) and is_logged(event.send_subject or ""):
-                log.warning("rv advisory %s", event.to_text())
+                self._hand_out(event)
+            else:
+                self.present(event)
 
-    def _present(self, task: DqTask) -> None:
+    def _hand_out(self, task: DqTask) -> None:
         subject = task.msg.send_subject or ""
         with self._lock:
             listeners = self._matcher.match(subject)
@@ -220,29 +160,21 @@ class DqTransport:
             listener.queue.push(Event(listener, task.msg))
 
 
-class DqListener:
-    """A queue listener (:meth:`DqTransport.listen`)."""
+class DqListener(ProgramListener):
+    """A queue listener (:meth:`DqTransport.listen`); :meth:`confirm` finishes a task."""
 
-    __slots__ = ("dq", "subject", "user_callback", "queue", "active", "explicit")
+    __slots__ = ("dq",)
 
     def __init__(self, dq: DqTransport, subject: str, callback: Callback,
                  queue: Queue | None = None, *, explicit_confirm: bool = False) -> None:
+        super().__init__(subject, callback,
+                         queue if queue is not None else dq.transport.default_listener_queue,
+                         explicit_confirm)
         self.dq = dq
-        self.subject = subject
-        self.user_callback = callback
-        self.queue = queue if queue is not None else dq.transport.default_listener_queue
-        self.explicit = explicit_confirm
-        self.active = True
         dq._add(self)
 
-    def callback(self, msg: Message, _: object) -> None:
-        """Run by the queue: the program's callback, then the task is finished."""
-        self.user_callback(msg, self)
-        if not self.explicit:
-            self.dq._finish(msg)
-
     def confirm(self, msg: Message) -> None:
-        """The task ``msg`` is finished (explicit confirmation)."""
+        """The task ``msg`` is finished."""
         self.dq._finish(msg)
 
     def destroy(self) -> None:
@@ -253,6 +185,3 @@ class DqListener:
         with self.dq._lock:
             self.dq._matcher.remove(self.subject, self)
         self.queue.purge(self)
-
-    def __repr__(self) -> str:
-        return f"DqListener({self.subject!r})"

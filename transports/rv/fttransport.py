@@ -28,88 +28,20 @@ where the bus is busy, so that statuses are not delayed behind data.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from transports.rv.advisory import is_logged
+from transports.rv.driver import CoreDriver
 from transports.rv.ft import FtAction, FtCore, FtMonitorCore
-from transports.rv.message import Message
 from transports.rv.queue import Event, Queue
-from transports.rv.transport import Listener, TransportError, _BaseTransport
-
-log = logging.getLogger("transports.rv")
+from transports.rv.transport import _BaseTransport
 
 ActionCallback = Callable[["FtMember", str, FtAction], object]
 MonitorCallback = Callable[["FtMonitor", str, int], object]
 
 
-class _Driver:
-    """Runs a core (member or monitor) on the transport's loop: its bus listener, its timer,
-    its output. Subclasses say what to do with the core's events."""
-
-    def __init__(self, transport: _BaseTransport, subject: str, queue: Queue | None) -> None:
-        host = transport.host
-        if host is None:
-            raise TransportError("fault tolerance needs a network transport")
-        self.transport = transport
-        self.host = host
-        self.loop: asyncio.AbstractEventLoop = host.loop
-        self.queue = queue if queue is not None else transport.default_listener_queue
-        self.active = True  # (a queue runs only the events of an active listener)
-        self._bus_queue = Queue(f"ft:{subject}")
-        self._bus_queue.bind_loop(self.loop)
-        self._timer: asyncio.TimerHandle | None = None
-        self._bus = Listener(transport, subject, self._on_bus, queue=self._bus_queue)
-
-    core: Any
-
-    def _call(self, fn: Callable[[], object]) -> None:
-        """``fn()`` on the loop, then a step of the core (its output, its timer)."""
-        def run() -> None:
-            fn()
-            self._step()
-
-        self.host.soon(run)
-
-    def _on_bus(self, msg: Message, _: Listener) -> None:
-        self.core.receive(msg, time.monotonic())
-        self._step()
-
-    def _tick(self) -> None:
-        self._timer = None
-        self.core.tick(time.monotonic())
-        self._step()
-
-    def _step(self) -> None:
-        self._flush()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        deadline = self.core.next_deadline()
-        if deadline is not None and self.active:
-            self._timer = self.loop.call_later(max(0.0, deadline - time.monotonic()),
-                                               self._tick)
-
-    def _flush(self) -> None:
-        raise NotImplementedError
-
-    def _present(self, adv: Message) -> None:
-        if not self.transport.present(adv) and is_logged(adv.send_subject or ""):
-            log.warning("rv advisory %s", adv.to_text())
-
-    def _stop(self) -> None:
-        self.active = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._bus.destroy()
-        self._bus_queue.destroy()
-
-
-class FtMember(_Driver):
+class FtMember(CoreDriver):
     """A member of fault-tolerance group ``group`` on ``transport`` (module docstring).
 
     ``callback(member, group, action)`` gets each :class:`~transports.rv.ft.FtAction`; the
@@ -123,10 +55,12 @@ class FtMember(_Driver):
         self.core = FtCore(group, weight=weight, active_goal=active_goal, heartbeat=heartbeat,
                            preparation=preparation, activation=activation,
                            now=time.monotonic())
+        super().__init__(transport, f"ft:{group}", "fault tolerance")
         self.group = group
         self.user_callback = callback
-        super().__init__(transport, self.core.subject, queue)
-        self._call(lambda: None)  # the first status, and the timer
+        self.queue = queue if queue is not None else transport.default_listener_queue
+        self.bus_listen(self.core.subject)
+        self.call(lambda: None)  # the first status, and the timer
 
     @property
     def is_active(self) -> bool:
@@ -138,11 +72,11 @@ class FtMember(_Driver):
         self.user_callback(self, self.group, action)
 
     def set_weight(self, weight: int) -> None:
-        self._call(lambda: self.core.set_weight(weight, time.monotonic()))
+        self.call(lambda: self.core.set_weight(weight, time.monotonic()))
 
     def disable(self, reason: str = "") -> None:
         """Report a resource error: deactivate, weight 0 (``DISABLING_MEMBER``)."""
-        self._call(lambda: self.core.disable(time.monotonic(), reason))
+        self.call(lambda: self.core.disable(time.monotonic(), reason))
 
     def destroy(self) -> None:
         """Withdraw from the group (the others know at once)."""
@@ -150,31 +84,28 @@ class FtMember(_Driver):
             return
 
         def leave() -> None:
-            self.core.withdraw()
-            self._flush()
-            self._stop()
+            if self.active:
+                self.core.withdraw()
+                self.flush()
+                self.stop()
 
         self.host.soon(leave)
         self.queue.purge(self)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         out, events = self.core.flush()
         if self.transport.closed:  # the program closed the transport under the member
-            self._stop()
+            self.stop()
             return
-        for msg in out:
-            try:
-                self.transport._send(msg, internal=True)
-            except Exception as exc:  # noqa: BLE001 - a status lost is sent again next beat
-                log.error("FT group %s: cannot send a status: %s", self.group, exc)
+        self.send(out, f"FT group {self.group}")
         for event in events:
             if isinstance(event, FtAction):
                 self.queue.push(Event(self, event))  # type: ignore[arg-type]
             else:
-                self._present(event)
+                self.present(event)
 
 
-class FtMonitor(_Driver):
+class FtMonitor(CoreDriver):
     """A passive monitor of group ``group``: ``callback(monitor, group, active_count)`` each
     time the number of active members changes; a member unheard for ``lost_interval`` (the
     group's activation interval) no longer counts."""
@@ -182,9 +113,11 @@ class FtMonitor(_Driver):
     def __init__(self, transport: _BaseTransport, group: str, callback: MonitorCallback, *,
                  lost_interval: float, queue: Queue | None = None) -> None:
         self.core = FtMonitorCore(group, lost_interval=lost_interval)
+        super().__init__(transport, f"ft:{group}", "fault tolerance")
         self.group = group
         self.user_callback = callback
-        super().__init__(transport, self.core.subject, queue)
+        self.queue = queue if queue is not None else transport.default_listener_queue
+        self.bus_listen(self.core.subject)
 
     def callback(self, count: Any, _: object) -> None:
         self.user_callback(self, self.group, count)
@@ -197,9 +130,9 @@ class FtMonitor(_Driver):
     def destroy(self) -> None:
         if not self.active:
             return
-        self.host.soon(self._stop)
+        self.host.soon(self.stop)
         self.queue.purge(self)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         for count in self.core.flush():
             self.queue.push(Event(self, count))  # type: ignore[arg-type]
