@@ -16,19 +16,11 @@ standard input closes.
 
 from __future__ import annotations
 
-import json
 import sys
-import threading
+
+from rvcm_child import out
 
 from transports.rv import Dispatcher, Listener, Message, RequestTimeout, Transport, default_queue
-
-_lock = threading.Lock()
-
-
-def out(obj: object) -> None:
-    with _lock:
-        sys.stdout.write(json.dumps(obj) + "\n")
-        sys.stdout.flush()
 
 
 def main() -> None:

@@ -128,6 +128,16 @@ _SUBJECT_BYTES: dict[str, bytes] = {}
 """Send subjects already checked, encoded: a program sends to few subjects, many times."""
 
 
+def _name_and_hops(out: bytearray, what: str, name: str, hops_what: str, hops: int) -> None:
+    """An envelope name (a byte of length, the UTF-8) and a hop count (one byte)."""
+    nb = _short(what, name)
+    if not (isinstance(hops, int) and 0 <= hops <= 255):
+        raise FieldError(f"envelope: {hops_what} {hops!r} is not 0..255")
+    out += _U8.pack(len(nb))
+    out += nb
+    out += _U8.pack(hops)
+
+
 def encode(msg: Message, *, max_depth: int = DEFAULT_MAX_DEPTH) -> bytes:
     """The envelope and fields of ``msg`` as bytes (README, "Messages and the wire format").
 
@@ -181,21 +191,11 @@ def encode(msg: Message, *, max_depth: int = DEFAULT_MAX_DEPTH) -> bytes:
     origin = msg.origin
     if origin is not None:
         flags |= FLAG_ORIGIN
-        ob = _short("origin id", origin.origin_id)
-        if not (isinstance(origin.hops, int) and 0 <= origin.hops <= 255):
-            raise FieldError(f"envelope: hop count {origin.hops!r} is not 0..255")
-        out += _U8.pack(len(ob))
-        out += ob
-        out += _U8.pack(origin.hops)
+        _name_and_hops(out, "origin id", origin.origin_id, "hop count", origin.hops)
     route = msg.route
     if route is not None:
         flags |= FLAG_ROUTE
-        nb = _short("route network", route.network)
-        if not (isinstance(route.hops, int) and 0 <= route.hops <= 255):
-            raise FieldError(f"envelope: router hop count {route.hops!r} is not 0..255")
-        out += _U8.pack(len(nb))
-        out += nb
-        out += _U8.pack(route.hops)
+        _name_and_hops(out, "route network", route.network, "router hop count", route.hops)
     out[1] = flags
     _encode_fields(msg.fields, out, enc, max_depth - 1)
     if len(out) > MAX_MESSAGE:
