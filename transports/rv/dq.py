@@ -488,12 +488,16 @@ class DqCore:
         weight, tasks = msg.get("weight"), msg.get("tasks")
         if isinstance(weight, int) and isinstance(tasks, int):
             worker.weight, worker.capacity = weight, tasks
-        for key in _strings(msg, "busy"):
+        busy = _strings(msg, "busy")
+        for key in busy:
             task = self._tasks.get(key)
             if task is None:
                 self._claimed[key] = ident  # sent to us again later: it stays there
             elif task.worker is None:
                 self._attach(key, task, ident, now)
+        held = set(busy)
+        for key in [k for k, owner in self._claimed.items() if owner == ident and k not in held]:
+            del self._claimed[key]  # it finished (or dropped) one never sent to us again
         if _str(msg, "query") == self.id:
             self._unanswered.discard(ident)
             if not self._unanswered:
