@@ -1,11 +1,22 @@
-"""The admin HTTP API (aiohttp), on the HTTP listener (default 127.0.0.1:8080).
+"""The admin HTTP API (aiohttp), on the HTTP listener (default 127.0.0.1:8080; ``https``: TLS).
 
 Read-only JSON views of the running core, in the spirit of EMS's ``show`` commands
-(TIBCO EMS User's Guide, "Command Listing"), plus ``purge``. Every view is a plain function of
-the broker's state, built on request; nothing here runs on the message path.
+(TIBCO EMS User's Guide, "Command Listing"), plus ``purge`` and ``setprop``. Every view is a
+plain function of the broker's state, built on request; nothing here runs on the message path.
+
+Every ``/api/`` route needs credentials (HTTP Basic with a user of ``users.conf``, or a
+bearer token) and an administrator permission (EMS User's Guide, Table 45), as
+:mod:`gateway.admin_auth` describes; each route's is in the right column, in brackets. Errors
+are JSON ``{"error": ...}``: 401 no or bad credentials, 403 not permitted, 404 unknown name or
+route, 400 malformed body, 413 body past 64 KB, 405 wrong method.
 
 ==========================================  ===========================================
 ``GET /health``                             ``{"status": "ok"}`` once the broker runs
+                                            (no credentials)
+``POST /api/v1/tokens``                     with Basic credentials: ``{"token": ...,
+                                            "expires_in": seconds}`` (any user);
+                                            ``admin_token_lifetime`` in gateway.conf
+``DELETE /api/v1/tokens/current``           revoke the bearer token the request carries
 ``GET /api/v1/server``                      ``show server``: counts, memory (``memory``
                                             charged, ``max_msg_memory``, ``msg_swapping``,
                                             ``swapped`` messages, ``memory_held_producers``),
@@ -14,37 +25,74 @@ the broker's state, built on request; nothing here runs on the message path.
                                             statistics (``swapped_out``, ``swapped_in``,
                                             ``memory_held`` among them), the garbage
                                             collector's settings and counts
+                                            [view-server]
 ``GET /api/v1/queues``                      ``show queues``: one row per queue (``swapped``:
                                             pending messages whose body is in the store)
-``GET /api/v1/topics``                      ``show topics``
+                                            [view-destination]
+``GET /api/v1/topics``                      ``show topics`` [view-destination]
 ``GET /api/v1/durables``                    ``show durables`` (``stored``: pending messages
                                             in the store only, the subscription's tail)
-``GET /api/v1/connections``                 ``show connections``
+                                            [view-durable]
+``GET /api/v1/connections``                 ``show connections`` [view-connection]
 ``GET /api/v1/store``                       the store's group-commit statistics
+                                            [view-server]
 ``GET /api/v1/clients``                     every adapter connection's output: bytes
                                             buffered, slow or not (deliveries paused past
                                             the write high-water mark), since when;
                                             ``?slow=1`` lists the slow consumers only
+                                            [view-connection]
 ``GET /api/v1/sessions``                    MQTT sessions: in-flight window, messages
                                             queued for them and dropped, per subscription
-``POST /api/v1/queues/{name}/purge``        ``purge queue name``
+                                            [view-connection]
+``POST /api/v1/queues/{name}/purge``        ``purge queue name`` [purge-destination, or
+                                            ``purge`` on the queue in acl.conf]
 ``POST /api/v1/topics/{name}``              ``setprop topic name props`` (JSON body
                                             ``{"properties": "import=\"t1\",export=\"t2\""}``)
+                                            [modify-destination, or ``modify`` on the
+                                            topic; create-destination / ``create`` for a
+                                            name not defined yet]
 ``POST /api/v1/queues/{name}``              ``setprop queue name props``; new ``import`` /
-                                            ``export`` names start at once
+                                            ``export`` names start at once [as topics]
 ``GET /api/v1/transports``                  ``show transports``: state, counters, bindings
+                                            [view-server]
 ==========================================  ===========================================
 """
 
 from __future__ import annotations
 
 import gc
+import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
+from gateway.admin_auth import (
+    MAX_BODY,
+    TOKEN_KEY,
+    USER_KEY,
+    Need,
+    ServerLog,
+    TokenStore,
+    auth_middleware,
+    error_middleware,
+    json_error,
+    needs,
+)
 from gateway.config.gateway_conf import listen_backlog
 from gateway.errors import GatewayError
+from gateway.tls import server_context
+
+server_log = logging.getLogger("gateway.admin.http")  # aiohttp's server log (ServerLog)
+TOKENS = web.AppKey("admin_tokens", TokenStore)
+
+VIEW_SERVER = Need("view-server")
+VIEW_DESTINATION = Need("view-destination")
+VIEW_DURABLE = Need("view-durable")
+VIEW_CONNECTION = Need("view-connection")
+PURGE_QUEUE = Need("purge-destination", "queue", "purge")
+ANY_USER = Need(None)
 
 
 def _props(props: Any) -> dict[str, Any]:
@@ -72,31 +120,67 @@ def _gc_info() -> dict[str, Any]:
     }
 
 
-def make_app(broker: Any) -> web.Application:
+def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Application:
+    """The HTTP listener's application: the admin API behind its middlewares, and the
+    adapters' WebSocket endpoints. ``clock`` times the bearer tokens (tests inject one)."""
     routes = web.RouteTableDef()
+    tokens = TokenStore(float(broker.config.gateway.admin_token_lifetime), clock)
 
     @routes.get("/health")
     async def health(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "gateway": broker.id})
+        """Public, and so minimal: a load balancer's or a container runtime's health check
+        has no credentials, and what it needs is whether the gateway answers, nothing about
+        the gateway itself (its id, counts and names are behind authentication)."""
+        return web.json_response({"status": "ok"})
+
+    @routes.post("/api/v1/tokens")
+    @needs(ANY_USER)
+    async def issue_token(request: web.Request) -> web.Response:
+        """A bearer token for the authenticated user; only Basic credentials make one, so a
+        token cannot be stretched past its lifetime by trading it for the next."""
+        if TOKEN_KEY in request:
+            return json_error(403, "a token is obtained with Basic credentials, not a token")
+        token = tokens.issue(request[USER_KEY])
+        return web.json_response({"token": token, "expires_in": int(tokens.lifetime)})
+
+    @routes.delete("/api/v1/tokens/current")
+    @needs(ANY_USER)
+    async def revoke_token(request: web.Request) -> web.Response:
+        token = request.get(TOKEN_KEY)
+        if token is None:
+            return json_error(400, "the request carries no bearer token to revoke")
+        tokens.revoke(token)
+        return web.json_response({"revoked": True})
 
     @routes.get("/api/v1/server")
+    @needs(VIEW_SERVER)
     async def server(_: web.Request) -> web.Response:
         return web.json_response({**broker.info(), "gc": _gc_info()})
+
+    def define_need(kind: str) -> Callable[[web.Request], Need]:
+        """``setprop`` on a defined name modifies it; on a new one it creates it."""
+
+        def need(request: web.Request) -> Need:
+            if broker.config.table(kind).get(request.match_info["name"]) is not None:
+                return Need("modify-destination", kind, "modify")
+            return Need("create-destination", kind, "create")
+
+        return need
 
     async def define(request: web.Request, kind: str) -> web.Response:
         """Define or redefine a topic or queue at run time (EMS ``setprop``)."""
         try:
             body = await request.json()
-        except ValueError:
-            return web.json_response({"error": "the body must be JSON"}, status=400)
+        except ValueError:  # not JSON, or not UTF-8
+            return json_error(400, "the body must be JSON")
         props = body.get("properties", "") if isinstance(body, dict) else None
         if not isinstance(props, str):
-            return web.json_response({"error": "'properties' must be a string"}, status=400)
+            return json_error(400, "the body must be an object whose 'properties' is a string")
         name = request.match_info["name"]
         try:
             entry = broker.config.table(kind).add(name, props, replace=True)
         except GatewayError as exc:
-            return web.json_response({"error": str(exc)}, status=400)
+            return json_error(400, str(exc))
         manager = broker.transports
         if manager is not None:
             manager.bind_entry(kind, entry)
@@ -104,19 +188,23 @@ def make_app(broker: Any) -> web.Application:
                                   "properties": entry.props_text()})
 
     @routes.post("/api/v1/topics/{name}")
+    @needs(define_need("topic"))
     async def define_topic(request: web.Request) -> web.Response:
         return await define(request, "topic")
 
     @routes.post("/api/v1/queues/{name}")
+    @needs(define_need("queue"))
     async def define_queue(request: web.Request) -> web.Response:
         return await define(request, "queue")
 
     @routes.get("/api/v1/transports")
+    @needs(VIEW_SERVER)
     async def transports(_: web.Request) -> web.Response:
         manager = broker.transports
         return web.json_response(manager.info() if manager is not None else [])
 
     @routes.get("/api/v1/queues")
+    @needs(VIEW_DESTINATION)
     async def queues(_: web.Request) -> web.Response:
         rows = []
         for q in broker.queues.values():
@@ -128,6 +216,7 @@ def make_app(broker: Any) -> web.Application:
         return web.json_response(rows)
 
     @routes.get("/api/v1/topics")
+    @needs(VIEW_DESTINATION)
     async def topics(_: web.Request) -> web.Response:
         rows = []
         for t in broker.topics.values():
@@ -140,6 +229,7 @@ def make_app(broker: Any) -> web.Application:
         return web.json_response(rows)
 
     @routes.get("/api/v1/durables")
+    @needs(VIEW_DURABLE)
     async def durables(_: web.Request) -> web.Response:
         return web.json_response([s.info() for s in broker.durables.values()])
 
@@ -155,6 +245,7 @@ def make_app(broker: Any) -> web.Application:
         return rows
 
     @routes.get("/api/v1/connections")
+    @needs(VIEW_CONNECTION)
     async def connections(_: web.Request) -> web.Response:
         output = {r["connection"]: r for r in client_rows() if r["connection"]}
         rows = []
@@ -169,6 +260,7 @@ def make_app(broker: Any) -> web.Application:
         return web.json_response(rows)
 
     @routes.get("/api/v1/clients")
+    @needs(VIEW_CONNECTION)
     async def clients(request: web.Request) -> web.Response:
         rows = client_rows()
         if request.query.get("slow") in ("1", "true"):
@@ -176,23 +268,28 @@ def make_app(broker: Any) -> web.Application:
         return web.json_response(rows)
 
     @routes.get("/api/v1/sessions")
+    @needs(VIEW_CONNECTION)
     async def sessions(_: web.Request) -> web.Response:
         mqtt = broker.adapter_servers.get("mqtt")
         return web.json_response(mqtt.session_rows() if mqtt is not None else [])
 
     @routes.get("/api/v1/store")
+    @needs(VIEW_SERVER)
     async def store(_: web.Request) -> web.Response:
         return web.json_response(dict(getattr(broker.store, "stats", {})))
 
     @routes.post("/api/v1/queues/{name}/purge")
+    @needs(PURGE_QUEUE)
     async def purge(request: web.Request) -> web.Response:
         try:
             n = broker.purge_queue(request.match_info["name"])
         except GatewayError as exc:
-            return web.json_response({"error": str(exc)}, status=404)
+            return json_error(404, str(exc))
         return web.json_response({"purged": n})
 
-    app = web.Application()
+    app = web.Application(middlewares=[error_middleware, auth_middleware(broker, tokens)],
+                          client_max_size=MAX_BODY)
+    app[TOKENS] = tokens
     app.add_routes(routes)
     for method, path, handler in broker.http_routes:  # adapters' WebSocket endpoints
         app.router.add_route(method, path, handler)
@@ -210,11 +307,19 @@ class AdminServer:
 
 
 async def start(broker: Any, spec: Any) -> AdminServer:
-    """Registry entry for ``listen = http://host:port``."""
-    runner = web.AppRunner(make_app(broker), access_log=None)
+    """Registry entry for ``listen = http://host:port`` and ``listen = https://host:port``
+    (TLS with ``tls_cert`` / ``tls_key`` / ``tls_ca``, as every TLS listener: gateway.tls).
+
+    Refuses (GatewayError) an address beyond loopback while ``admin`` has no password; the
+    configuration's loader says so first, with the ``listen`` line (gateway.config.loader)."""
+    if not spec.loopback and not broker.config.security.admin_has_password():
+        raise GatewayError(f"listen {spec.url()}: the admin API would be reachable beyond this "
+                           "host while the 'admin' user has no password (users.conf)")
+    ctx = server_context(broker, "https") if spec.scheme == "https" else None
+    runner = web.AppRunner(make_app(broker), access_log=None, logger=ServerLog(server_log, {}))
     await runner.setup()
     # the accept queue of every listener (aiohttp's default is 128)
-    site = web.TCPSite(runner, spec.host, spec.port,
+    site = web.TCPSite(runner, spec.host or None, spec.port, ssl_context=ctx,
                        backlog=listen_backlog(broker.config.gateway))
     await site.start()
     addresses = runner.addresses  # the bound sockets' names (port 0: the one chosen)

@@ -17,6 +17,7 @@ from gateway.errors import GatewayError
 
 ADAPTERS: dict[str, str] = {
     "http": "gateway.admin:start",
+    "https": "gateway.admin:start",
     "mqtt": "adapters.mqtt.server:start",
     "mqtts": "adapters.mqtt.server:start",
     "amqp": "adapters.amqp.server:start",

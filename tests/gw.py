@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from adminapi import admin_get, admin_post
 from corehelp import write_config
 
 from gateway.config import load_config
@@ -94,6 +95,15 @@ class GatewayThread:
     def broker(self) -> Any:
         assert self.gateway is not None
         return self.gateway.broker
+
+    def admin_get(self, path: str, **kw: Any) -> Any:
+        """``GET path`` of the admin API (``/api/v1/...``) on the http listener, as JSON,
+        with the predefined ``admin`` user's credentials unless ``user`` / ``password``."""
+        return admin_get(self.port("http"), path, **kw)
+
+    def admin_post(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+        """``POST path`` of the admin API with ``body`` as JSON: ``(status, answer)``."""
+        return admin_post(self.port("http"), path, body, **kw)
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the gateway's loop and return its result (a coroutine is awaited)."""

@@ -142,6 +142,9 @@ parameter                           default            meaning
                                                        ``topic://`` prefix, no capability or
                                                        ``x-opt-jms-dest`` saying) names: ``queue``
                                                        or ``topic``
+``admin_token_lifetime``            1 hour             how long a bearer token of the admin API
+                                                       (``POST /api/v1/tokens``) stays valid; a
+                                                       bare number is seconds
 ``log_level``                       ``info``           ``debug``, ``info``, ``warning`` or ``error``
 ==================================  =================  ===============================================
 """
@@ -193,6 +196,7 @@ SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 STORE_TYPES = ("sqlite", "memory")
 DEST_KINDS = ("queue", "topic")
+DEFAULT_TOKEN_LIFETIME = 3600.0  # seconds an admin API bearer token lasts unless configured
 
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
 _HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?|\*")
@@ -211,6 +215,17 @@ class Listener:
     @property
     def tls(self) -> bool:
         return self.scheme in TLS_SCHEMES
+
+    @property
+    def loopback(self) -> bool:
+        """Whether only this host can reach the listener: a loopback address or ``localhost``.
+        Every interface (``host == ""``) and any other name or address is not."""
+        if self.host.lower() == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:  # "" (every interface) or a host name, which may resolve anywhere
+            return False
 
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -267,6 +282,7 @@ class GatewaySettings:
     ft_heartbeat: float = 1.0
     ft_activation: float = 3.0
     mqtt_max_keepalive: int = 0
+    admin_token_lifetime: float = DEFAULT_TOKEN_LIFETIME
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -445,6 +461,7 @@ _PARAMS: dict[str, Callable[[str], Any]] = {
     "tls_require_client_cert": parse_bool,
     "amqp_default_destination": _choice(DEST_KINDS),
     "mqtt_max_keepalive": _keepalive,
+    "admin_token_lifetime": lambda v: _positive_seconds(v),
     "log_level": _choice(LOG_LEVELS),
 }
 _PATHS = ("store", "delivery_log_dir", "tls_cert", "tls_key", "tls_ca")

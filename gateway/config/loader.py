@@ -18,6 +18,8 @@ problem of every file is collected, then the cross-file checks run:
   "Working With TIBCO Rendezvous", "Import Issues");
 * JNDI names are unique across topics and queues (EMS User's Guide, appendix
   "Error and Status Messages");
+* an ``http`` / ``https`` listener (the admin API) on an address other than loopback needs a
+  password for the ``admin`` user in ``users.conf`` (:func:`admin_listener_problems`);
 
 and, if anything was wrong, :class:`~gateway.errors.ConfigErrors` is raised with all of
 them, in file and line order. Warnings (EMS "Configuration warning" lines) do not stop the
@@ -38,6 +40,7 @@ from gateway.config.security import Security, parse_acl, parse_groups, parse_use
 from gateway.config.transports import TransportDef, parse_transports
 from gateway.errors import ConfigError, ConfigErrors
 
+ADMIN_SCHEMES = frozenset({"http", "https"})  # listeners that serve the admin API
 DEFAULT_CONFIG_DIR = Path(__file__).resolve().parent.parent / "defaults"
 CONFIG_FILES = (
     "gateway.conf",
@@ -105,6 +108,10 @@ def load_config(config_dir: str | os.PathLike[str] | None = None) -> Config:
     _check_transport_refs(topics, queues, transports, section_names, settings, errors, warnings)
     _check_import_names(topics, queues, errors)
     _check_jndi(topics, queues, errors)
+    security = Security(users, groups, acl)
+    errors.extend(
+        admin_listener_problems(settings, security, str(d / "gateway.conf"))
+    )
     if errors:
         order = {name: i for i, name in enumerate(CONFIG_FILES)}
         errors.sort(key=lambda e: (order.get(os.path.basename(e.file), -1), e.line or 0))
@@ -117,12 +124,37 @@ def load_config(config_dir: str | os.PathLike[str] | None = None) -> Config:
         gateway=settings,
         topics=topics,
         queues=queues,
-        security=Security(users, groups, acl),
+        security=security,
         transports=transports,
         warnings=warnings,
         embedded=embedded,
         routers=routers,
     )
+
+
+def admin_listener_problems(
+    settings: GatewaySettings, security: Security, conf: str
+) -> list[ConfigError]:
+    """The admin API may be reachable beyond this host only if ``admin`` has a password.
+
+    The predefined ``admin`` user holds every administrator permission and has no password
+    until ``users.conf`` gives it one (EMS User's Guide, "Predefined Administrative User and
+    Group"); on loopback only this host can use that, on any other address anyone who
+    reaches the port could purge a queue. One error per such ``listen`` line of ``conf``.
+    """
+    if security.admin_has_password():
+        return []
+    return [
+        ConfigError(
+            conf,
+            lst.line,
+            f"listen {lst.url()}: the admin API would be reachable beyond this host while "
+            f"the 'admin' user has no password; give it one in users.conf "
+            f"(admin:password, see 'gateway passwd') or listen on 127.0.0.1",
+        )
+        for lst in settings.listen
+        if lst.scheme in ADMIN_SCHEMES and not lst.loopback
+    ]
 
 
 def _check_transport_refs(

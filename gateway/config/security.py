@@ -242,6 +242,22 @@ class Security:
             self._auth_ok[key] = user.password
         return ok
 
+    def admin_has_password(self) -> bool:
+        """Whether the predefined ``admin`` user has a password in ``users.conf``. EMS's
+        ``admin`` has none until one is set (EMS User's Guide, "Predefined Administrative
+        User and Group"; ``set password admin``)."""
+        user = self.users.get(ADMIN_USER)
+        return user is not None and user.password != ""
+
+    def authenticate_administrator(self, username: str | None, password: str | None) -> bool:
+        """:meth:`authenticate` for the admin API, which also knows the predefined ``admin``
+        user when ``users.conf`` does not list it: then it has an empty password (EMS
+        User's Guide, "Predefined Administrative User and Group"). Client connections do
+        not use this: they carry no administrator rights."""
+        if username == ADMIN_USER and ADMIN_USER not in self.users:
+            return hmac.compare_digest((password or "").encode("utf-8"), b"")
+        return self.authenticate(username, password)
+
     # -- permissions ---------------------------------------------------------------
 
     def groups_of(self, user: str | None) -> frozenset[str]:

@@ -40,15 +40,17 @@ before it had a tail -- 603 MB after, a figure of 462 MB.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: adminapi
+
+from adminapi import admin_get  # noqa: E402
 
 HOST = "127.0.0.1"
 BATCH = 1000
@@ -69,8 +71,7 @@ def rss_mb(pid: int) -> float:
 
 
 def server_info(http_port: int) -> dict[str, object]:
-    with urllib.request.urlopen(f"http://{HOST}:{http_port}/api/v1/server", timeout=30) as r:
-        data: dict[str, object] = json.loads(r.read())
+    data: dict[str, object] = admin_get(http_port, "/api/v1/server", host=HOST, timeout=30)
     return data
 
 
@@ -154,8 +155,8 @@ def start_gateway(work: Path, listeners: str, args: argparse.Namespace,
 
 
 def durables(http_port: int) -> list[dict[str, object]]:
-    with urllib.request.urlopen(f"http://{HOST}:{http_port}/api/v1/durables", timeout=30) as r:
-        data: list[dict[str, object]] = json.loads(r.read())
+    data: list[dict[str, object]] = admin_get(http_port, "/api/v1/durables", host=HOST,
+                                              timeout=30)
     return data
 
 

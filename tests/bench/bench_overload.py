@@ -78,7 +78,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +87,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
 
+from adminapi import admin_get  # noqa: E402
 from bench_amqp import process_cpu  # noqa: E402
 from bench_mqtt import (  # noqa: E402
     HOST,
@@ -368,11 +368,9 @@ def start_broker(name: str, workdir: Path) -> Iterator[Broker]:
 
 def gateway_dropped(broker: Broker) -> int | None:
     """``dropped`` + ``rejected`` of the gateway's /api/v1/server (None: no answer)."""
-    url = f"http://{HOST}:{broker.http_port}/api/v1/server"
     try:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            info = json.loads(r.read())
-            return int(info.get("dropped", 0)) + int(info.get("rejected", 0))
+        info = admin_get(broker.http_port, "/api/v1/server", host=HOST, timeout=30)
+        return int(info.get("dropped", 0)) + int(info.get("rejected", 0))
     except (OSError, ValueError):
         return None
 

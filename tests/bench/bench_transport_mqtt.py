@@ -103,7 +103,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +112,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
 
+from adminapi import admin_get  # noqa: E402
 from bench_amqp import CLK_TCK  # noqa: E402
 from bench_mqtt import BenchError, BrokerFailed, log, run_process  # noqa: E402
 from bench_stomp import machine_jiffies, tree_cpu  # noqa: E402
@@ -283,9 +283,8 @@ class Near:
     api: int = 0  # the gateway's http port
 
     def transport(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"http://{HOST}:{self.api}/api/v1/transports",
-                                    timeout=5) as r:
-            infos: list[dict[str, Any]] = json.load(r)
+        infos: list[dict[str, Any]] = admin_get(self.api, "/api/v1/transports", host=HOST,
+                                                timeout=5)
         return {t["name"]: t for t in infos}["far"]
 
 

@@ -11,9 +11,7 @@ once -- also when the gateway restarts while the client is offline.
 
 from __future__ import annotations
 
-import json
 import queue
-import urllib.request
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -37,8 +35,7 @@ MEMORY_BOUND = 3 * BACKLOG * (BODY + 64 + MESSAGE_OVERHEAD)
 
 
 def admin(g: GatewayThread, path: str) -> Any:
-    with urllib.request.urlopen(f"http://127.0.0.1:{g.port('http')}{path}", timeout=10) as r:
-        return json.loads(r.read())
+    return g.admin_get(path)
 
 
 def durable(g: GatewayThread, cid: str) -> dict[str, Any]:

@@ -25,7 +25,6 @@ import json
 import os
 import socket
 import struct
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -280,8 +279,7 @@ def drops(gw: GatewayThread, conn_id: str, event: str, reason: str) -> int:
 
 
 def admin(gw: GatewayThread, path: str) -> Any:
-    with urllib.request.urlopen(f"http://127.0.0.1:{gw.port('http')}{path}", timeout=10) as r:
-        return json.load(r)
+    return gw.admin_get(path)
 
 
 def flow_of(gw: GatewayThread, client_id: str) -> Any:

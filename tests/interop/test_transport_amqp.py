@@ -5,9 +5,7 @@ stops and starts its application, so it runs last."""
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -54,9 +52,7 @@ def gateway(tmp: Any, port: int, topics: str, queues: str = ">\n", **extra: str)
 
 
 def info(g: GatewayThread) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{g.port('http')}/api/v1/transports"
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return {t["name"]: t for t in json.load(r)}
+    return {t["name"]: t for t in g.admin_get("/api/v1/transports")}
 
 
 def up(g: GatewayThread) -> None:

@@ -5,8 +5,6 @@ peer is another gateway, whose AMQP adapter offers the capability (RabbitMQ 3.10
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +30,7 @@ def near_gateway(tmp: Path, port: int, **extra: str) -> GatewayThread:
 
 
 def info(g: GatewayThread) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{g.port('http')}/api/v1/transports"
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return {t["name"]: t for t in json.load(r)}["far"]
+    return {t["name"]: t for t in g.admin_get("/api/v1/transports")}["far"]
 
 
 def collect(far: GatewayThread, pattern: str) -> list[Any]:

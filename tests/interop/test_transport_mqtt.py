@@ -4,10 +4,7 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -82,9 +79,7 @@ def gateway(tmp, port: int, topics: str, queues: str = ">\n", uvloop: bool = Tru
 
 
 def info(g: GatewayThread) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{g.port('http')}/api/v1/transports"
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return {t["name"]: t for t in json.load(r)}
+    return {t["name"]: t for t in g.admin_get("/api/v1/transports")}
 
 
 @pytest.fixture
@@ -270,14 +265,7 @@ def test_a_temporary_reply_to_is_answered_across_the_bridge(tmp_path, mosq):
 
 
 def post(g: GatewayThread, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(f"http://127.0.0.1:{g.port('http')}{path}",
-                                 data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.load(exc)
+    return g.admin_post(path, body)  # type: ignore[no-any-return]
 
 
 def test_import_and_export_bound_at_run_time_through_the_admin_api(tmp_path, mosq):

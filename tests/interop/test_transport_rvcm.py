@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import paho.mqtt.client as paho
 import proton
 import pytest
+from adminapi import admin_get
 from amqpclient import connect as amqp_connect
 from gw import wait_for
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
@@ -229,9 +229,7 @@ class GatewayProcess:
 
     def api(self, path: str) -> Any:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/api/v1/{path}",
-                                        timeout=5) as r:
-                return json.load(r)
+            return admin_get(self.http, f"/api/v1/{path}", timeout=5)
         except OSError:
             return [{"state": "starting", "name": "", "count": 0, "imports": {}}]
 

@@ -114,9 +114,7 @@ def after(action: Callable[[], None], cond: Callable[[], Any]) -> Callable[[], A
 
 
 def info(g: GatewayThread) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{g.port('http')}/api/v1/transports"
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return {t["name"]: t for t in json.load(r)}
+    return {t["name"]: t for t in g.admin_get("/api/v1/transports")}
 
 
 def publish(g: GatewayThread, dest: str, *msgs: Message, **send: Any) -> None:

@@ -42,7 +42,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,7 @@ from typing import Any
 import gw as gwmod
 import paho.mqtt.client as paho
 import pytest
+from adminapi import admin_get
 from corehelp import write_config
 from faultproxy import toxiproxy_fixture  # noqa: F401
 from gw import GatewayThread
@@ -128,15 +128,12 @@ def transports(name: str, port: int, version: str, qos: int, client_id: str) -> 
 
 def in_flight_of(http_port: int, durable: str) -> int:
     """How many messages of durable subscription ``durable`` are out unacknowledged."""
-    url = f"http://127.0.0.1:{http_port}/api/v1/durables"
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return next(int(d["in_flight"]) for d in json.load(r) if d["name"] == durable)
+    rows = admin_get(http_port, "/api/v1/durables", timeout=5)
+    return next(int(d["in_flight"]) for d in rows if d["name"] == durable)
 
 
 def transport_info(http_port: int) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{http_port}/api/v1/transports"
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return {t["name"]: t for t in json.load(r)}
+    return {t["name"]: t for t in admin_get(http_port, "/api/v1/transports", timeout=5)}
 
 
 class Publisher:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import aiohttp
+from adminapi import basic_auth
 from corehelp import Q, running_broker
 
 from gateway import registry
@@ -22,7 +23,7 @@ async def test_admin_views_and_purge(tmp_path):
         host, port = server.address
         base = f"http://{host}:{port}"
         try:
-            async with aiohttp.ClientSession() as http:
+            async with aiohttp.ClientSession(headers=basic_auth()) as http:
                 async with http.get(base + "/health") as r:
                     assert (await r.json())["status"] == "ok"
                 async with http.get(base + "/api/v1/queues") as r:

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import gc
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import weakref
 from pathlib import Path
 
 import pytest
+from adminapi import admin_get
 from corehelp import write_config
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -50,8 +49,7 @@ def test_serve_logs_its_listener_answers_and_stops_on_signal(tmp_path, sig):
         m = wait_for(proc, r"listening for http on 127\.0\.0\.1:(\d+)", lines)
         port = int(m.group(1))
         wait_for(proc, r"gateway ready", lines)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/server", timeout=5) as r:
-            info = json.load(r)
+        info = admin_get(port, "/api/v1/server", timeout=5)
         assert info["queues"] >= 1 and "published" in info
         # serve tuned the collector once started (gateway.server.tune_gc)
         assert info["gc"]["threshold"][0] == 20_000 and info["gc"]["frozen"] > 0

@@ -313,6 +313,7 @@ def test_duplicate_listen_address(tmp_path: Path) -> None:
         tmp_path,
         gateway="listen = mqtt://127.0.0.1:1883\nlisten = stomp://:1883\nlisten = http://h:0\n"
         "listen = http://h:0\n",
+        users='admin:secret:""\n',  # the admin API beyond loopback needs it (test_admin_auth)
     )
     assert where(errors) == [("gateway.conf", 2)]  # port 0 (ephemeral) may repeat
     assert "same address as line 1" in errors[0].detail
