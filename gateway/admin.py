@@ -55,6 +55,15 @@ route, 400 malformed body, 413 body past 64 KB, 405 wrong method.
                                             ``export`` names start at once [as topics]
 ``GET /api/v1/transports``                  ``show transports``: state, counters, bindings
                                             [view-server]
+``GET /api/v1/log``                         the log's levels: ``{"level": "info",
+                                            "loggers": {name: level}}`` (the root logger's,
+                                            and every logger whose own level is set)
+                                            [view-server]
+``PUT /api/v1/log``                         ``{"level": "debug"}`` sets the root logger's
+                                            level; ``{"logger": "transports.rv", "level":
+                                            "warning"}`` one logger's (``notset``: back to
+                                            its parent's); answers as ``GET``; until the
+                                            process ends [change-server]
 ==========================================  ===========================================
 """
 
@@ -82,8 +91,10 @@ from gateway.admin_auth import (
 )
 from gateway.config.gateway_conf import listen_backlog
 from gateway.errors import GatewayError
+from gateway.logconf import levels, set_level
 from gateway.tls import server_context
 
+log = logging.getLogger("gateway.admin")
 server_log = logging.getLogger("gateway.admin.http")  # aiohttp's server log (ServerLog)
 TOKENS = web.AppKey("admin_tokens", TokenStore)
 
@@ -91,6 +102,7 @@ VIEW_SERVER = Need("view-server")
 VIEW_DESTINATION = Need("view-destination")
 VIEW_DURABLE = Need("view-durable")
 VIEW_CONNECTION = Need("view-connection")
+CHANGE_SERVER = Need("change-server")
 PURGE_QUEUE = Need("purge-destination", "queue", "purge")
 ANY_USER = Need(None)
 
@@ -202,6 +214,33 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
     async def transports(_: web.Request) -> web.Response:
         manager = broker.transports
         return web.json_response(manager.info() if manager is not None else [])
+
+    @routes.get("/api/v1/log")
+    @needs(VIEW_SERVER)
+    async def get_log(_: web.Request) -> web.Response:
+        return web.json_response(levels())
+
+    @routes.put("/api/v1/log")
+    @needs(CHANGE_SERVER)
+    async def put_log(request: web.Request) -> web.Response:
+        """Change a log level at run time (as EMS's ``set server`` changes its tracing)."""
+        try:
+            body = await request.json()
+        except ValueError:  # not JSON, or not UTF-8
+            return json_error(400, "the body must be JSON")
+        if (not isinstance(body, dict) or set(body) - {"level", "logger"}
+                or not isinstance(body.get("level"), str)
+                or not isinstance(body.get("logger", ""), str)):
+            return json_error(400, 'the body must be an object {"level": "..."}, with '
+                                   'optionally "logger": "name", both strings')
+        logger = body.get("logger") or None
+        try:
+            set_level(body["level"], logger)
+        except ValueError as exc:
+            return json_error(400, str(exc))
+        log.warning("admin: %s set the log level of %s to %s", request[USER_KEY],
+                    logger or "the gateway", body["level"].lower())
+        return web.json_response(levels())
 
     @routes.get("/api/v1/queues")
     @needs(VIEW_DESTINATION)

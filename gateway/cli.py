@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
-import logging
 import sys
 from typing import Any
 
 from gateway.errors import ConfigError, ConfigErrors, GatewayError
+from gateway.logconf import LEVELS, configure
 
 
 def _build() -> str:
@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
                     "clients and brokers through one JMS-style core broker.")
     parser.add_argument("--version", action="version",
                         version=f"gateway {__version__} ({_build()})")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument("--log-level", default=None,
+                        help="DEBUG, INFO, WARNING or ERROR (serve: overrides log_level in "
+                             "gateway.conf; default INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
     p_serve = sub.add_parser("serve", help="run the gateway")
     p_serve.add_argument("--config-dir", default=None,
@@ -68,10 +70,21 @@ def main(argv: list[str] | None = None) -> int:
         from spark.cli import main as reconcile_main
 
         return int(reconcile_main(given[given.index("reconcile") + 1:]))
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    if args.log_level is not None and str(args.log_level).lower() not in LEVELS:
+        parser.error(f"--log-level: {args.log_level!r} is not one of {', '.join(LEVELS)}")
+    if args.command == "serve":
+        # gateway.conf's log_level and log_format, read before anything logs
+        from gateway.config import load_config
+
+        try:
+            config = load_config(args.config_dir)
+        except (ConfigError, ConfigErrors) as exc:
+            configure(args.log_level or "info")
+            print(f"gateway: configuration errors, not starting:\n{exc}", file=sys.stderr)
+            return 2
+        configure(args.log_level or config.gateway.log_level, config.gateway.log_format)
+        return _serve(args.config_dir, config)
+    configure(args.log_level or "info")
     if args.command == "rv":
         from gateway.registry import NotAvailableError, import_string
 
@@ -81,25 +94,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gateway: {exc}", file=sys.stderr)
             return 2
         return int(rv_main(args.rv_args + rest))
-    if args.command == "serve":
-        from gateway.server import serve
-
-        runner: Any = asyncio.run
-        try:
-            import uvloop
-
-            runner = uvloop.run
-        except ImportError:  # pragma: no cover - uvloop is optional
-            pass
-        try:
-            return int(runner(serve(args.config_dir)))
-        except (ConfigError, ConfigErrors) as exc:
-            print(f"gateway: configuration errors, not starting:\n{exc}", file=sys.stderr)
-            return 2
-        except (OSError, GatewayError) as exc:
-            # a port in use, a store another gateway holds, a required transport unreachable
-            print(f"gateway: cannot start: {exc}", file=sys.stderr)
-            return 1
     if args.command == "check-config":
         from gateway.config import load_config
 
@@ -122,6 +116,28 @@ def main(argv: list[str] | None = None) -> int:
         print(hash_password(password))
         return 0
     return 2  # pragma: no cover
+
+
+def _serve(config_dir: str | None, config: Any) -> int:
+    """``gateway serve`` on a loaded configuration; the exit status."""
+    from gateway.server import serve
+
+    runner: Any = asyncio.run
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is optional
+        pass
+    try:
+        return int(runner(serve(config_dir, config)))
+    except (ConfigError, ConfigErrors) as exc:
+        print(f"gateway: configuration errors, not starting:\n{exc}", file=sys.stderr)
+        return 2
+    except (OSError, GatewayError) as exc:
+        # a port in use, a store another gateway holds, a required transport unreachable
+        print(f"gateway: cannot start: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -99,17 +99,12 @@ class Gateway:
         log.info("gateway %s started (store %s, %s)", gid, gw.store_type, store_dir)
 
     def _mappings(self) -> Any:
-        """The declarative mappings of ``<config dir>/mappings/*.yaml`` (None without any).
-        Loaded by name: the core never imports the mapping engine (the layering import-linter checks).
-        Raises ConfigErrors naming file, line and field."""
-        if self.config.embedded:
-            return None
-        folder = self.config.dir / "mappings"
-        if not folder.is_dir() or not any(folder.glob("*.yaml")):
-            return None
-        mapping_set = registry.import_string("mappings.engine:MappingSet")
-        loaded = mapping_set.load([folder])
-        log.info("mappings: %d rules from %s", len(loaded.rules()), folder)
+        """The declarative mappings of ``<config dir>/mappings/*.yaml`` (None without any),
+        compiled when the configuration loaded (gateway.config.checks.load_mappings), so that
+        ``gateway check-config`` refuses a rule that does not compile as start does."""
+        loaded = self.config.mappings
+        if loaded is not None:
+            log.info("mappings: %d rules from %s", len(loaded.rules()), self.config.dir / "mappings")
         return loaded
 
     async def stop(self) -> None:
@@ -181,9 +176,11 @@ def tune_gc() -> None:
     gc.set_threshold(GC_THRESHOLD, gen1, gen2)
 
 
-async def serve(config_dir: str | None) -> int:
-    """Run until SIGTERM or SIGINT; return the exit status."""
-    config = load_config(config_dir)
+async def serve(config_dir: str | None, config: Config | None = None) -> int:
+    """Run until SIGTERM or SIGINT; return the exit status. ``config``: ``config_dir``
+    already loaded (``gateway serve`` loads it first, for its logging settings)."""
+    if config is None:
+        config = load_config(config_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

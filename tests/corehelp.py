@@ -29,6 +29,24 @@ not_compiled = pytest.mark.skipif(
     COMPILED, reason="sets values of the wrong type or replaces a method: pure Python only")
 
 
+def make_cert(directory: Path, name: str = "server") -> tuple[Path, Path]:
+    """A self-signed certificate (``name.pem``) and its unencrypted key (``name.key``) for
+    127.0.0.1, made with openssl: the configuration loads TLS files into a context."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        raise RuntimeError("openssl is needed to make a test certificate")
+    directory.mkdir(parents=True, exist_ok=True)
+    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )
+    return cert, key
+
+
 def write_config(directory: Path, **files: str) -> Path:
     """Write ``gateway.conf`` etc. (keyword ``gateway="..."`` → ``gateway.conf``)."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -67,6 +66,7 @@ from adapters.amqp.driver import EngineDriver, decode_message, proton_to_message
 from gateway import subject
 from gateway.errors import GatewayError
 from gateway.message import QUEUE, TOPIC, Destination, Message
+from gateway.tls import make_client_context
 from transports.amqp_export import RELAY, Exports
 from transports.amqp_links import (
     GW_PREFIXES,
@@ -145,9 +145,7 @@ class AmqpTransport(Transport):
         self.failure = None
         ctx = None
         if url.tls:
-            ctx = ssl.create_default_context(cafile=p.get("tls_ca"))
-            if p.get("tls_cert"):
-                ctx.load_cert_chain(p["tls_cert"], p.get("tls_key"))
+            ctx = make_client_context(p.get("tls_cert"), p.get("tls_key"), p.get("tls_ca"))
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 shell = Shell(self)

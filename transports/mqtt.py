@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -48,6 +47,7 @@ from adapters.mqtt.topics import element_to_level, mqtt_topic_to_subject, subjec
 from gateway import subject
 from gateway.errors import GatewayError
 from gateway.message import QUEUE, TEMP_PREFIX, Destination, Message
+from gateway.tls import make_client_context
 from mappings.mqtt import trace_user_property
 from transports.base import (
     EXPORT_WINDOW,
@@ -181,9 +181,7 @@ class MqttTransport(Transport):
         self._teardown()
         ctx = None
         if url.tls:
-            ctx = ssl.create_default_context(cafile=p.get("tls_ca"))
-            if p.get("tls_cert"):
-                ctx.load_cert_chain(p["tls_cert"], p.get("tls_key"))
+            ctx = make_client_context(p.get("tls_cert"), p.get("tls_key"), p.get("tls_ca"))
         self.connack = self.loop.create_future()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):

@@ -145,7 +145,16 @@ parameter                           default            meaning
 ``admin_token_lifetime``            1 hour             how long a bearer token of the admin API
                                                        (``POST /api/v1/tokens``) stays valid; a
                                                        bare number is seconds
-``log_level``                       ``info``           ``debug``, ``info``, ``warning`` or ``error``
+``log_level``                       ``info``           ``debug``, ``info``, ``warning`` or ``error``:
+                                                       the level of the gateway's log (its root
+                                                       logger) under ``gateway serve``; the
+                                                       command's ``--log-level`` overrides it, and
+                                                       ``PUT /api/v1/log`` changes it at run time
+``log_format``                      ``text``           ``text``: ``time level logger: message``
+                                                       lines; ``json``: one JSON object per line,
+                                                       ``time`` (ISO 8601, UTC), ``level``,
+                                                       ``logger``, ``message`` and, when there is
+                                                       one, ``exception`` (the traceback's text)
 ==================================  =================  ===============================================
 """
 
@@ -169,6 +178,7 @@ from gateway.config.files import (
     unquote,
 )
 from gateway.errors import ConfigError
+from gateway.tls import load_problems
 
 MAX_SERVER_NAME = 64  # EMS User's Guide, "tibemsd.conf", server
 # EMS User's Guide, "tibemsd.conf", max_client_msg_size: "maximum 2 GB"
@@ -194,6 +204,7 @@ DEFAULT_BACKLOG = 4096  # listen() backlog where somaxconn cannot be read: Linux
 MAX_BACKLOG = 65535  # bound on listen_backlog: a larger accept queue is a typo, not a need
 SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
 STORE_TYPES = ("sqlite", "memory")
 DEST_KINDS = ("queue", "topic")
 DEFAULT_TOKEN_LIFETIME = 3600.0  # seconds an admin API bearer token lasts unless configured
@@ -284,6 +295,9 @@ class GatewaySettings:
     mqtt_max_keepalive: int = 0
     admin_token_lifetime: float = DEFAULT_TOKEN_LIFETIME
     log_level: str = "info"
+    log_format: str = "text"
+    # parameter name -> its line in gateway.conf, for the checks that span files (checks.py)
+    lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.delivery_log_dir:
@@ -463,6 +477,7 @@ _PARAMS: dict[str, Callable[[str], Any]] = {
     "mqtt_max_keepalive": _keepalive,
     "admin_token_lifetime": lambda v: _positive_seconds(v),
     "log_level": _choice(LOG_LEVELS),
+    "log_format": _choice(LOG_FORMATS),
 }
 _PATHS = ("store", "delivery_log_dir", "tls_cert", "tls_key", "tls_ca")
 _TLS_FILES = ("tls_cert", "tls_key", "tls_ca")
@@ -527,9 +542,11 @@ def parse_gateway_conf(
             values[key] = resolve_path(values[key], base_dir)
     if "store" not in values:
         values["store"] = resolve_path(DEFAULT_STORE, base_dir)
+    tls_files_missing = False
     for key in _TLS_FILES:
         if key in values and not os.path.isfile(values[key]):
             errors.append(seen[key].error(f"{key}: file {values[key]!r} does not exist"))
+            tls_files_missing = True
     if "tls_key" in values and "tls_cert" not in values:
         errors.append(seen["tls_key"].error("tls_key is set but tls_cert is not"))
     if "allow_anonymous" in values and not values["allow_anonymous"] and not values.get(
@@ -544,6 +561,7 @@ def parse_gateway_conf(
         errors.append(at.error("ft_heartbeat must be less than ft_activation"))
     if values.get("tls_require_client_cert") and "tls_ca" not in values:
         errors.append(seen["tls_require_client_cert"].error("tls_require_client_cert needs tls_ca"))
+    values["lines"] = {k: sl.line for k, sl in seen.items() if sl.line is not None}
     if listen_none is not None:
         values["listen"] = ()
     elif listeners:
@@ -558,6 +576,11 @@ def parse_gateway_conf(
                             f"listen {lst.url()} uses TLS but tls_cert is not set",
                         )
                     )
+        elif any(lst.tls for lst in listeners) and not tls_files_missing:
+            # The context every TLS listener is started with (gateway/tls.py), built now.
+            for key, msg in load_problems(values["tls_cert"], values.get("tls_key"),
+                                          values.get("tls_ca")):
+                errors.append(seen[key].error(msg))
     return GatewaySettings(**values)
 
 
@@ -570,6 +593,10 @@ def _add_listener(
         lst = parse_listener(value, sl.line)
     except ValueError as e:
         errors.append(sl.error(str(e)))
+        return
+    if lst.scheme not in DEFAULT_PORTS:  # the listener protocols of gateway/registry.py
+        errors.append(sl.error(f"listen {value!r}: unknown listener protocol {lst.scheme!r} "
+                               f"(one of {', '.join(DEFAULT_PORTS)})"))
         return
     for other in listeners:
         if lst.port != 0 and other.port == lst.port and _same_host(other.host, lst.host):

@@ -20,6 +20,11 @@ problem of every file is collected, then the cross-file checks run:
   "Error and Status Messages");
 * an ``http`` / ``https`` listener (the admin API) on an address other than loopback needs a
   password for the ``admin`` user in ``users.conf`` (:func:`admin_listener_problems`);
+* what start would otherwise be the first to find (:mod:`gateway.config.checks`): a listener
+  protocol not installed, a listener host that does not resolve, two listeners on one
+  address and port, a store or delivery log directory under a file, mappings
+  (``mappings/*.yaml``, compiled here and kept in :attr:`Config.mappings`) that do not
+  compile, and RV-style bus parameters that name no interface of this host;
 
 and, if anything was wrong, :class:`~gateway.errors.ConfigErrors` is raised with all of
 them, in file and line order. Warnings (EMS "Configuration warning" lines) do not stop the
@@ -31,7 +36,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from gateway.config import checks
 from gateway.config.destinations import DestinationEntry, DestinationTable, load_destinations
 from gateway.config.files import read_lines
 from gateway.config.gateway_conf import GatewaySettings, parse_gateway_conf
@@ -67,6 +74,7 @@ class Config:
     warnings: list[str] = field(default_factory=list)
     embedded: bool = False
     routers: dict[str, RouterDef] = field(default_factory=dict)
+    mappings: Any = None  # mappings.engine.MappingSet of <dir>/mappings/*.yaml, or None
 
     def table(self, kind: str) -> DestinationTable:
         """``topics`` or ``queues`` by kind name (``"topic"`` / ``"queue"``)."""
@@ -109,12 +117,16 @@ def load_config(config_dir: str | os.PathLike[str] | None = None) -> Config:
     _check_import_names(topics, queues, errors)
     _check_jndi(topics, queues, errors)
     security = Security(users, groups, acl)
-    errors.extend(
-        admin_listener_problems(settings, security, str(d / "gateway.conf"))
-    )
+    conf = str(d / "gateway.conf")
+    errors.extend(admin_listener_problems(settings, security, conf))
+    errors.extend(checks.listener_problems(settings, conf))
+    errors.extend(checks.directory_problems(settings, conf))
+    errors.extend(checks.rv_problems(settings, transports.values(), routers.values(), conf))
+    mappings = None if embedded else checks.load_mappings(d, errors)
     if errors:
         order = {name: i for i, name in enumerate(CONFIG_FILES)}
-        errors.sort(key=lambda e: (order.get(os.path.basename(e.file), -1), e.line or 0))
+        last = len(CONFIG_FILES)  # mappings/*.yaml
+        errors.sort(key=lambda e: (order.get(os.path.basename(e.file), last), e.line or 0))
         raise ConfigErrors(errors)
     names = frozenset(transports)
     topics.transport_names = names
@@ -129,6 +141,7 @@ def load_config(config_dir: str | os.PathLike[str] | None = None) -> Config:
         warnings=warnings,
         embedded=embedded,
         routers=routers,
+        mappings=mappings,
     )
 
 

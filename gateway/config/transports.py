@@ -91,6 +91,7 @@ from gateway.config.files import (
 from gateway.config.gateway_conf import parse_listener
 from gateway.errors import ConfigError
 from gateway.message import DeliveryMode
+from gateway.tls import load_problems
 
 TRANSPORT_TYPES = ("mqtt", "amqp", "stomp", "rv")
 _TYPE_ALIASES = {"tibrv": "rv"}
@@ -543,6 +544,12 @@ def _section(
         for key in _PATH_PARAMS:
             if key in kv:
                 warnings.append(f"{kv[key][1].where()}: {key} is ignored: {url.url()} is not TLS")
+    elif isinstance(url, Endpoint) and len(errors) == before:
+        # Loaded now as at every connect, where a file that does not load would only be
+        # a failed connection retried for ever (gateway/tls.py).
+        for key, msg in load_problems(params.get("tls_cert"), params.get("tls_key"),
+                                      params.get("tls_ca"), client=True):
+            errors.append(kv[key][1].error(msg))
     if len(errors) > before:
         return None
     return TransportDef(name, ttype, MappingProxyType(params), header.line, header.file)

@@ -8,6 +8,7 @@ import base64
 import contextlib
 import logging
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -44,7 +45,7 @@ PROPS = {"properties": "maxmsgs=10"}
 # every /api/ route: method, path, body, whether it changes something
 VIEWS = ["/api/v1/server", "/api/v1/queues", "/api/v1/topics", "/api/v1/durables",
          "/api/v1/connections", "/api/v1/store", "/api/v1/clients", "/api/v1/sessions",
-         "/api/v1/transports"]
+         "/api/v1/transports", "/api/v1/log"]
 CHANGES: list[tuple[str, Any]] = [
     ("/api/v1/queues/orders.eu/purge", None),
     ("/api/v1/topics/live.>", PROPS),        # not defined yet: create-destination
@@ -396,7 +397,8 @@ def test_an_https_listener_needs_a_certificate(tmp_path):
 
 
 @pytest.mark.parametrize("listen", ["http://0.0.0.0:0", "http://:0", "http://192.0.2.1:0",
-                                    "http://gateway.example:0", "https://0.0.0.0:0"])
+                                    # a host name, which must resolve (gateway.config.checks): this host's own
+                                    f"http://{socket.gethostname()}:0", "https://0.0.0.0:0"])
 def test_a_non_loopback_admin_listener_needs_an_admin_password(tmp_path, listen):
     cert, key = make_cert(tmp_path) if listen.startswith("https") else ("", "")
     tls = f"tls_cert = {cert}\ntls_key = {key}\n" if cert else ""
@@ -450,3 +452,75 @@ def test_a_bad_token_lifetime_is_a_config_error(tmp_path, value):
     write_config(tmp_path, gateway=f"admin_token_lifetime = {value}\n")
     with pytest.raises(ConfigErrors, match="gateway.conf:1: admin_token_lifetime"):
         load_config(tmp_path)
+
+
+# -- the log level at run time (GET / PUT /api/v1/log) ----------------------------------
+
+
+@pytest.fixture
+def log_levels():
+    """Put back the root logger's level and the test logger's after the test."""
+    root, named = logging.root.level, logging.getLogger("transports.rv").level
+    yield
+    logging.root.setLevel(root)
+    logging.getLogger("transports.rv").setLevel(named)
+
+
+async def test_the_log_level_needs_credentials(tmp_path, log_levels):
+    async with api(tmp_path) as (client, _):
+        for method, body in (("GET", None), ("PUT", {"level": "debug"})):
+            status, answer, headers = await call(client, method, "/api/v1/log", body)
+            assert status == 401 and "error" in answer
+            assert headers["WWW-Authenticate"] == 'Basic realm="gateway"'
+
+
+async def test_a_viewer_reads_the_log_level_and_cannot_change_it(tmp_path, log_levels):
+    logging.root.setLevel(logging.WARNING)
+    async with api(tmp_path) as (client, _):
+        viewer = auth("viewer", "viewpw")
+        status, answer, _ = await call(client, "GET", "/api/v1/log", headers=viewer)
+        assert status == 200 and answer["level"] == "warning"
+        assert isinstance(answer["loggers"], dict)
+        status, answer, _ = await call(client, "PUT", "/api/v1/log", {"level": "debug"}, viewer)
+        assert status == 403 and "change-server" in answer["error"]
+        assert logging.root.level == logging.WARNING
+        nobody = auth("nobody", "nobodypw")
+        assert (await call(client, "GET", "/api/v1/log", headers=nobody))[0] == 403
+
+
+async def test_an_administrator_changes_the_log_level(tmp_path, log_levels):
+    logging.root.setLevel(logging.INFO)
+    acl = ACL + "ADMIN USER=nobody PERM=change-server\n"
+    async with api(tmp_path, acl=acl) as (client, _):
+        admin = auth("admin", "adminpw")
+        status, answer, _ = await call(client, "PUT", "/api/v1/log", {"level": "DEBUG"}, admin)
+        assert status == 200 and answer["level"] == "debug"
+        assert logging.root.level == logging.DEBUG
+        # one logger; change-server alone is enough (and implies view-server)
+        changer = auth("nobody", "nobodypw")
+        status, answer, _ = await call(client, "PUT", "/api/v1/log",
+                                       {"logger": "transports.rv", "level": "warning"}, changer)
+        assert status == 200 and answer["loggers"]["transports.rv"] == "warning"
+        assert logging.getLogger("transports.rv").level == logging.WARNING
+        assert logging.root.level == logging.DEBUG
+        status, answer, _ = await call(client, "GET", "/api/v1/log", headers=changer)
+        assert status == 200 and answer["loggers"]["transports.rv"] == "warning"
+        status, answer, _ = await call(client, "PUT", "/api/v1/log",
+                                       {"logger": "transports.rv", "level": "notset"}, admin)
+        assert status == 200 and "transports.rv" not in answer["loggers"]
+        assert logging.getLogger("transports.rv").level == logging.NOTSET
+
+
+@pytest.mark.parametrize("body", [
+    b"not json", b"", b'["debug"]', b'{"level": 10}', b'{"level": "chatty"}', b"{}",
+    b'{"level": "notset"}', b'{"level": "info", "logger": 3}',
+    b'{"level": "info", "extra": 1}', b'"debug"',
+])
+async def test_a_bad_log_level_body_is_400(tmp_path, log_levels, body):
+    logging.root.setLevel(logging.INFO)
+    async with api(tmp_path) as (client, _):
+        headers = {**auth("admin", "adminpw"), "Content-Type": "application/json"}
+        async with client.put("/api/v1/log", data=body, headers=headers) as r:
+            assert r.status == 400
+            assert isinstance((await r.json())["error"], str)
+        assert logging.root.level == logging.INFO

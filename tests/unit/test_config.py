@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from corehelp import make_cert
 
 from gateway.config import (
     DEFAULT_CONFIG_DIR,
@@ -178,9 +179,9 @@ def test_empty_gateway_conf_gives_defaults(tmp_path: Path) -> None:
 
 
 def test_every_parameter_is_read_and_typed(tmp_path: Path) -> None:
-    (tmp_path / "certs").mkdir(parents=True)
-    for f in ("cert.pem", "key.pem", "ca.pem"):
-        (tmp_path / "certs" / f).write_text("x")
+    cert, key = make_cert(tmp_path / "certs", "cert")  # loaded: a TLS listener is configured
+    key.rename(tmp_path / "certs" / "key.pem")
+    (tmp_path / "certs" / "ca.pem").write_bytes(cert.read_bytes())
     text = """
         server = edge-1
         listen = mqtts://0.0.0.0:8883
@@ -311,8 +312,8 @@ def test_listen_variants() -> None:
 def test_duplicate_listen_address(tmp_path: Path) -> None:
     errors = load_errors(
         tmp_path,
-        gateway="listen = mqtt://127.0.0.1:1883\nlisten = stomp://:1883\nlisten = http://h:0\n"
-        "listen = http://h:0\n",
+        gateway="listen = mqtt://127.0.0.1:1883\nlisten = stomp://:1883\n"
+        "listen = http://localhost:0\nlisten = http://localhost:0\n",
         users='admin:secret:""\n',  # the admin API beyond loopback needs it (test_admin_auth)
     )
     assert where(errors) == [("gateway.conf", 2)]  # port 0 (ephemeral) may repeat
@@ -327,7 +328,8 @@ def test_listen_none(tmp_path: Path) -> None:
 
 
 def test_tls_listener_needs_certificate(tmp_path: Path) -> None:
-    errors = load_errors(tmp_path, gateway="listen = mqtt://h:1\nlisten = mqtts://h:2\n")
+    errors = load_errors(tmp_path,
+                         gateway="listen = mqtt://127.0.0.1:1\nlisten = mqtts://127.0.0.1:2\n")
     assert where(errors) == [("gateway.conf", 2)]
     assert "tls_cert is not set" in errors[0].detail
 

@@ -23,7 +23,7 @@ def test_a_router_section_with_every_parameter(tmp_path):
         "forward = _RVCM.>, _RVFT.>   # certified delivery and fault tolerance\n"
         "forward = ALWAYS.*\n"
         "interval = 500 msec\nhop_limit = 8\nttl = 0\nrequery = 30 sec\n"
-        "[SECOND]\nbus = A 7500 x\nbus = B 7500 y\n"))
+        "[SECOND]\nbus = A 7500 127.0.0.1;239.192.80.3\nbus = B 7500 127.0.0.1\n"))
     r = config.routers["PLANT-OFFICE"]
     assert r.buses == {"PLANT": ("7500", "127.0.0.1;239.192.80.1"),
                        "OFFICE": ("7501", "127.0.0.1;239.192.80.2")}

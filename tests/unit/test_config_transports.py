@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from corehelp import make_cert
 
 from gateway.config import (
     DiscardPolicy,
@@ -218,7 +219,7 @@ def test_every_bad_section_is_reported(tmp_path: Path) -> None:
 
 def test_relative_tls_paths_resolve_against_the_config_dir(tmp_path: Path) -> None:
     (tmp_path).mkdir(exist_ok=True)
-    (tmp_path / "ca.pem").write_text("x")
+    make_cert(tmp_path, "ca")  # loaded: the url is TLS
     ts, warnings = load(
         tmp_path, "[m]\ntype = mqtt\nurl = mqtts://h\ntls_ca = ca.pem\n", topics=uses("m")
     )
