@@ -46,6 +46,7 @@ PEERS=(
   "libjettison-java    /usr/share/java/jettison.jar     -"
   "libxpp3-java        /usr/share/java/xpp3.jar         -"
   "chromium            chromium                         -"
+  "systemd             systemd-analyze                  -"
 )
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
