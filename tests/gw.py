@@ -56,8 +56,8 @@ class GatewayThread:
         async def main() -> None:
             self.loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            self.gateway = Gateway(load_config(str(self.directory)))
             try:
+                self.gateway = Gateway(load_config(str(self.directory)))
                 await self.gateway.start()
             except BaseException as exc:
                 ready.set_exception(exc)
