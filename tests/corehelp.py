@@ -41,7 +41,8 @@ def make_cert(directory: Path, name: str = "server") -> tuple[Path, Path]:
     cert, key = directory / f"{name}.pem", directory / f"{name}.key"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"],
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
         check=True, capture_output=True, timeout=60,
     )
     return cert, key

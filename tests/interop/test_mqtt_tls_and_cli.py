@@ -6,6 +6,7 @@ import shutil
 import ssl
 import subprocess
 
+import corehelp
 import paho.mqtt.client as mqtt
 import pytest
 from gw import GatewayThread
@@ -14,13 +15,8 @@ from test_mqtt_paho import V5, Client
 
 
 def make_cert(directory) -> tuple[str, str]:
-    cert, key = directory / "server.pem", directory / "server.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60,
-    )
+    """corehelp's test certificate, as the strings these tests put in config lines."""
+    cert, key = corehelp.make_cert(directory)
     return str(cert), str(key)
 
 

@@ -7,7 +7,6 @@ import asyncio
 import base64
 import contextlib
 import logging
-import shutil
 import socket
 import ssl
 import subprocess
@@ -20,7 +19,7 @@ import aiohttp
 import pytest
 from adminapi import basic_auth
 from aiohttp.test_utils import TestClient, TestServer
-from corehelp import Q, running_broker, write_config
+from corehelp import Q, make_cert, running_broker, write_config
 
 from gateway import admin, registry
 from gateway.admin import make_app
@@ -352,19 +351,6 @@ async def test_a_malformed_request_line_is_one_log_line_without_a_traceback(tmp_
 
 
 # -- TLS --------------------------------------------------------------------------------
-
-
-def make_cert(directory: Path) -> tuple[str, str]:
-    if shutil.which("openssl") is None:
-        pytest.fail("openssl is needed to make a test certificate")
-    cert, key = directory / "server.pem", directory / "server.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60,
-    )
-    return str(cert), str(key)
 
 
 async def test_https_serves_the_admin_api_over_tls(tmp_path):
