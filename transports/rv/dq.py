@@ -60,8 +60,9 @@ The rules, with the sections of Distributed Queue they follow:
   it after its assignment is assigned again (it may then be done twice, as Rendezvous
   warns); complete time 0 waits for ever.
 * **Scheduler hand-over**: a new scheduler asks every member what it holds (``QUERY``) and
-  assigns nothing until each member heard within the activation interval has answered, or
-  that interval passed. The senders send it again what the old scheduler had not confirmed
+  assigns nothing until each live member (heard within the activation interval) has
+  answered -- asking again every heartbeat, and waiting at most five activation
+  intervals for a member that heartbeats but does not answer. The senders send it again what the old scheduler had not confirmed
   (its agreements ask for old messages); a task some worker holds stays with that worker,
   and one already finished is confirmed without being done again. So a hand-over neither
   loses nor doubles a certified task, where Rendezvous assigns the incomplete ones again.
@@ -94,6 +95,9 @@ SCHEDULER_ACTIVE: Final = "_RV.INFO.RVCM.QUEUE.SCHEDULER.ACTIVE."
 SCHEDULER_INACTIVE: Final = "_RV.INFO.RVCM.QUEUE.SCHEDULER.INACTIVE."
 SCHEDULER_OVERFLOW: Final = "_RV.WARN.RVCM.QUEUE.SCHEDULER.OVERFLOW."
 OVERFLOW_REASON: Final = "Task backlog limit reached."
+# A new scheduler waits for every live member's answer; past this many activation intervals
+# it stops waiting for one that heartbeats but does not answer.
+HOLD_LIMIT: Final = 5
 
 _FT_OPS: Final = ("STATUS", "LEAVE")
 _TYPES: Final = {"weight": RvType.U32, "tasks": RvType.U32, "busy": RvType.STRINGARRAY,
@@ -217,6 +221,7 @@ class DqCore:
         self._last_pick: dict[int, str] = {}  # worker weight -> the id given the last task
         self._hold_until = 0.0  # a new scheduler assigns nothing before (or all answered)
         self._unanswered: set[str] = set()
+        self._next_query = 0.0  # while holding: when to ask the silent ones again
         self._claimed: dict[str, str] = {}  # task key -> worker that reports holding it
         self._finished: dict[str, float] = {}  # reported done before the task came: expiry
         # (sender, subject) -> heap of (seq, key): finished, acknowledged once confirmed
@@ -325,9 +330,15 @@ class DqCore:
             inbox = self._ack_to.pop(key, None)
             if inbox is not None:
                 self._send(inbox, "ACK", key=key)
-        if self._hold_until and now >= self._hold_until:
-            self._hold_until = 0.0
-            self._unanswered.clear()
+        if self._hold_until:
+            # (a member gone silent is no longer waited for; the others are asked again)
+            live = {ident for ident, _, _ in self.ft.ranking(now)}
+            self._unanswered &= live
+            if not self._unanswered or now >= self._hold_until:
+                self._hold_until = 0.0
+                self._unanswered.clear()
+            elif now >= self._next_query:
+                self._query(now)
         self._assign(now)
 
     def next_deadline(self) -> float | None:
@@ -443,16 +454,20 @@ class DqCore:
         for pattern in self.patterns:
             self.cm.listen(pattern, now)
         self._workers = {}
-        self._hold_until = now + self.activation
+        self._hold_until = now + HOLD_LIMIT * self.activation
         self._unanswered = {ident for ident, _, _ in self.ft.ranking(now) if ident != self.id}
         if not self._unanswered:
             self._hold_until = 0.0
         if self.id in self._replaced:
             self._replaced.remove(self.id)
         self._sched = (self.id, self.inbox)
-        self._out.append(self._message(self.subject, "QUERY", inbox=self.inbox))
+        self._query(now)
         self._status(now, query=self.id)
         self._events.append(advisory_message(SCHEDULER_ACTIVE + self.name, {"name": self.name}))
+
+    def _query(self, now: float) -> None:
+        self._out.append(self._message(self.subject, "QUERY", inbox=self.inbox))
+        self._next_query = now + self.heartbeat
 
     def _resign(self) -> None:
         """No longer the scheduler: the senders send the next one what is not confirmed."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -58,6 +59,7 @@ class DqNet:
                              rng=random.Random(seed))
         self.sender_events: list[Message] = []
         self.n = 0
+        self.drop: Callable[[Message], bool] | None = None  # lost on the way when True
 
     def add(self, name: str, **kw: object) -> Member:
         kw.setdefault("rng", random.Random(self.rng.random()))
@@ -82,6 +84,8 @@ class DqNet:
         return ups[0] if ups else None
 
     def _deliver(self, msg: Message) -> None:
+        if self.drop is not None and self.drop(msg):
+            return
         data = encode(msg)
         subject = msg.send_subject or ""
         if subject == self.sender.control_subject:
@@ -387,3 +391,35 @@ def test_garbage_on_the_queue_subjects_is_ignored() -> None:
     net.send(3)
     net.run(net.now + 5)
     assert sorted(net.done_counts()) == [1, 2, 3]
+
+
+def test_a_new_scheduler_waits_for_a_slow_member_s_answer() -> None:
+    """A member that is alive but answers the new scheduler's QUERY only after more than an
+    activation interval (its first answers lost): the scheduler asks again and gives out
+    nothing meanwhile, so the task that member holds is not done twice."""
+    net, (a, b, c) = started(("a", {"scheduler_weight": 9, "worker_tasks": 0}),
+                             ("b", {"scheduler_weight": 5}), ("c", {"worker_weight": 5}))
+    net.send(1)
+    net.run(net.now + 1)
+    c.hold = True
+    net.send(1)
+    net.run(net.now + 1)
+    assert len(c.held()) == 1
+    lost = {"n": 0}
+
+    def drop(msg: Message) -> bool:
+        if "query" in msg and msg.get("member") == c.core.id and lost["n"] < 6:
+            lost["n"] += 1
+            return True
+        return False
+
+    net.drop = drop
+    net.crash(a)
+    net.run(net.now + 12)
+    assert net.scheduler() is b and lost["n"] == 6  # asked again while c stayed silent
+    assert len(c.held()) == 1 and not b.held()  # still c's, not given to b meanwhile
+    net.finish(c, c.held()[0])
+    net.run(net.now + 10)
+    counts = net.done_counts()
+    assert sorted(counts) == [1, 2] and set(counts.values()) == {1}
+    assert net.sender.stored_count() == 0
