@@ -47,7 +47,9 @@ def test_scheduler_killed_mid_stream_loses_and_doubles_no_task(
         b = DqChild(bus, scheduler_weight=5, tasks=1, work_ms=2)
         c = DqChild(bus, scheduler_weight=1, tasks=1, work_ms=2)
         children += [a, b, c]
-        wait_for(lambda: a.scheduler == [True], timeout=30, what="a scheduler")
+        # (on a loaded machine a late status can make another member scheduler for a
+        # moment: what is checked is who is scheduler now, and that no task is lost or doubled)
+        wait_for(lambda: a.scheduler[-1:] == [True], timeout=30, what="a scheduler")
         sender = CmChild(bus, "send", "SENDER", tmp_path / "sender.ledger")
         children.append(sender)
         sender.say("0 0 1")  # the task the scheduler discovers the sender by
@@ -58,7 +60,7 @@ def test_scheduler_killed_mid_stream_loses_and_doubles_no_task(
                  what="a hundred tasks done")
         a.kill()
         assert sender.lines.get(timeout=60) == {"sent": n}
-        wait_for(lambda: b.scheduler == [True], timeout=30, what="b to take over")
+        wait_for(lambda: b.scheduler[-1:] == [True], timeout=30, what="b to take over")
 
         def counts() -> Counter[int]:
             return Counter(num for num, _ in b.done + c.done)
