@@ -59,7 +59,7 @@ class WriteFlow:
     """
 
     __slots__ = ("broker", "protocol", "address", "buffered", "conn", "slow", "since",
-                 "episodes")
+                 "episodes", "close")
 
     def __init__(self, broker: Core, protocol: str, address: str,
                  buffered: Callable[[], int]) -> None:
@@ -71,6 +71,8 @@ class WriteFlow:
         self.slow = False
         self.since = 0.0
         self.episodes = 0  # times it became slow
+        # Closes the connection (the admin API's ``delete connection``); set by its socket.
+        self.close: Callable[[], None] | None = None
 
     def became_slow(self) -> None:
         """The buffer passed the high-water mark: deliveries to this peer pause."""
@@ -221,6 +223,7 @@ class BatchedProtocol(FlowProtocol):
         transport.set_write_buffer_limits(  # type: ignore[attr-defined]
             high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self.flow = WriteFlow(broker, self.protocol_name, address, self.buffered)
+        self.flow.close = self.close
         self.flow.conn = self.conn
         self.conn.flow = self.flow
 

@@ -150,6 +150,11 @@ async def serve(request: web.Request, ws: web.WebSocketResponse, server: Any,
     conn.resume_reading = writer.readable.set
     writer.flow = conn.flow = WriteFlow(server.broker, protocol, address, writer.buffered)
     writer.flow.conn = conn
+
+    def close() -> None:
+        asyncio.ensure_future(ws.close())
+
+    writer.flow.close = close
     server.connections.add(conn)
     try:
         async for msg in ws:

@@ -796,6 +796,25 @@ class Broker(BrokerMemory):
         self.store.commit(None)
         return n
 
+    def purge_topic(self, name: str) -> int:
+        """Admin ``purge topic``: drop what every subscription to ``name`` holds."""
+        n = 0
+        for sub in self.subs.match(name):
+            n += sub.purge()
+        self.store.commit(None)
+        return n
+
+    def delete_queue(self, name: str) -> None:
+        """Admin ``delete queue``: the queue goes with its messages, stored ones too (a
+        use of the name that a queues.conf entry allows makes it again, empty)."""
+        q = self.queues.pop(name, None)
+        if q is None:
+            raise InvalidDestinationError(f"no queue named {name!r}")
+        q.closed = True
+        q.purge()
+        self.store.delete_endpoint(q.key)
+        self.store.commit(None)
+
     # -- admin views ----------------------------------------------------------------------
 
     def info(self) -> dict[str, Any]:

@@ -39,6 +39,7 @@ class TransportManager:
         self.config = config
         self.transports: dict[str, Transport] = {}
         self.recent_imports: OrderedDict[tuple[str, str], Held] = OrderedDict()
+        self.watching = False  # subscriptions are watched (for the imports)
 
     async def start(self) -> None:
         config = self.config
@@ -59,6 +60,7 @@ class TransportManager:
             for entry in table.entries():
                 self.bind_entry(kind_name, entry)
         self.broker.watch_subscriptions(self._subscription_changed)
+        self.watching = True
         self.seed_duplicates()
         for t in self.transports.values():
             t.start()
@@ -128,4 +130,47 @@ class TransportManager:
             await t.stop()
 
     def info(self) -> list[dict[str, Any]]:
-        return [t.info() for t in self.transports.values()]
+        return [self.row(name) for name in self.config.transports]
+
+    def row(self, name: str) -> dict[str, Any]:
+        """One transport's admin view; a defined one that is not running says why."""
+        t = self.transports.get(name)
+        if t is not None:
+            return t.info()
+        tdef = self.config.transports[name]
+        enabled = self.config.gateway.transports_enabled(tdef.type)
+        return {"name": name, "type": tdef.type,
+                "state": "stopped" if enabled else "disabled"}
+
+    async def stop_one(self, name: str) -> None:
+        """Stop one transport (admin): what it spools stays in its durable subscriptions
+        and goes out when it starts again."""
+        t = self.transports.pop(name, None)
+        if t is not None:
+            await t.stop()
+
+    def start_one(self, name: str) -> None:
+        """Start one stopped transport (admin), bound as at start-up.
+
+        Raises:
+            GatewayError: its type is not enabled in gateway.conf or not in this build.
+        """
+        if name in self.transports:
+            return
+        tdef = self.config.transports[name]
+        if not self.config.gateway.transports_enabled(tdef.type):
+            raise GatewayError(f"transport {name!r}: {tdef.type} transports are not enabled "
+                               f"in gateway.conf ({tdef.type}_transports)")
+        try:
+            factory = registry.transport(tdef.type)
+        except registry.NotAvailableError as exc:
+            raise GatewayError(f"transport {name!r}: {exc}") from None
+        t: Transport = factory(self, tdef)
+        self.transports[name] = t
+        for table, kind_name in ((self.config.topics, "topic"), (self.config.queues, "queue")):
+            for entry in table.entries():
+                self.bind_entry(kind_name, entry)
+        if not self.watching:
+            self.broker.watch_subscriptions(self._subscription_changed)
+            self.watching = True
+        t.start()

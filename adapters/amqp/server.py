@@ -75,6 +75,7 @@ class AmqpProtocol(FlowProtocol):
         self.flow = self.conn.flow = WriteFlow(self.server.broker, "amqp", address,
                                                self.buffered)
         self.flow.conn = self.conn
+        self.flow.close = self.close
         self.server.connections.add(self.conn)
 
     def buffered(self) -> int:

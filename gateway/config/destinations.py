@@ -474,6 +474,30 @@ class DestinationTable:
         self._cache.clear()
         return True
 
+    def change(self, name: str, add_text: str = "", remove: Iterable[str] = ()) -> DestinationEntry:
+        """Admin ``addprop`` (``add_text``: properties added or changed) and ``removeprop``
+        (``remove``: property names) on the entry of exactly ``name``.
+
+        Raises:
+            KeyError: ``name`` has no entry.
+            ConfigErrors: a bad property or property name.
+        """
+        old = self._entries[name]
+        problems: list[str] = []
+        added = parse_properties(add_text, self.kind, report=problems.append)
+        gone: set[str] = set()
+        for word in remove:
+            prop = _BY_NAME.get(word.strip().lower())
+            if prop is None:
+                problems.append(f"unknown property {word.strip()!r}")
+            else:
+                gone.add(prop.attr)
+        if problems:
+            raise ConfigErrors([ConfigError(ADMIN_FILE, None, p) for p in problems])
+        own = {a: v for a, v in old.own.items() if a not in gone} | added
+        text = ",".join(_format_prop(a, v) for a, v in own.items())
+        return self.add(name, text, jndi_names=old.jndi_names, replace=True)
+
     def remove(self, name: str) -> bool:
         """Delete the definition of ``name``; ``False`` if there was none."""
         entry = self._entries.pop(name, None)

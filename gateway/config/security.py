@@ -39,7 +39,7 @@ import hmac
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from gateway import subject
@@ -379,6 +379,61 @@ class Security:
 
     def acl_entries(self) -> list[AclEntry]:
         return list(self._acl)
+
+    def add_user(self, name: str, password: str = "", description: str = "") -> User:
+        """``create user`` (EMS User's Guide, "Command Listing"): ``password`` in plain text
+        is stored hashed. Raises ValueError for a bad or existing name."""
+        _check_name(name, "user")
+        if name in self.users:
+            raise ValueError(f"user {name!r} exists")
+        user = User(name, hash_password(password) if password else "", description)
+        self.users[name] = user
+        return user
+
+    def change_user(self, name: str, *, password: str | None = None,
+                    description: str | None = None) -> User:
+        """``set password`` (and the description); KeyError for an unknown user."""
+        old = self.users[name]
+        stored = old.password if password is None else (hash_password(password) if password
+                                                         else "")
+        user = User(name, stored, old.description if description is None else description,
+                    old.line)
+        self.users[name] = user
+        self._auth_ok = {k: v for k, v in self._auth_ok.items() if k[0] != name}
+        return user
+
+    def remove_user(self, name: str) -> None:
+        """``delete user``: also out of every group; KeyError for an unknown user."""
+        del self.users[name]
+        self._auth_ok = {k: v for k, v in self._auth_ok.items() if k[0] != name}
+        for g in list(self.groups.values()):
+            if name in g.members:
+                self.groups[g.name] = replace(g, members=tuple(m for m in g.members
+                                                               if m != name))
+        self._rebuild()
+
+    def add_group(self, name: str, description: str = "") -> Group:
+        """``create group``; ValueError for a bad, predefined or existing name."""
+        _check_name(name, "group")
+        if name == ALL_GROUP or name in self.groups:
+            raise ValueError(f"group {name!r} exists")
+        group = self.groups[name] = Group(name, description)
+        return group
+
+    def remove_group(self, name: str) -> None:
+        """``delete group``; KeyError for an unknown group."""
+        del self.groups[name]
+        self._rebuild()
+
+    def set_members(self, name: str, members: Iterable[str]) -> Group:
+        """``addmember`` / ``removemember``: the group's members become ``members``; KeyError
+        for an unknown group, ValueError for a bad user name."""
+        wanted = tuple(dict.fromkeys(members))
+        for m in wanted:
+            _check_name(m, "user")
+        group = self.groups[name] = replace(self.groups[name], members=wanted)
+        self._rebuild()
+        return group
 
 
 def make_acl_entry(
