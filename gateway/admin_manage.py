@@ -50,8 +50,10 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import logging
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -126,10 +128,34 @@ async def json_body(request: web.Request, fields: dict[str, type | tuple[type, .
         if name in body and not isinstance(body[name], kind) or (
                 name in body and isinstance(body[name], bool) and kind is not bool):
             raise BadRequest(f"{name!r} has the wrong type")
+    text = json.dumps(body, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest("the body holds text that is not valid Unicode (a lone "
+                         "surrogate)") from None
+    if any(_CONTROL.search(t) for t in _strings(body)):
+        # a line break would end a config-file line early when the change is written back
+        raise BadRequest("text in the body may not hold control characters") from None
     missing = [f for f in required if f not in body]
     if missing:
         raise BadRequest(f"missing field(s): {', '.join(missing)}")
     return body
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
 
 
 def jsonable(value: Any) -> Any:

@@ -47,8 +47,16 @@ def admin_post(port: int, path: str, body: Any = None, *, host: str = "127.0.0.1
                timeout: float = 10, user: str = ADMIN_USER,
                password: str = ADMIN_PASSWORD) -> tuple[int, Any]:
     """``POST path`` with ``body`` as JSON: ``(status, decoded answer)``, errors included."""
-    req = admin_request(f"http://{host}:{port}{path}", {} if body is None else body,
-                        method="POST", user=user, password=password)
+    return admin_call(port, "POST", path, {} if body is None else body, host=host,
+                      timeout=timeout, user=user, password=password)
+
+
+def admin_call(port: int, method: str, path: str, body: Any = None, *,
+               host: str = "127.0.0.1", timeout: float = 10, user: str = ADMIN_USER,
+               password: str = ADMIN_PASSWORD) -> tuple[int, Any]:
+    """``method path`` with ``body`` (if any) as JSON: ``(status, decoded answer)``."""
+    req = admin_request(f"http://{host}:{port}{path}", body, method=method, user=user,
+                        password=password)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.load(r)

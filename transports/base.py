@@ -373,9 +373,10 @@ class Transport:
         self.exports[pattern] = b
 
     def _export(self, d: Delivery, binding: ExportBinding) -> None:
-        if self.state != "up":  # raced with a disconnect: back to the spool
+        if self.state != "up":  # raced with a disconnect, or a spool met when bound while
+            # down (the consumer is still being made): back to the spool
             self.session.release(d, count_delivery=False)
-            binding.consumer.core.pause()
+            d.consumer.pause()
             return
         try:
             done = self.export(d, binding)

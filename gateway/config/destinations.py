@@ -413,6 +413,9 @@ class DestinationTable:
             else f"{name} {props_text}"
         )
         entry = parse_entry(SourceLine(ADMIN_FILE, 0, text.strip()), self.kind, errors)
+        if entry is not None and entry.name != name:  # blanks in the name, or none
+            errors.append(ConfigError(ADMIN_FILE, None, f"bad {self.kind} name {name!r}"))
+            entry = None
         if entry is not None:
             entry = DestinationEntry(entry.name, entry.kind, entry.own, entry.jndi_names)
             if self.transport_names is not None:
