@@ -62,6 +62,7 @@ from gateway import subject
 from gateway.admin_auth import USER_KEY, Need, json_error, needs
 from gateway.backlog import with_bodies
 from gateway.config import writeback
+from gateway.config.security import ADMIN_GROUP, ADMIN_USER
 from gateway.errors import GatewayError
 from gateway.message import BodyKind, DeliveryMode, Message
 from gateway.routing import is_simple
@@ -529,7 +530,12 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
     @routes.get("/api/v1/users")
     @needs(Need("view-user"))
     async def users(request: web.Request) -> web.Response:
-        return page(request, [user_row(u) for u in security().users.values()])
+        rows = [user_row(u) for u in security().users.values()]
+        if ADMIN_USER not in security().users:  # EMS's predefined administrator
+            rows.append({"name": ADMIN_USER, "description": "Administrator",
+                         "groups": sorted(security().groups_of(ADMIN_USER) - {"all"}),
+                         "has_password": False})
+        return page(request, rows)
 
     @routes.post("/api/v1/users")
     @needs(Need("change-user"))
@@ -556,8 +562,10 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
     @needs(Need("change-user"))
     @handle
     async def set_user(request: web.Request) -> web.Response:
-        name = known_user(request)
         body = await json_body(request, {"password": str, "description": str})
+        if request.match_info["name"] == ADMIN_USER and ADMIN_USER not in security().users:
+            security().add_user(ADMIN_USER, description="Administrator")  # set password admin
+        name = known_user(request)
         u = security().change_user(name, password=body.get("password"),
                                    description=body.get("description"))
         save(broker, "users")
@@ -570,6 +578,8 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
     @handle
     async def delete_user(request: web.Request) -> web.Response:
         name = known_user(request)
+        if name == ADMIN_USER:
+            raise BadRequest("the predefined administrator cannot be deleted", 409)
         security().remove_user(name)
         save(broker, "users")
         save(broker, "groups")
@@ -605,6 +615,8 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
     @handle
     async def delete_group(request: web.Request) -> web.Response:
         g = known_group(request)
+        if g.name == ADMIN_GROUP:
+            raise BadRequest("the predefined group $admin cannot be deleted", 409)
         security().remove_group(g.name)
         save(broker, "groups")
         admin_changed(broker, request, "delete group", g.name)

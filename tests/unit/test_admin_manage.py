@@ -213,6 +213,8 @@ async def test_users_and_groups_are_changed_and_written_back(tmp_path):
         assert (await call(client, "DELETE", "/api/v1/users/bob"))[0] == 200
         assert "bob" not in (tmp_path / "groups.conf").read_text()
         assert (await call(client, "DELETE", "/api/v1/groups/night"))[0] == 200
+        assert (await call(client, "DELETE", "/api/v1/groups/$admin"))[0] == 409
+        assert (await call(client, "DELETE", "/api/v1/users/admin"))[0] == 409
     config = load_config(tmp_path)
     assert "bob" not in config.security.users and "night" not in config.security.groups
     assert config.security.groups["ops"].members == ()
@@ -293,3 +295,18 @@ async def test_the_embedded_default_is_never_written(tmp_path, monkeypatch):
     config.queues.add("x")
     save(owner, "queue")
     assert {p: p.read_text() for p in Path(config.dir).glob("*.conf")} == before
+
+
+async def test_set_password_admin_writes_the_predefined_administrator(tmp_path):
+    async with api(tmp_path, users='alice:alicepw:""\n') as (client, _):
+        empty = basic_auth("admin", "")
+        _, users = await call(client, "GET", "/api/v1/users", headers=empty)
+        assert {"name": "admin", "description": "Administrator", "groups": [],
+                "has_password": False} in users
+        assert (await call(client, "PUT", "/api/v1/users/admin", {"password": "s3cret"},
+                           empty))[0] == 200
+        assert (await call(client, "GET", "/api/v1/server", headers=empty))[0] == 401
+        assert (await call(client, "GET", "/api/v1/server",
+                           headers=basic_auth("admin", "s3cret")))[0] == 200
+        assert (tmp_path / "users.conf").read_text().splitlines()[1].startswith(
+            'admin:$pbkdf2-sha256$')
