@@ -6,7 +6,9 @@ there is one; ``gateway passwd`` prints a hashed password for ``users.conf``;
 ``gateway rv listen|send|request|route ...`` are the RV-style bus's tools (``transports.rv.cli``,
 loaded by name at run time: the core imports no transport); ``gateway reconcile LOGDIR...
 --out DIR`` runs the reconciliation job on delivery logs (``spark.cli``, imported only when
-the subcommand runs: the gateway never loads pyspark otherwise).
+the subcommand runs: the gateway never loads pyspark otherwise); ``gateway admin
+[-server URL] [-user NAME] [-password PW] [-script FILE]`` is the administration shell
+(``gateway.admintool``, EMS's ``tibemsadmin``).
 """
 
 from __future__ import annotations
@@ -58,9 +60,13 @@ def main(argv: list[str] | None = None) -> int:
                            help="verdicts from delivery logs, with Spark ('reconcile -h'; "
                                 "needs gateway[spark])")
     p_rec.add_argument("reconcile_args", nargs=argparse.REMAINDER)
+    p_admin = sub.add_parser("admin", add_help=False,
+                             help="the administration shell, as EMS's tibemsadmin "
+                                  "('admin -help')")
+    p_admin.add_argument("admin_args", nargs=argparse.REMAINDER)
     # ``rv``'s arguments belong to transports.rv.cli (its own -h too): pass on what is left
     args, rest = parser.parse_known_args(argv)
-    if rest and args.command not in ("rv", "reconcile"):
+    if rest and args.command not in ("rv", "reconcile", "admin"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "reconcile":
         # Everything after the subcommand, in its order (REMAINDER would leave an option
@@ -70,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         from spark.cli import main as reconcile_main
 
         return int(reconcile_main(given[given.index("reconcile") + 1:]))
+    if args.command == "admin":
+        # its options are tibemsadmin's (-server, -user): gateway.admintool parses them
+        given = sys.argv[1:] if argv is None else argv
+        from gateway.admintool import main as admin_main
+
+        return admin_main(given[given.index("admin") + 1:])
     if args.log_level is not None and str(args.log_level).lower() not in LEVELS:
         parser.error(f"--log-level: {args.log_level!r} is not one of {', '.join(LEVELS)}")
     if args.command == "serve":
