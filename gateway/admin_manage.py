@@ -58,7 +58,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway import subject
+from gateway import monitor, subject
 from gateway.admin_auth import USER_KEY, Need, json_error, needs
 from gateway.backlog import with_bodies
 from gateway.config import writeback
@@ -71,7 +71,6 @@ log = logging.getLogger("gateway.admin")
 
 BROWSE_DEFAULT = 100
 BROWSE_MAX = 1000
-ADMIN_CHANGE_TOPIC = "$sys.monitor.admin.change"
 _SECRET_WORDS = ("password", "passphrase", "secret")
 
 
@@ -200,17 +199,15 @@ def message_row(msg: Message) -> dict[str, Any]:
 # -- changes -------------------------------------------------------------------------------
 
 
-def admin_changed(broker: Any, request: web.Request, action: str, target: str,
-                  detail: str = "") -> None:
-    """Log an administrator's change and announce it on ``$sys.monitor.admin.change`` (a
-    map message, only while someone subscribes)."""
+def admin_changed(broker: Any, request: web.Request, action: str, target_object: str,
+                  target_name: str, value: str | None = None) -> None:
+    """Log an administrator's change and announce it on ``$sys.monitor.admin.change``
+    (:func:`gateway.monitor.admin_change`: EMS's ``action``, ``target_object``, ...)."""
     user = request[USER_KEY]
-    log.warning("admin: %s: %s %s%s", user, action, target, f" ({detail})" if detail else "")
-    broker.publish_monitor(ADMIN_CHANGE_TOPIC, {
-        "event_class": "admin.change", "event_action": action, "target": target,
-        "detail": detail, "conn_username": user, "conn_hostname": request.remote or "",
-        "server": broker.name,
-    })
+    log.warning("admin: %s: %s %s %s%s", user, action, target_object, target_name,
+                f" ({value})" if value else "")
+    monitor.admin_change(broker, user, action, target_object, target_name, value=value,
+                         hostname=request.remote or "")
 
 
 def save(broker: Any, what: str) -> None:
@@ -300,7 +297,7 @@ def manage_routes(broker: Any) -> list[web.RouteDef]:
         sub = durable(request)
         n = sub.purge()
         broker.store.commit(None)
-        admin_changed(broker, request, "purge durable", sub.name, f"{n} messages")
+        admin_changed(broker, request, "purge", "durable", sub.name, f"{n} messages")
         return web.json_response({"purged": n})
 
     @routes.delete("/api/v1/durables/{name}")
@@ -311,7 +308,7 @@ def manage_routes(broker: Any) -> list[web.RouteDef]:
         if sub.consumers:
             raise BadRequest(f"durable subscription {sub.name!r} has an active consumer", 409)
         broker.unsubscribe(None, sub.name, sub.client_id or "")
-        admin_changed(broker, request, "delete durable", sub.name)
+        admin_changed(broker, request, "delete", "durable", sub.name)
         return web.json_response({"deleted": sub.name})
 
     @routes.delete("/api/v1/connections/{id}")
@@ -326,7 +323,7 @@ def manage_routes(broker: Any) -> list[web.RouteDef]:
                 flow = getattr(c, "flow", None)
                 if flow is not None and flow.row()["connection"] == cid and flow.close:
                     flow.close()
-                    admin_changed(broker, request, "delete connection", cid)
+                    admin_changed(broker, request, "delete", "connection", cid)
                     return web.json_response({"closed": cid})
         raise BadRequest(f"connection {cid!r} is the gateway's own (a transport's); "
                          "stop the transport instead", 409)
@@ -356,7 +353,7 @@ def manage_routes(broker: Any) -> list[web.RouteDef]:
     async def stop_transport(request: web.Request) -> web.Response:
         m, name = transport(request), request.match_info["name"]
         await m.stop_one(name)
-        admin_changed(broker, request, "stop transport", name)
+        admin_changed(broker, request, "modify", "transport", name, "stopped")
         return web.json_response(m.row(name))
 
     @routes.post("/api/v1/transports/{name}/start")
@@ -365,7 +362,7 @@ def manage_routes(broker: Any) -> list[web.RouteDef]:
     async def start_transport(request: web.Request) -> web.Response:
         m, name = transport(request), request.match_info["name"]
         m.start_one(name)
-        admin_changed(broker, request, "start transport", name)
+        admin_changed(broker, request, "modify", "transport", name, "started")
         return web.json_response(m.row(name))
 
     @routes.get("/api/v1/config")
@@ -432,7 +429,7 @@ def _destination_routes(routes: web.RouteTableDef, broker: Any, kind: str,
             m.bind_entry(kind, entry)
         refresh(broker, kind, name)
         save(broker, kind)
-        admin_changed(broker, request, f"{action} {kind}", name, detail)
+        admin_changed(broker, request, action, kind, name, detail)
 
     async def show(request: web.Request) -> web.Response:
         return web.json_response(row(request.match_info["name"]))
@@ -453,7 +450,7 @@ def _destination_routes(routes: web.RouteTableDef, broker: Any, kind: str,
             entry = table.change(name, add_text=body["properties"])
         except KeyError:
             raise BadRequest(f"{kind} {name!r} is not defined (create it first)", 404) from None
-        changed(request, "addprop", name, entry.props_text())
+        changed(request, "modify", name, entry.props_text())
         return web.json_response(row(name))
 
     async def removeprop(request: web.Request) -> web.Response:
@@ -466,7 +463,7 @@ def _destination_routes(routes: web.RouteTableDef, broker: Any, kind: str,
             entry = table.change(name, remove=words)
         except KeyError:
             raise BadRequest(f"{kind} {name!r} is not defined", 404) from None
-        changed(request, "removeprop", name, entry.props_text())
+        changed(request, "modify", name, entry.props_text())
         return web.json_response(row(name))
 
     async def delete(request: web.Request) -> web.Response:
@@ -486,7 +483,7 @@ def _destination_routes(routes: web.RouteTableDef, broker: Any, kind: str,
                 broker.topics.pop(name, None)
             else:
                 refresh(broker, kind, name)
-        admin_changed(broker, request, f"delete {kind}", name)
+        admin_changed(broker, request, "delete", kind, name)
         return web.json_response({"deleted": name})
 
     one = f"{plural}/{{name}}"
@@ -504,7 +501,7 @@ def _destination_routes(routes: web.RouteTableDef, broker: Any, kind: str,
             if name not in live:
                 raise BadRequest(f"no topic named {name!r}", 404)
             n = broker.purge_topic(name)
-            admin_changed(broker, request, "purge topic", name, f"{n} messages")
+            admin_changed(broker, request, "purge", "topic", name, f"{n} messages")
             return web.json_response({"purged": n})
 
         purge = Need("purge-destination", "topic", "purge")
@@ -549,7 +546,7 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
         except ValueError as exc:
             raise BadRequest(str(exc), 409 if "exists" in str(exc) else 400) from None
         save(broker, "users")
-        admin_changed(broker, request, "create user", u.name)
+        admin_changed(broker, request, "create", "user", u.name)
         return web.json_response(user_row(u), status=201)
 
     def known_user(request: web.Request) -> str:
@@ -569,8 +566,8 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
         u = security().change_user(name, password=body.get("password"),
                                    description=body.get("description"))
         save(broker, "users")
-        admin_changed(broker, request, "set password" if "password" in body else "set user",
-                      name)
+        admin_changed(broker, request, "modify", "user", name,
+                      "password" if "password" in body else "description")
         return web.json_response(user_row(u))
 
     @routes.delete("/api/v1/users/{name}")
@@ -583,7 +580,7 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
         security().remove_user(name)
         save(broker, "users")
         save(broker, "groups")
-        admin_changed(broker, request, "delete user", name)
+        admin_changed(broker, request, "delete", "user", name)
         return web.json_response({"deleted": name})
 
     @routes.get("/api/v1/groups")
@@ -601,7 +598,7 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
         except ValueError as exc:
             raise BadRequest(str(exc), 409 if "exists" in str(exc) else 400) from None
         save(broker, "groups")
-        admin_changed(broker, request, "create group", g.name)
+        admin_changed(broker, request, "create", "group", g.name)
         return web.json_response(group_row(g), status=201)
 
     def known_group(request: web.Request) -> Any:
@@ -619,7 +616,7 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
             raise BadRequest("the predefined group $admin cannot be deleted", 409)
         security().remove_group(g.name)
         save(broker, "groups")
-        admin_changed(broker, request, "delete group", g.name)
+        admin_changed(broker, request, "delete", "group", g.name)
         return web.json_response({"deleted": g.name})
 
     async def membership(request: web.Request, add: bool) -> web.Response:
@@ -632,7 +629,7 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
         members = [*g.members, member] if add else [m for m in g.members if m != member]
         g = security().set_members(g.name, members)
         save(broker, "groups")
-        admin_changed(broker, request, "addmember" if add else "removemember", g.name, member)
+        admin_changed(broker, request, "add" if add else "remove", "group", g.name, member)
         return web.json_response(group_row(g))
 
     @routes.put("/api/v1/groups/{name}/members/{user}")
@@ -686,7 +683,7 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
         save(broker, "acl")
         who = f"user={body['user']}" if body.get("user") else f"group={body.get('group')}"
         target = "admin" if kind == "admin" else f"{kind} {body.get('name')}"
-        admin_changed(broker, request, "grant" if grant else "revoke", target,
+        admin_changed(broker, request, "grant" if grant else "revoke", "permissions", target,
                       f"{who} {','.join(perms)}")
         return web.json_response({"granted" if grant else "revoked": sorted(perms)})
 

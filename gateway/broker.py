@@ -36,6 +36,11 @@ past ``maxRedelivery``) go to ``$sys.undelivered`` when they carry
 ``JMS_GW_PRESERVE_UNDELIVERED``, otherwise they are dropped and logged (EMS User's Guide,
 "Undelivered Message Queue").
 
+Monitor topics (``$sys.monitor...``, EMS User's Guide, "Monitoring Server Activity") are
+:mod:`gateway.monitor`'s: the broker calls it where their events happen (connections,
+dynamic destinations, messages received and leaving early) after a counter says that someone
+listens, and asks it who may subscribe to them.
+
 Runs on the loop; never awaits. See ``gateway/README.md`` for what owns which state.
 """
 
@@ -48,10 +53,12 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from gateway import subject
 from gateway.backlog import MESSAGE_OVERHEAD
+from gateway.config.security import MONITOR_PREFIX, VerifiedUser
+from gateway.consumer import TrafficTable
 from gateway.endpoint import Endpoint, QueueEndpoint, Subscription
 from gateway.errors import (
     GatewayError,
@@ -71,6 +78,7 @@ from gateway.message import (
     estimate_size,
     preserved,
 )
+from gateway.monitor import Monitor, covers_monitor
 from gateway.routing import apply_props, is_simple, route_queue, route_topic
 from gateway.subindex import SubIndex
 
@@ -86,7 +94,8 @@ SWEEP_INTERVAL = 1.0  # seconds between expiry sweeps
 class Topic:
     """A topic that exists on this gateway (static, dynamic or temporary)."""
 
-    __slots__ = ("name", "props", "owner", "static", "stats_in", "dest", "dest_text", "simple")
+    __slots__ = ("name", "props", "owner", "static", "stats_in", "stats_bytes_in", "dest",
+                 "dest_text", "simple")
 
     def __init__(self, name: str, props: Any, *, static: bool, owner: Any = None) -> None:
         self.name = name
@@ -94,6 +103,7 @@ class Topic:
         self.owner = owner
         self.static = static
         self.stats_in = 0
+        self.stats_bytes_in = 0
         self.dest = Destination.topic(name)
         self.dest_text = str(self.dest)
         self.simple = is_simple(props)
@@ -142,7 +152,16 @@ class Broker(BrokerMemory):
                       "undelivered": 0, "swapped_out": 0, "swapped_in": 0,
                       "memory_held": 0}
         self.published = 0
+        self.bytes_in = 0  # size of what was published (metrics: msgBytesIn)
+        self.traffic = TrafficTable()  # by protocol, for /metrics (gateway.consumer)
+        # messages (and their bytes) that endpoints now gone delivered (metrics: numMsgsOut)
+        self.delivered_before = 0
+        self.delivered_bytes_before = 0
         self.closed = False
+        # The monitor topics (gateway.monitor); ``message_monitors`` counts the subscriptions
+        # to message-monitoring topics, which the publish path reads first.
+        self.monitor = Monitor(self)
+        self.message_monitors = 0
         # The store's key-value records at start-up, for adapters (MQTT sessions, retained).
         self.kv: dict[str, dict[str, bytes]] = {}
         # (method, path, aiohttp handler) that adapters offer on the HTTP listener (WebSocket).
@@ -165,6 +184,7 @@ class Broker(BrokerMemory):
             self.kv = recovered.kv
             recover(self, recovered)
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+        self.monitor.start()
         if self.swapping and self.memory:
             self.swap_soon()  # what recovery brought back: backlogs and the limit apply
 
@@ -173,6 +193,7 @@ class Broker(BrokerMemory):
         self.closed = True
         if self._sweeper is not None:
             self._sweeper.cancel()
+        self.monitor.close()
         for conn in list(self.connections.values()):
             conn.close()
         for ep in self._all_endpoints():
@@ -245,12 +266,16 @@ class Broker(BrokerMemory):
         anonymous), or SecurityError. The one set of credential rules every adapter uses.
 
         An empty user name is no user name. With ``authorization`` disabled every
-        connection is accepted, whatever it presents, and keeps the name it gave -- unverified,
-        a label for ``sender_name`` and the admin API's connection views; no permission is
-        checked then (EMS User's Guide, "Enabling Access Control"). With it enabled the name
-        and password are checked against ``users.conf`` (EMS User's Guide,
-        "Enabling Access Control"), and a client without a name connects only with
-        ``allow_anonymous`` enabled.
+        connection is accepted, whatever it presents, and keeps the name it gave -- a label
+        for ``sender_name`` and the admin API's connection views; no permission is checked
+        then (EMS User's Guide, "Enabling Access Control"), but a name that ``users.conf``
+        lists is checked all the same, for the monitor topics only: they ask for a valid
+        login whatever ``authorization`` says (EMS User's Guide, "Viewing Monitor Topics";
+        a name whose password matched comes back as a
+        :class:`~gateway.config.security.VerifiedUser`). With it enabled the name and
+        password are checked against ``users.conf`` (EMS User's Guide, "Enabling Access
+        Control"), and a client without a name connects only with ``allow_anonymous``
+        enabled. A refusal is a ``$sys.monitor.connection.connect`` event.
 
         Raises:
             SecurityError: with ``authorization`` enabled, an unknown user or a wrong
@@ -259,11 +284,18 @@ class Broker(BrokerMemory):
         """
         if not user:
             if not self.anonymous_allowed():
-                raise SecurityError("anonymous connections are not allowed")
+                self._refused(None, "not_authorized", "anonymous connections are not allowed")
             return None
-        if self.authorization and not self.config.security.authenticate(user, password or ""):
-            raise SecurityError(f"authentication failed for user {user!r}")
+        if self.config.security.authenticate(user, password or ""):
+            return VerifiedUser(user)
+        if self.authorization:
+            self._refused(user, "invalid_password", f"authentication failed for user {user!r}")
         return user
+
+    def _refused(self, user: str | None, reason: str, text: str) -> NoReturn:
+        if self.monitor.watchers:
+            self.monitor.connection_refused(user, reason, text)
+        raise SecurityError(text)
 
     def connect(
         self,
@@ -290,6 +322,9 @@ class Broker(BrokerMemory):
 
         if not authenticated:
             user = self.authenticate(user, password)
+        verified = isinstance(user, VerifiedUser)
+        if verified:
+            user = str(user)  # the plain name: a label that message properties may carry
         max_conn = int(self.config.gateway.max_connections)
         if max_conn and len(self.connections) >= max_conn:
             raise LimitExceededError(f"max_connections ({max_conn}) reached")
@@ -301,11 +336,20 @@ class Broker(BrokerMemory):
         conn = Connection(self, cid, client_id=client_id, user=user, kind=kind, protocol=protocol,
                           address=address)
         self.connections[cid] = conn
+        monitor = self.monitor
+        if verified and not self.authorization:
+            monitor.verified.add(cid)
+        if monitor.watchers:
+            monitor.connection_event(conn, True)
         return conn
 
     def disconnected(self, conn: Any) -> None:
         self.connections.pop(conn.id, None)
         self.slow_connections.pop(conn.id, None)
+        monitor = self.monitor
+        monitor.verified.discard(conn.id)
+        if monitor.watchers:
+            monitor.connection_event(conn, False)
         for name in list(conn.temp_queues):
             self.delete_temporary(Destination.queue(name))
         for name in list(conn.temp_topics):
@@ -314,17 +358,22 @@ class Broker(BrokerMemory):
     # -- destinations ---------------------------------------------------------------------
 
     def topic(self, name: str, *, create: bool = True) -> Topic:
-        """The topic ``name``, created if its name matches a topics.conf entry.
+        """The topic ``name``, created if its name matches a topics.conf entry (a
+        ``$sys.monitor.topic.create`` event).
 
         Raises:
             InvalidDestinationError: bad name, wildcard, or creation not allowed
             (EMS User's Guide, "Wildcards in Topics").
+            SecurityError: a monitor topic, which only the gateway makes (EMS User's Guide,
+            "System Monitor Topics").
         """
         t = self.topics.get(name)
         if t is not None:
             return t
         system = name.startswith("$")
         subject.validate(name, system=system)
+        if name.startswith(MONITOR_PREFIX):
+            raise SecurityError(f"{name!r} is a monitor topic: only the gateway publishes there")
         if name.startswith(TEMP_PREFIX):
             raise InvalidDestinationError(f"temporary topic {name!r} does not exist")
         props = self.config.topics.resolve(name)
@@ -334,11 +383,14 @@ class Broker(BrokerMemory):
             )
         t = Topic(name, props, static=self.config.topics.is_static(name))
         self.topics[name] = t
+        if not t.static and self.monitor.watchers:
+            self.monitor.destination_created(t.dest, "producer")
         return t
 
-    def queue(self, name: str, *, create: bool = True) -> QueueEndpoint:
+    def queue(self, name: str, *, create: bool = True, reason: str = "consumer") -> QueueEndpoint:
         """The queue ``name``, created if its name matches a queues.conf entry
-        (EMS User's Guide, "Wildcards in Queues")."""
+        (EMS User's Guide, "Wildcards in Queues"): a ``$sys.monitor.queue.create`` event
+        with ``reason`` (``consumer``, or ``producer`` from the publish path)."""
         q = self.queues.get(name)
         if q is not None:
             return q
@@ -352,7 +404,10 @@ class Broker(BrokerMemory):
             raise InvalidDestinationError(
                 f"queue {name!r} does not exist and no queues.conf entry allows creating it"
             )
-        return self._ensure_queue(name, props=props)
+        q = self._ensure_queue(name, props=props)
+        if self.monitor.watchers and not self.config.queues.is_static(name):
+            self.monitor.destination_created(q.dest, reason)
+        return q
 
     def _ensure_queue(self, name: str, *, props: Any = None, system: bool = False,
                       owner: Any = None) -> QueueEndpoint:
@@ -383,6 +438,7 @@ class Broker(BrokerMemory):
         if dest.kind == QUEUE:
             q = self.queues.pop(dest.name, None)
             if q is not None:
+                self._endpoint_gone(q)
                 q.closed = True
                 q.purge()
                 if q.owner is not None:
@@ -395,24 +451,33 @@ class Broker(BrokerMemory):
     def resolve_for_send(self, dest: Destination) -> Topic | QueueEndpoint:
         if dest.kind == TOPIC:
             return self.topic(dest.name)
-        return self.queue(dest.name)
+        return self.queue(dest.name, reason="producer")
 
     def exists(self, dest: Destination) -> bool:
         """Whether the topic or queue ``dest`` exists now (a temporary one until it is
         deleted); nothing is created."""
         return dest.name in (self.queues if dest.kind == QUEUE else self.topics)
 
-    def publish_monitor(self, name: str, body: dict[str, Any]) -> None:
+    def publish_monitor(self, name: str, body: dict[str, Any],
+                        properties: dict[str, Any] | None = None, ttl: int = 0) -> None:
         """Publish ``body`` as a non-persistent map message on the server's monitor topic
-        ``name`` (``$sys.monitor...``), made on first use as EMS's monitor topics are the
-        server's own; only while someone subscribes to it (nothing is made otherwise)."""
+        ``name`` (``$sys.monitor...``, see :mod:`gateway.monitor`), with ``properties`` and,
+        when ``ttl`` (ms) is given, that lifetime; the topic is made on first use as EMS's
+        monitor topics are the server's own, and only while someone subscribes to it
+        (nothing is made otherwise). Its messages take the publish path's slow branch, where
+        a client's publish on it is refused."""
         if self.closed or not self.subs.has_interest(name):
             return
         if name not in self.topics:
-            self.topics[name] = Topic(name, self.config.topics.default_props(), static=False)
+            t = self.topics[name] = Topic(name, self.config.topics.default_props(), static=False)
+            t.simple = False
         msg = Message.map(body)
         msg.destination = Destination.topic(name)
         msg.delivery_mode = NON_PERSISTENT
+        if properties:
+            msg.properties = properties
+        if ttl:
+            msg.expiration = self.now() + ttl
         try:
             self.publish(msg)
         except GatewayError as exc:
@@ -496,13 +561,21 @@ class Broker(BrokerMemory):
             if is_topic:
                 target: Topic | QueueEndpoint = self.topics.get(dest.name) or self.topic(dest.name)
             else:
-                target = self.queues.get(dest.name) or self.queue(dest.name)
+                target = self.queues.get(dest.name) or self.queue(dest.name, reason="producer")
             if target.simple:
                 if msg.expiration:
                     msg.expires_at = msg.expiration
             else:
+                if conn is not None and dest.name.startswith(MONITOR_PREFIX):
+                    raise SecurityError(f"{dest.name!r} is a monitor topic: only the gateway "
+                                        "publishes there")
                 apply_props(self, msg, conn, dest, target.props, now)
             self.published += 1
+            self.bytes_in += msg.size
+            if conn is not None:
+                traffic = conn.traffic
+                traffic.messages_in += 1
+                traffic.bytes_in += msg.size
             if self.log_enabled:
                 msg.log_head = None  # logged as published (a producer may send it again)
                 text = dest._text
@@ -521,6 +594,9 @@ class Broker(BrokerMemory):
                 fut = route_topic(self, target, msg, now)  # type: ignore[arg-type]
             else:
                 fut = route_queue(self, target, msg, now)  # type: ignore[arg-type]
+            if self.message_monitors:
+                self.monitor.message_event("r", dest, msg, conn,
+                                           "producer" if far is None else "import")
             if held:
                 return self._hold_for_memory(fut)
             return fut
@@ -565,9 +641,12 @@ class Broker(BrokerMemory):
 
     def undeliverable(self, msg: Message, ep: Endpoint, reason: str, count: int) -> None:
         """An expired or over-delivered message: to ``$sys.undelivered`` or dropped
-        (EMS User's Guide, "Undelivered Message Queue")."""
+        (EMS User's Guide, "Undelivered Message Queue"); a premature exit (``p``) for message
+        monitoring."""
         if reason == "expired":
             self.stats["expired"] += 1
+        if self.message_monitors and msg.destination is not None:
+            self.monitor.message_event("p", msg.destination, msg, None, reason)
         if preserved(msg) and ep.key != "queue:" + UNDELIVERED:
             q = self.queues[UNDELIVERED]
             copy = msg.copy()
@@ -628,10 +707,15 @@ class Broker(BrokerMemory):
             props = self.config.topics.resolve(pattern)
         else:
             props = self._subscribe_props(pattern)
-        if conn.kind == "CLIENT" and self.authorization:
-            self.check(conn, "topic", pattern, "subscribe", props)
-            if durable_name is not None:
-                self.check(conn, "topic", pattern, "durable", props)
+        if conn.kind == "CLIENT":
+            if covers_monitor(pattern):
+                # Always checked, on rules of their own (EMS User's Guide, "Viewing Monitor
+                # Topics"): not the destination permissions below.
+                self.monitor.check_subscribe(conn, pattern)
+            elif self.authorization:
+                self.check(conn, "topic", pattern, "subscribe", props)
+                if durable_name is not None:
+                    self.check(conn, "topic", pattern, "durable", props)
         sel_text = selector.text if selector is not None else None
         scope = conn.client_id or ""
         if shared_name is not None and share_scope is not None:
@@ -745,6 +829,11 @@ class Broker(BrokerMemory):
         props = self.config.topics.resolve(pattern)
         return props if props is not None else self.config.topics.default_props()
 
+    def _endpoint_gone(self, ep: Endpoint) -> None:
+        """Keep what ``ep``, about to go, delivered in the gateway's totals (metrics)."""
+        self.delivered_before += ep.stats_out
+        self.delivered_bytes_before += ep.stats_bytes_out
+
     def consumer_gone(self, sub: Subscription) -> None:
         """The last consumer left ``sub``: a non-durable subscription ends with it."""
         if sub.durable or sub.consumers:
@@ -757,6 +846,7 @@ class Broker(BrokerMemory):
 
     def _drop_subscription(self, sub: Subscription) -> None:
         self.subs.remove(sub.pattern, sub, parent_match=sub.parent_match)
+        self._endpoint_gone(sub)
         self.laggards.pop(sub, None)
         sub.closed = True
         if sub.spool is not None:
@@ -799,7 +889,8 @@ class Broker(BrokerMemory):
     def purge_topic(self, name: str) -> int:
         """Admin ``purge topic``: drop what every subscription to ``name`` holds."""
         n = 0
-        for sub in self.subs.match(name):
+        for s in self.subs.match(name):
+            sub: Subscription = s  # type: ignore[assignment]
             n += sub.purge()
         self.store.commit(None)
         return n
@@ -810,6 +901,7 @@ class Broker(BrokerMemory):
         q = self.queues.pop(name, None)
         if q is None:
             raise InvalidDestinationError(f"no queue named {name!r}")
+        self._endpoint_gone(q)
         q.closed = True
         q.purge()
         self.store.delete_endpoint(q.key)

@@ -91,6 +91,7 @@ class Connection:
         self.kind = kind
         self.protocol = protocol
         self.address = address
+        self.traffic = broker.traffic.of(protocol)  # its protocol's /metrics figures
         # What the delivery log calls this connection (docs/delivery-log.md, "Events"): its
         # id; a transport's (kind BRIDGE) is its name, which it gives as its address. What a
         # transport's consumers take from the core is handed to the far side, not

@@ -10,13 +10,20 @@ this endpoint delivered it (``JMSXDeliveryCount``). The listener is called with 
 loop, synchronously, from inside dispatch; the session keeps it until it is acknowledged,
 returned or rejected (the endpoint's settlement).
 
+What deliveries add up to, for the ``/metrics`` endpoint (:mod:`gateway.metrics`): each
+consumer holds the :class:`Traffic` of its connection's protocol, to which the endpoint adds
+every delivery (messages, bytes) and, for a first delivery, how long after its timestamp the
+message was delivered -- a few integer operations a delivery, no allocation. The table of them
+is the broker's (``Broker.traffic``); each connection holds its protocol's.
+
 Everything here runs on the loop thread and never awaits.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from gateway.message import Message
 
@@ -52,6 +59,57 @@ class Delivery:
 
 Listener = Callable[[Delivery], None]
 
+# Upper bounds (ms) of the publish -> deliver latency histogram's buckets, the last one open:
+# a message's timestamp has millisecond resolution, so nothing finer is measurable.
+LATENCY_BOUNDS_MS: Final = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000,
+                            30000, 60000)
+LATENCY_FIRST_MS: Final = 1  # LATENCY_BOUNDS_MS[0]: the common case, counted without a search
+
+
+class Traffic:
+    """What the consumers of one protocol's connections were delivered: ``messages`` and
+    ``bytes`` (message sizes), every delivery; ``messages_in`` and ``bytes_in``, what those
+    connections published; ``latency`` counts first deliveries by how
+    many milliseconds after the message's timestamp they came (one count per bucket of
+    :data:`LATENCY_BOUNDS_MS`, then one for the rest), ``latency_ms`` sums those times."""
+
+    __slots__ = ("messages", "bytes", "messages_in", "bytes_in", "latency", "latency_ms")
+
+    def __init__(self) -> None:
+        self.messages = 0
+        self.bytes = 0
+        self.messages_in = 0  # published by these connections (Broker.publish)
+        self.bytes_in = 0
+        self.latency = [0] * (len(LATENCY_BOUNDS_MS) + 1)
+        self.latency_ms = 0
+
+    def observe(self, ms: int) -> None:
+        """A first delivery, ``ms`` after the message's timestamp; less than 0 (a producer's
+        clock ahead of ours) counts as 0."""
+        if ms <= LATENCY_FIRST_MS:
+            self.latency[0] += 1
+            if ms > 0:
+                self.latency_ms += ms
+            return
+        self.latency[bisect_left(LATENCY_BOUNDS_MS, ms)] += 1
+        self.latency_ms += ms
+
+
+class TrafficTable:
+    """:class:`Traffic` by protocol name (a connection's ``protocol``: ``mqtt``, ``amqp``,
+    ``stomp``, ``inproc``, ``transport:<type>``), made on first use and never dropped, so
+    that what it counts only grows."""
+
+    def __init__(self) -> None:
+        self.protocols: dict[str, Traffic] = {}
+
+    def of(self, protocol: str) -> Traffic:
+        traffic = self.protocols.get(protocol)
+        if traffic is None:
+            traffic = self.protocols[protocol] = Traffic()
+        return traffic
+
+
 
 class Consumer:
     """A consumer attached to one endpoint, owned by a session.
@@ -76,6 +134,7 @@ class Consumer:
         "delivered_total",
         "name",
         "log_client",
+        "traffic",
     )
 
     def __init__(
@@ -108,6 +167,7 @@ class Consumer:
         # (a transport's consumer, see ``Connection.logs_deliveries``).
         conn = session.connection
         self.log_client: str | None = conn.id if conn.logs_deliveries else None
+        self.traffic = conn.traffic
 
     @property
     def ready(self) -> bool:

@@ -88,6 +88,8 @@ class Endpoint:
         self.flow_waiters: list[Any] = []
         self.stats_in = 0
         self.stats_out = 0
+        self.stats_bytes_in = 0  # sizes of the messages counted in stats_in
+        self.stats_bytes_out = 0  # and in stats_out
         self.stats_acked = 0
         self.stats_discarded = 0  # dropped by overflowPolicy=discardOld
         self.closed = False
@@ -112,6 +114,7 @@ class Endpoint:
         self.count += 1
         self.bytes += msg.size
         self.stats_in += 1
+        self.stats_bytes_in += msg.size
         if msg.expires_at:
             self.expiring += 1
         if msg.delivery_time > now:
@@ -131,7 +134,7 @@ class Endpoint:
             if consumer is not None:
                 self.dispatching = True
                 try:
-                    self._deliver(consumer, msg)
+                    self._deliver(consumer, msg, now)
                 finally:
                     self.dispatching = False
                 if self.npending:
@@ -154,6 +157,7 @@ class Endpoint:
         self.count += 1
         self.bytes += msg.size
         self.stats_in += 1
+        self.stats_bytes_in += msg.size
 
     def restore(self, msg: Message, delivery_count: int, now: int) -> None:
         """Put back a recovered message (store recovery), keeping its delivery count."""
@@ -196,13 +200,12 @@ class Endpoint:
                 load(self)
                 return
             self.npending -= 1
-            if msg.expires_at:
-                if not now:
-                    now = broker.now()
-                if msg.expires_at <= now:
-                    self._expire(msg)
-                    continue
-            self._deliver(consumer, msg)
+            if not now:
+                now = broker.now()  # once a pass: expiry and delivery times
+            if msg.expires_at and msg.expires_at <= now:
+                self._expire(msg)
+                continue
+            self._deliver(consumer, msg, now)
 
     def _dispatch_selective(self) -> None:
         """Queue dispatch when consumers have selectors: skip what no ready consumer takes."""
@@ -231,7 +234,7 @@ class Endpoint:
                     load(self, msg)
                     return
                 self.npending -= 1
-                self._deliver(consumer, msg)
+                self._deliver(consumer, msg, now)
             kept.extend(dq)
             self.pending[p] = kept
 
@@ -256,7 +259,8 @@ class Endpoint:
                 return c
         return None
 
-    def _deliver(self, consumer: Consumer, msg: Message) -> None:
+    def _deliver(self, consumer: Consumer, msg: Message, now: int) -> None:
+        """Hand ``msg`` to ``consumer`` (``now``: the time, ms, for the delivery latency)."""
         count = self.counts.get(msg, 0) + 1 if self.counts else 1
         session = consumer.session
         tag = session.next_tag
@@ -264,6 +268,12 @@ class Endpoint:
         d = Delivery(msg, tag, count, consumer)
         consumer.delivered_total += 1
         self.stats_out += 1
+        self.stats_bytes_out += msg.size
+        traffic = consumer.traffic  # the /metrics endpoint's figures (gateway.consumer)
+        traffic.messages += 1
+        traffic.bytes += msg.size
+        if count == 1:
+            traffic.observe(now - msg.timestamp)
         broker = self.broker
         if consumer.track:
             consumer.unacked += 1
@@ -281,6 +291,9 @@ class Endpoint:
                 broker.dlog.record("deliver" if count == 1 else "redeliver", msg,
                                    self.log_dest_of(msg) if self.log_msg_dest
                                    else self.log_dest, client, count)
+        if broker.message_monitors and msg.destination is not None:  # $sys.monitor.*.s.*
+            broker.monitor.message_event("s", msg.destination, msg, session.connection,
+                                         "consumer")
         consumer.listener(d)
 
     def log_dest_of(self, msg: Message) -> str:
@@ -347,6 +360,9 @@ class Endpoint:
                 msg = d.msg
                 broker.dlog.record("ack", msg, self.log_dest_of(msg) if self.log_msg_dest
                                    else self.log_dest, client, d.count)
+        if broker.message_monitors and d.msg.destination is not None:  # $sys.monitor.*.a.*
+            broker.monitor.message_event("a", d.msg.destination, d.msg,
+                                         d.consumer.session.connection, "consumer")
         self._remove(d.msg)
         if self.npending and not self.dispatching:
             self.dispatch()
@@ -450,6 +466,8 @@ class Endpoint:
         broker.stats["discarded"] += 1
         if broker.log_enabled:
             broker.dlog.record("discard", oldest, self.log_dest_of(oldest), None, 0, "discarded")
+        if broker.message_monitors and oldest.destination is not None:  # $sys.monitor.*.p.*
+            broker.monitor.message_event("p", oldest.destination, oldest, None, "discarded")
         return True
 
     def purge(self) -> int:

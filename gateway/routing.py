@@ -85,6 +85,7 @@ def route_topic(broker: Broker, topic: Topic, msg: Message,
     a transport's export spool; store it for each durable subscription when it is
     PERSISTENT. Returns what the producer's confirmation waits for (``Broker.publish``)."""
     topic.stats_in += 1
+    topic.stats_bytes_in += msg.size
     subs = broker.subs.match(topic.name)
     if not subs:
         if broker.log_enabled:

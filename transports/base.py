@@ -71,6 +71,7 @@ from gateway.client import AckMode
 from gateway.config.transports import DiscardPolicy
 from gateway.errors import GatewayError
 from gateway.message import PROP_IMPORTED, QUEUE, TOPIC, Destination, Message
+from gateway.monitor import transport_state
 from mappings.engine import default_wire
 from transports.reply import ReplyRoutes, ReplyTemporaries
 
@@ -281,7 +282,7 @@ class Transport:
         return ev
 
     def _set_state(self, state: str, error: str | None) -> None:
-        self.state = state
+        previous, self.state = self.state, state
         if error is not None:
             self.last_error = error
         self.since = time.time()
@@ -289,6 +290,7 @@ class Transport:
             self.up_event.set()
         else:
             self.up_event.clear()
+        transport_state(self.broker, self, previous, error)  # $sys.monitor.transport.*
 
     def lost(self, reason: str) -> None:
         """The far side went away: pause exports (what was in flight goes back to the

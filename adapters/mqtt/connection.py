@@ -424,7 +424,7 @@ class MqttConnection:
             server.sessions[cid] = session
         session.receive_maximum = receive_max
         try:
-            session.open_core(p.username)
+            session.open_core(self.user, self.address)
         except GatewayError as exc:
             server.forget(session)
             self._refuse(self.level, ReasonCode.SERVER_UNAVAILABLE, str(exc))

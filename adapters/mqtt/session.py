@@ -157,10 +157,13 @@ class MqttSession:
 
     # -- core attachment --------------------------------------------------------------------
 
-    def open_core(self, user: str | None) -> None:
+    def open_core(self, user: str | None, address: str = "") -> None:
+        """The session's core connection, for ``user`` as the listener authenticated it (a
+        :class:`~gateway.config.security.VerifiedUser` when its password was checked)."""
         if self.core is None:
             self.core = self.server.broker.connect(
                 client_id=self.client_id, user=user, authenticated=True, protocol="mqtt",
+                address=address,
             )
             self.core_session = self.core.session(AckMode.EXPLICIT)
 

@@ -145,6 +145,18 @@ parameter                           default            meaning
 ``admin_token_lifetime``            1 hour             how long a bearer token of the admin API
                                                        (``POST /api/v1/tokens``) stays valid; a
                                                        bare number is seconds
+``metrics_max_destinations``        100                destinations of each kind (queues, topics) that
+                                                       ``GET /metrics`` gives series of their own,
+                                                       the first in name order; the others, and
+                                                       temporary ones, add up in one series
+                                                       ``destination="_other"``; 0 = every one
+                                                       (``gateway.metrics``)
+``monitor_metrics_interval``        60 sec             seconds between the metrics messages on
+                                                       ``$sys.monitor.metrics.*`` topics, each sent
+                                                       only while it has a subscriber (Sun MQ's
+                                                       ``imq.metrics.topic.interval``, Sun MQ
+                                                       Administration Guide, "Monitoring Service
+                                                       Properties"); 0 = none (``gateway/monitor.py``)
 ``log_level``                       ``info``           ``debug``, ``info``, ``warning`` or ``error``:
                                                        the level of the gateway's log (its root
                                                        logger) under ``gateway serve``; the
@@ -294,6 +306,8 @@ class GatewaySettings:
     ft_activation: float = 3.0
     mqtt_max_keepalive: int = 0
     admin_token_lifetime: float = DEFAULT_TOKEN_LIFETIME
+    monitor_metrics_interval: float = 60.0
+    metrics_max_destinations: int = 100
     log_level: str = "info"
     log_format: str = "text"
     # parameter name -> its line in gateway.conf, for the checks that span files (checks.py)
@@ -476,6 +490,8 @@ _PARAMS: dict[str, Callable[[str], Any]] = {
     "amqp_default_destination": _choice(DEST_KINDS),
     "mqtt_max_keepalive": _keepalive,
     "admin_token_lifetime": lambda v: _positive_seconds(v),
+    "monitor_metrics_interval": lambda v: parse_duration_ms(v) / 1000.0,
+    "metrics_max_destinations": _count,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
 }

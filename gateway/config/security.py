@@ -6,7 +6,8 @@ How this works. The three files are parsed into :class:`User`, :class:`Group` an
 permission on this destination* (:meth:`Security.check`, :meth:`Security.admin_check`).
 The core decides *when* to ask: only with ``authorization`` enabled, and for destination
 permissions only on ``secure`` destinations (TIBCO EMS User's Guide,
-"When Permissions Are Checked").
+"When Permissions Are Checked") -- except for the monitor topics, always asked
+(:meth:`Security.may_monitor`, EMS User's Guide, "Viewing Monitor Topics").
 
 Permissions have positive boolean inheritance (EMS User's Guide, "Inheritance of Permissions";
 "User Permissions"): a user holds the union of the grants made to the user, to each group the
@@ -57,6 +58,9 @@ ADMIN_USER = "admin"
 ADMIN_GROUP = "$admin"  # members hold every administrator permission
 # EMS User's Guide, "Command Listing", show connections: connections without a user name
 ANONYMOUS = "anonymous"
+# EMS User's Guide, "Monitoring Server Events": the server's monitor topics, whose grants stand
+# apart (Security.may_monitor)
+MONITOR_PREFIX = "$sys.monitor."
 
 TOPIC_PERMS = frozenset({"publish", "subscribe", "durable", "use_durable"})  # Table 49
 QUEUE_PERMS = frozenset({"send", "receive", "browse"})  # Table 48
@@ -152,6 +156,17 @@ def verify_password(stored: str, plain: str) -> bool:
 
 
 # -- records ---------------------------------------------------------------------------
+
+
+class VerifiedUser(str):
+    """A user name whose password ``users.conf`` confirmed at connect time, as
+    :meth:`gateway.broker.Broker.authenticate` returns it; the broker keeps the fact and
+    gives the connection the plain name. With ``authorization`` disabled only this says
+    that a client logged in with a valid user name and password, which the monitor topics
+    ask of every subscriber (EMS User's Guide, "Viewing Monitor Topics")."""
+
+    __slots__ = ()
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +319,27 @@ class Security:
             self._cache.clear()
         self._cache[key] = ok
         return ok
+
+    def may_monitor(self, user: str, pattern: str) -> bool:
+        """Whether ``user`` may subscribe to the monitor topic (or wildcard) ``pattern``:
+        ``admin`` and members of ``$admin`` may; anyone else needs ``subscribe`` from a grant
+        on a ``$sys.monitor.`` name that covers ``pattern``. Such topics inherit nothing from
+        other parents: a grant on ``>`` or ``*.*`` does not count (EMS User's Guide,
+        "Monitoring Server Events", "Viewing Monitor Topics")."""
+        groups = self.groups_of(user)
+        if user == ADMIN_USER or ADMIN_GROUP in groups:
+            return True
+        wild = subject.is_wildcard(pattern)
+        for e in self._acl:
+            if (e.kind != "topic" or "subscribe" not in e.perms or e.name is None
+                    or not e.name.startswith(MONITOR_PREFIX)
+                    or not (e.principal in groups if e.is_group else e.principal == user)):
+                continue
+            if e.name == pattern or (
+                subject.contains(e.name, pattern) if wild else subject.matches(e.name, pattern)
+            ):
+                return True
+        return False
 
     def admin_check(self, user: str | None, perm: str) -> bool:
         """Whether ``user`` holds the global administrator permission ``perm`` (Table 45).

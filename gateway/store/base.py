@@ -34,6 +34,7 @@ never block and never raise for I/O reasons; I/O errors come back through ``on_e
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -48,6 +49,29 @@ ReadCallback = Callable[[dict[int, Message]], None]
 # Called on the loop thread with (store id, delivery count, message or None if it does not
 # decode) in entry order (see Store.read_entries).
 EntriesCallback = Callable[[list[tuple[int, int, "Message | None"]]], None]
+
+
+# Upper bounds of the group-commit histograms (the last bucket is open): how long a batch
+# took, its fsync included (microseconds), and how many commit units it held.
+BATCH_US_BOUNDS = (100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000,
+                   250_000, 1_000_000)
+BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class Buckets:
+    """A histogram's counts: one per upper bound of ``bounds`` and one past the last, and the
+    sum of what was observed (for the ``/metrics`` endpoint). Written by one thread."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[int, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0
+
+    def observe(self, value: int) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
 
 
 class StoreError(GatewayError):

@@ -70,6 +70,8 @@ from gateway.errors import MessageFormatError
 from gateway.message import Message
 from gateway.serial import decode_message, encode_message
 from gateway.store.base import (
+    BATCH_SIZE_BOUNDS,
+    BATCH_US_BOUNDS,
     OP_ADD_ENTRY,
     OP_DELETE_ENDPOINT,
     OP_DELETE_KV,
@@ -80,6 +82,7 @@ from gateway.store.base import (
     OP_PUT_MESSAGE,
     OP_REMOVE_ENTRY,
     OP_UPDATE_ENTRY,
+    Buckets,
     Callback,
     EntriesCallback,
     ErrorCallback,
@@ -197,6 +200,9 @@ class SqliteStore:
              "netted", "errors", "failed_batches"),
             0,
         )  # fmt: skip
+        # every batch's duration (µs) and size (units), by the writer thread (/metrics)
+        self.batch_us = Buckets(BATCH_US_BOUNDS)
+        self.batch_units = Buckets(BATCH_SIZE_BOUNDS)
         self.last_error: Exception | None = None
         self._unit: list[tuple[Any, ...]] = []  # loop thread only
         self._next_id = 1  # loop thread only (set by open)
@@ -766,6 +772,8 @@ class SqliteStore:
         stats["max_batch"] = max(stats["max_batch"], len(units))
         stats["last_batch_us"] = took
         stats["last_batch_ms"] = took // 1000
+        self.batch_us.observe(took)
+        self.batch_units.observe(len(units))
         callbacks = [u[1] for u in units if u[1] is not None]
         if callbacks:
             self._post(_run_callbacks, callbacks)

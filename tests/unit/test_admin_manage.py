@@ -310,3 +310,21 @@ async def test_set_password_admin_writes_the_predefined_administrator(tmp_path):
                            headers=basic_auth("admin", "s3cret")))[0] == 200
         assert (tmp_path / "users.conf").read_text().splitlines()[1].startswith(
             'admin:$pbkdf2-sha256$')
+
+
+async def test_every_change_is_announced_on_the_admin_change_monitor_topic(tmp_path):
+    async with api(tmp_path) as (client, b):
+        got, listener = collect()
+        s = b.connect(user="admin", password="adminpw").session()
+        s.consumer(T("$sys.monitor.admin.change"), listener=listener)
+        await call(client, "POST", "/api/v1/queues", {"name": "q1", "properties": "maxmsgs=3"})
+        await call(client, "POST", "/api/v1/acl/grant", {"kind": "queue", "name": "q1",
+                                                          "user": "alice",
+                                                          "permissions": ["send"]})
+        await call(client, "DELETE", "/api/v1/queues/q1")
+        events = [(d.msg.body["event_action"], d.msg.body["target_object"],
+                   d.msg.body["target_name"], d.msg.body.get("target_value")) for d in got]
+        assert events == [("create", "queue", "q1", "maxmsgs=3"),
+                          ("grant", "permissions", "queue q1", "user=alice send"),
+                          ("delete", "queue", "q1", None)]
+        assert got[0].msg.body["conn_username"] == "admin"
