@@ -77,6 +77,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway import __version__, admin_openapi, metrics, ui
 from gateway.admin_auth import (
     MAX_BODY,
     TOKEN_KEY,
@@ -88,6 +89,15 @@ from gateway.admin_auth import (
     error_middleware,
     json_error,
     needs,
+)
+from gateway.admin_manage import (
+    BadRequest,
+    admin_changed,
+    json_body,
+    manage_routes,
+    page,
+    refresh,
+    save,
 )
 from gateway.config.gateway_conf import listen_backlog
 from gateway.errors import GatewayError
@@ -121,6 +131,12 @@ def _props(props: Any) -> dict[str, Any]:
     if policy is not None and policy.name != "DEFAULT":
         out["overflow_policy"] = policy.name
     return out
+
+
+# ``show queues`` of a queue defined in queues.conf and not used yet (Endpoint.info's counts)
+IDLE_QUEUE = dict.fromkeys(("pending", "held", "in_flight", "count", "bytes", "swapped",
+                            "stored", "consumers", "total_in", "total_out", "total_acked",
+                            "total_discarded"), 0)
 
 
 def _gc_info() -> dict[str, Any]:
@@ -164,10 +180,21 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
         tokens.revoke(token)
         return web.json_response({"revoked": True})
 
+    @routes.get("/api/v1/openapi.json")
+    @needs(ANY_USER)
+    async def openapi(_: web.Request) -> web.Response:
+        return web.json_response(admin_openapi.document(__version__))
+
     @routes.get("/api/v1/server")
     @needs(VIEW_SERVER)
     async def server(_: web.Request) -> web.Response:
-        return web.json_response({**broker.info(), "gc": _gc_info()})
+        delivered = sum(ep.stats_out for ep in broker.queues.values())
+        delivered += sum(s.stats_out for s in broker.all_subscriptions())
+        by_protocol: dict[str, int] = {}
+        for c in broker.connections.values():
+            by_protocol[c.protocol] = by_protocol.get(c.protocol, 0) + 1
+        return web.json_response({**broker.info(), "delivered": delivered,
+                                  "connections_by_protocol": by_protocol, "gc": _gc_info()})
 
     def define_need(kind: str) -> Callable[[web.Request], Need]:
         """``setprop`` on a defined name modifies it; on a new one it creates it."""
@@ -182,12 +209,10 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
     async def define(request: web.Request, kind: str) -> web.Response:
         """Define or redefine a topic or queue at run time (EMS ``setprop``)."""
         try:
-            body = await request.json()
-        except ValueError:  # not JSON, or not UTF-8
-            return json_error(400, "the body must be JSON")
-        props = body.get("properties", "") if isinstance(body, dict) else None
-        if not isinstance(props, str):
-            return json_error(400, "the body must be an object whose 'properties' is a string")
+            body = await json_body(request, {"properties": str})
+        except BadRequest as exc:
+            return json_error(exc.status, str(exc))
+        props = body.get("properties", "")
         name = request.match_info["name"]
         try:
             entry = broker.config.table(kind).add(name, props, replace=True)
@@ -196,6 +221,9 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
         manager = broker.transports
         if manager is not None:
             manager.bind_entry(kind, entry)
+        refresh(broker, kind, name)
+        save(broker, kind)
+        admin_changed(broker, request, "modify", kind, name, entry.props_text())
         return web.json_response({"name": entry.name, "kind": kind,
                                   "properties": entry.props_text()})
 
@@ -244,19 +272,25 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
 
     @routes.get("/api/v1/queues")
     @needs(VIEW_DESTINATION)
-    async def queues(_: web.Request) -> web.Response:
+    async def queues(request: web.Request) -> web.Response:
         rows = []
         for q in broker.queues.values():
             row = q.info()
             row["name"] = q.name
             row["temporary"] = q.owner is not None
             row["properties"] = _props(q.props)
+            row["static"] = broker.config.queues.is_static(q.name)
             rows.append(row)
-        return web.json_response(rows)
+        table = broker.config.queues
+        for name in table.static_names():  # defined, not used yet: EMS shows them too
+            if name not in broker.queues:
+                rows.append({"name": name, "static": True, "temporary": False,
+                             "properties": _props(table.resolve(name)), **IDLE_QUEUE})
+        return page(request, rows)
 
     @routes.get("/api/v1/topics")
     @needs(VIEW_DESTINATION)
-    async def topics(_: web.Request) -> web.Response:
+    async def topics(request: web.Request) -> web.Response:
         rows = []
         for t in broker.topics.values():
             subs = broker.subs.match(t.name) if not t.name.startswith("$") else ()
@@ -264,13 +298,22 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
                 "name": t.name, "static": t.static, "temporary": t.owner is not None,
                 "subscriptions": len(subs), "total_in": t.stats_in,
                 "properties": _props(t.props),
+                "pending": sum(s.npending for s in subs),
             })
-        return web.json_response(rows)
+        table = broker.config.topics
+        for name in table.static_names():
+            if name not in broker.topics:
+                subs = broker.subs.match(name)
+                rows.append({"name": name, "static": True, "temporary": False,
+                             "subscriptions": len(subs), "total_in": 0,
+                             "properties": _props(table.resolve(name)),
+                             "pending": sum(s.npending for s in subs)})
+        return page(request, rows)
 
     @routes.get("/api/v1/durables")
     @needs(VIEW_DURABLE)
-    async def durables(_: web.Request) -> web.Response:
-        return web.json_response([s.info() for s in broker.durables.values()])
+    async def durables(request: web.Request) -> web.Response:
+        return page(request, [s.info() for s in broker.durables.values()])
 
     def client_rows() -> list[dict[str, Any]]:
         # Each adapter connection's WriteFlow (adapters.listener), by duck typing: the core
@@ -285,7 +328,7 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
 
     @routes.get("/api/v1/connections")
     @needs(VIEW_CONNECTION)
-    async def connections(_: web.Request) -> web.Response:
+    async def connections(request: web.Request) -> web.Response:
         output = {r["connection"]: r for r in client_rows() if r["connection"]}
         rows = []
         for c in broker.connections.values():
@@ -296,7 +339,7 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
                 row["buffered"] = out["buffered"]
                 row["slow"] = out["slow"]
             rows.append(row)
-        return web.json_response(rows)
+        return page(request, rows, key="id")
 
     @routes.get("/api/v1/clients")
     @needs(VIEW_CONNECTION)
@@ -330,6 +373,9 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
                           client_max_size=MAX_BODY)
     app[TOKENS] = tokens
     app.add_routes(routes)
+    app.add_routes(manage_routes(broker))
+    app.add_routes(metrics.routes(broker))
+    app.add_routes(ui.routes(broker))
     for method, path, handler in broker.http_routes:  # adapters' WebSocket endpoints
         app.router.add_route(method, path, handler)
     return app

@@ -42,7 +42,7 @@ log = logging.getLogger("gateway.admin")
 
 REALM = "gateway"
 AUTHENTICATE = f'Basic realm="{REALM}"'
-API_PREFIX = "/api/"
+PROTECTED = ("/api/", "/metrics")  # paths behind credentials (the rest: /health, /ui's assets)
 MAX_BODY = 64 * 1024  # bytes of a request body: a setprop line is far shorter (else 413)
 TOKEN_BYTES = 32  # 256 random bits per bearer token (secrets.token_urlsafe)
 MAX_TOKENS = 10_000  # live tokens kept; past it the one closest to expiry goes
@@ -184,7 +184,7 @@ def auth_middleware(broker: Any, tokens: TokenStore) -> Any:
 
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not request.path.startswith(API_PREFIX):
+        if not request.path.startswith(PROTECTED):
             return await handler(request)
         header = request.headers.get("Authorization", "")
         scheme, _, value = header.partition(" ")
@@ -204,8 +204,9 @@ def auth_middleware(broker: Any, tokens: TokenStore) -> Any:
                 return _unauthorized("bad user name or password")
         elif scheme.lower() == "bearer":
             user = tokens.user_of(value.strip())
-            if user is None:
-                return _unauthorized("unknown or expired token")
+            if user is None:  # RFC 6750 §3.1 (a browser then shows no login dialog)
+                return json_error(401, "unknown or expired token", {
+                    "WWW-Authenticate": f'Bearer realm="{REALM}", error="invalid_token"'})
             request[TOKEN_KEY] = value.strip()
         else:
             return _unauthorized(f"unsupported authentication scheme {scheme!r}")

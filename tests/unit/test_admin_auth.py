@@ -117,7 +117,10 @@ async def test_bad_credentials_are_401_with_a_json_error(tmp_path, header):
     async with api(tmp_path) as (client, _):
         status, answer, headers = await call(client, "GET", "/api/v1/server", headers=header)
         assert status == 401 and isinstance(answer["error"], str)
-        assert headers["WWW-Authenticate"] == 'Basic realm="gateway"'
+        bearer = header["Authorization"].startswith("Bearer")
+        assert headers["WWW-Authenticate"] == (
+            'Bearer realm="gateway", error="invalid_token"' if bearer
+            else 'Basic realm="gateway"')
 
 
 async def test_the_predefined_admin_has_an_empty_password_until_users_conf_sets_one(tmp_path):
@@ -240,7 +243,7 @@ async def test_a_token_is_issued_used_and_expires(tmp_path):
         status, answer, headers = await call(client, "GET", "/api/v1/queues",
                                              headers=bearer(token))
         assert status == 401 and "expired" in answer["error"]
-        assert headers["WWW-Authenticate"] == 'Basic realm="gateway"'
+        assert headers["WWW-Authenticate"] == 'Bearer realm="gateway", error="invalid_token"'
         assert b.queues["orders.eu"].count == 3
 
 

@@ -328,3 +328,18 @@ async def test_every_change_is_announced_on_the_admin_change_monitor_topic(tmp_p
                           ("grant", "permissions", "queue q1", "user=alice send"),
                           ("delete", "queue", "q1", None)]
         assert got[0].msg.body["conn_username"] == "admin"
+
+
+async def test_defined_destinations_are_listed_before_their_first_use(tmp_path):
+    async with api(tmp_path, topics="prices.eu\n>\n") as (client, b):
+        assert "orders.eu" not in b.queues
+        _, rows = await call(client, "GET", "/api/v1/queues?q=orders.eu")
+        assert rows[0]["name"] == "orders.eu" and rows[0]["static"]
+        assert rows[0]["pending"] == 0 and rows[0]["properties"]["maxmsgs"] == 100
+        _, rows = await call(client, "GET", "/api/v1/topics?q=prices.*")
+        assert [r["name"] for r in rows] == ["prices.eu"]
+        _, server = await call(client, "GET", "/api/v1/server")
+        b.connect(protocol="stomp")
+        _, after = await call(client, "GET", "/api/v1/server")
+        assert after["connections_by_protocol"].get("stomp", 0) == \
+            server["connections_by_protocol"].get("stomp", 0) + 1
