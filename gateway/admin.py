@@ -1,8 +1,12 @@
 """The admin HTTP API (aiohttp), on the HTTP listener (default 127.0.0.1:8080; ``https``: TLS).
 
-Read-only JSON views of the running core, in the spirit of EMS's ``show`` commands
-(TIBCO EMS User's Guide, "Command Listing"), plus ``purge`` and ``setprop``. Every view is a
-plain function of the broker's state, built on request; nothing here runs on the message path.
+JSON views of the running core, in the spirit of EMS's ``show`` commands (TIBCO EMS User's
+Guide, "Command Listing"), plus ``purge`` and ``setprop``; the routes that create, change and
+delete are :mod:`gateway.admin_manage`'s, ``/metrics`` is :mod:`gateway.metrics`'s, the
+dashboard :mod:`gateway.ui`'s, and :mod:`gateway.admin_openapi` describes them all
+(``GET /api/v1/openapi.json``). Every view is a plain function of the broker's state, built on
+request; nothing here runs on the message path. The list views take ``?q=`` (an EMS wildcard
+pattern), ``?offset=`` and ``?limit=`` and give the count before the cut in ``X-Total-Count``.
 
 Every ``/api/`` route needs credentials (HTTP Basic with a user of ``users.conf``, or a
 bearer token) and an administrator permission (EMS User's Guide, Table 45), as
