@@ -632,17 +632,9 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
         admin_changed(broker, request, "add" if add else "remove", "group", g.name, member)
         return web.json_response(group_row(g))
 
-    @routes.put("/api/v1/groups/{name}/members/{user}")
-    @needs(Need("change-group"))
-    @handle
-    async def add_member(request: web.Request) -> web.Response:
-        return await membership(request, True)
-
-    @routes.delete("/api/v1/groups/{name}/members/{user}")
-    @needs(Need("change-group"))
-    @handle
-    async def remove_member(request: web.Request) -> web.Response:
-        return await membership(request, False)
+    members = "/api/v1/groups/{name}/members/{user}"
+    routes.put(members)(needs(Need("change-group"))(handle(both(membership, True))))
+    routes.delete(members)(needs(Need("change-group"))(handle(both(membership, False))))
 
     @routes.get("/api/v1/acl")
     @needs(Need("view-acl"))
@@ -687,14 +679,16 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
                       f"{who} {','.join(perms)}")
         return web.json_response({"granted" if grant else "revoked": sorted(perms)})
 
-    @routes.post("/api/v1/acl/grant")
-    @needs(Need("change-acl"))
-    @handle
-    async def grant(request: web.Request) -> web.Response:
-        return await change_acl(request, True)
+    routes.post("/api/v1/acl/grant")(needs(Need("change-acl"))(handle(both(change_acl, True))))
+    routes.post("/api/v1/acl/revoke")(needs(Need("change-acl"))(handle(both(change_acl, False))))
 
-    @routes.post("/api/v1/acl/revoke")
-    @needs(Need("change-acl"))
-    @handle
-    async def revoke(request: web.Request) -> web.Response:
-        return await change_acl(request, False)
+
+def both(fn: Callable[[web.Request, bool], Any], flag: bool) -> Callable[[web.Request], Any]:
+    """The handler of one of a pair of routes (grant and revoke, add and remove): ``fn``
+    with ``flag``."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return await fn(request, flag)  # type: ignore[no-any-return]
+
+    handler.__name__ = f"{fn.__name__}_{flag}"
+    return handler
