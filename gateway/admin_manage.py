@@ -64,7 +64,7 @@ from gateway.backlog import with_bodies
 from gateway.config import writeback
 from gateway.config.security import ADMIN_GROUP, ADMIN_USER
 from gateway.errors import GatewayError
-from gateway.message import BodyKind, DeliveryMode, Message
+from gateway.message import BodyKind, DeliveryMode, Destination, Message
 from gateway.routing import is_simple
 
 log = logging.getLogger("gateway.admin")
@@ -483,6 +483,10 @@ def _destination_routes(routes: web.RouteTableDef, broker: Any, kind: str,
                 broker.topics.pop(name, None)
             else:
                 refresh(broker, kind, name)
+        if broker.monitor.watchers:
+            broker.monitor.destination_event(
+                Destination.queue(name) if kind == "queue" else Destination.topic(name),
+                "delete", "admin")
         admin_changed(broker, request, "delete", kind, name)
         return web.json_response({"deleted": name})
 

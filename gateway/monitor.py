@@ -25,6 +25,9 @@ topic                                       published when
 ``$sys.monitor.connection.disconnect``      a connection ended (``closed``)
 ``$sys.monitor.queue.create`` / ``topic``   a dynamic destination was made for a
                                             ``producer`` or a ``consumer``
+``$sys.monitor.queue.delete`` / ``topic``   an administrator deleted a destination
+                                            (``admin``; the gateway's own: EMS reports it
+                                            only as an admin change)
 ``$sys.monitor.admin.change``               an administrator changed something
                                             (:func:`admin_change`)
 ``$sys.monitor.transport.<state>.<name>``   transport ``name`` went ``connecting``, ``up``,
@@ -95,8 +98,6 @@ if TYPE_CHECKING:
 PREFIX = MONITOR_PREFIX
 CONNECT = "$sys.monitor.connection.connect"
 DISCONNECT = "$sys.monitor.connection.disconnect"
-QUEUE_CREATE = "$sys.monitor.queue.create"
-TOPIC_CREATE = "$sys.monitor.topic.create"
 ADMIN_CHANGE = "$sys.monitor.admin.change"
 TRANSPORT = "$sys.monitor.transport."
 METRICS_BROKER = "$sys.monitor.metrics.broker"
@@ -217,11 +218,17 @@ class Monitor:
 
     def destination_created(self, dest: Destination, reason: str) -> None:
         """A dynamic queue or topic was made for a ``producer`` or ``consumer``."""
+        self.destination_event(dest, "create", reason)
+
+    def destination_event(self, dest: Destination, action: str, reason: str) -> None:
+        """``$sys.monitor.queue.<action>`` or ``topic.<action>``: ``create`` (EMS's), or
+        ``delete``, the gateway's own (EMS reports a deletion only as an admin change), when
+        an administrator deletes a destination (reason ``admin``)."""
         is_queue = dest.kind is QUEUE
-        name = QUEUE_CREATE if is_queue else TOPIC_CREATE
+        name = f"{PREFIX}{'queue' if is_queue else 'topic'}.{action}"
         if not self.broker.subs.has_interest(name):
             return
-        fields = self.event(name[len(PREFIX):], "create", reason)
+        fields = self.event(name[len(PREFIX):], action, reason)
         kind = "queue" if is_queue else "topic"
         fields.update(target_object=kind, target_name=dest.name, target_dest_name=dest.name,
                       target_dest_type=kind)

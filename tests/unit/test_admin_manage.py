@@ -319,6 +319,8 @@ async def test_every_change_is_announced_on_the_admin_change_monitor_topic(tmp_p
         got, listener = collect()
         s = b.connect(user="admin", password="adminpw").session()
         s.consumer(T("$sys.monitor.admin.change"), listener=listener)
+        deleted, on_delete = collect()
+        s.consumer(T("$sys.monitor.queue.delete"), listener=on_delete)
         await call(client, "POST", "/api/v1/queues", {"name": "q1", "properties": "maxmsgs=3"})
         await call(client, "POST", "/api/v1/acl/grant", {"kind": "queue", "name": "q1",
                                                           "user": "alice",
@@ -330,6 +332,8 @@ async def test_every_change_is_announced_on_the_admin_change_monitor_topic(tmp_p
                           ("grant", "permissions", "queue q1", "user=alice send"),
                           ("delete", "queue", "q1", None)]
         assert got[0].msg.body["conn_username"] == "admin"
+        assert [(d.msg.body["target_name"], d.msg.body["event_reason"]) for d in deleted] == [
+            ("q1", "admin")]
 
 
 async def test_defined_destinations_are_listed_before_their_first_use(tmp_path):
