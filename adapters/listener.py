@@ -312,8 +312,11 @@ async def listen(broker: Core, spec: Any, server: AdapterServer,
     listener's scheme is ``tls_scheme`` (``mqtts``, ``amqps``, ...). The accept queue is
     ``listen_backlog`` long (the system's maximum by default), not asyncio's 100: a burst of
     devices connecting at once waits there rather than in TCP's SYN retries (a second each,
-    then more)."""
+    then more). A node of a cluster listens with ``SO_REUSEPORT``: several nodes on one
+    machine share the port, and the kernel spreads the connections among them."""
     ctx = server_context(broker, tls_scheme) if spec.scheme == tls_scheme else None
+    gw = broker.config.gateway
     tcp = await broker.loop.create_server(protocol, spec.host or None, spec.port, ssl=ctx,
-                                          backlog=listen_backlog(broker.config.gateway))
+                                          backlog=listen_backlog(gw),
+                                          reuse_port=bool(gw.cluster) or None)
     return Listener(server, tcp)

@@ -91,6 +91,9 @@ RELIABLE = DeliveryMode.RELIABLE
 SWEEP_INTERVAL = 1.0  # seconds between expiry sweeps
 
 
+CLUSTER = "CLUSTER"  # the kind of a cluster link's connection (cluster.link)
+
+
 class Topic:
     """A topic that exists on this gateway (static, dynamic or temporary)."""
 
@@ -154,6 +157,8 @@ class Broker(BrokerMemory):
         self.published = 0
         self.bytes_in = 0  # size of what was published (metrics: msgBytesIn)
         self.traffic = TrafficTable()  # by protocol, for /metrics (gateway.consumer)
+        # this node's link to the other nodes of a cluster (cluster.link), or None
+        self.cluster: Any = None
         # messages (and their bytes) that endpoints now gone delivered (metrics: numMsgsOut)
         self.delivered_before = 0
         self.delivered_bytes_before = 0
@@ -586,12 +591,15 @@ class Broker(BrokerMemory):
                     # of its deliveries to wildcard subscriptions (Endpoint.log_dest_of).
                     text = dest._text = target.dest._text or str(dest)
                 if far is None:
-                    self.dlog.record("publish", msg, text, conn.id if conn else None)
+                    if conn is None or conn.kind != CLUSTER:  # logged on its node
+                        self.dlog.record("publish", msg, text, conn.id if conn else None)
                 else:
                     self.dlog.record("import", msg, text, conn.log_id, 0,
                                      None, (None, far[0], far[1], None))
             if is_topic:
                 fut = route_topic(self, target, msg, now)  # type: ignore[arg-type]
+                if self.cluster is not None and (conn is None or conn.kind != CLUSTER):
+                    self.cluster.forward(msg)  # to the other nodes (cluster.link)
             else:
                 fut = route_queue(self, target, msg, now)  # type: ignore[arg-type]
             if self.message_monitors:

@@ -52,6 +52,7 @@ class Core(Protocol):
     http_routes: list[tuple[str, str, Any]]  # (method, path, handler) on the HTTP listener
     adapter_servers: dict[str, Any]  # each adapter's shared state, by protocol name
     info_sources: list[Callable[[], dict[str, Any]]]  # figures added to the server's info
+    cluster: Any  # this node's cluster link (cluster.link.ClusterLink), or None
 
     def now(self) -> int: ...
 

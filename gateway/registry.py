@@ -31,6 +31,7 @@ ADAPTERS: dict[str, str] = {
 FT_STANDBY = "transports.rv.ftgateway:standby"
 # Routers between RV-style buses (``routers.conf``).
 RV_ROUTERS = "transports.rv.router:start_routers"
+CLUSTER = "cluster.link:start_cluster"  # gateway.conf ``cluster``
 
 TRANSPORTS: dict[str, str] = {
     "mqtt": "transports.mqtt:start",

@@ -44,6 +44,7 @@ class Gateway:
         self.addresses: dict[str, tuple[str, int]] = {}
         self.transports: Any = None
         self.routers: Any = None
+        self.cluster: Any = None
 
     async def start(self) -> None:
         gw = self.config.gateway
@@ -71,6 +72,11 @@ class Gateway:
         for warning in self.config.warnings:
             log.warning("%s", warning)
         try:
+            if gw.cluster:
+                # A node of a cluster (cluster/, loaded by name as the transports are): joined
+                # before the listeners open, so the first client's messages reach every node.
+                start_cluster = registry.import_string(registry.CLUSTER)
+                self.cluster = await start_cluster(self.broker)
             # HTTP last, so the adapters' WebSocket endpoints are registered before it starts.
             for spec in sorted(gw.listen, key=lambda s: s.scheme in ("http", "https")):
                 try:
@@ -129,6 +135,12 @@ class Gateway:
             except Exception:  # pragma: no cover - shutdown must go on
                 log.exception("error closing a listener")
         self.listeners.clear()
+        if self.cluster is not None:
+            try:
+                await self.cluster.close()
+            except Exception:  # pragma: no cover - shutdown must go on
+                log.exception("error leaving the cluster")
+            self.cluster = None
         if self.broker is not None:
             self.broker.close()
         loop = asyncio.get_running_loop()

@@ -157,6 +157,14 @@ parameter                           default            meaning
                                                        ``imq.metrics.topic.interval``, Sun MQ
                                                        Administration Guide, "Monitoring Service
                                                        Properties"); 0 = none (``gateway/monitor.py``)
+``cluster``                         (none)             ``nats://host:port[,nats://host:port...]``: run
+                                                       as a node of a cluster of gateways that share
+                                                       topics through these NATS servers (cluster/);
+                                                       without it the gateway runs alone
+``cluster_name``                    ``gateway``        the cluster's name: the prefix of its NATS
+                                                       subjects (letters, digits, ``-``, ``_``)
+``node_id``                         the store's id     this node's name in the cluster, unique in it
+                                                       (letters, digits, ``-``, ``_``)
 ``log_level``                       ``info``           ``debug``, ``info``, ``warning`` or ``error``:
                                                        the level of the gateway's log (its root
                                                        logger) under ``gateway serve``; the
@@ -178,6 +186,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.config.files import (
     SourceLine,
@@ -308,6 +317,9 @@ class GatewaySettings:
     admin_token_lifetime: float = DEFAULT_TOKEN_LIFETIME
     monitor_metrics_interval: float = 60.0
     metrics_max_destinations: int = 100
+    cluster: tuple[str, ...] = ()
+    cluster_name: str = "gateway"
+    node_id: str | None = None
     log_level: str = "info"
     log_format: str = "text"
     # parameter name -> its line in gateway.conf, for the checks that span files (checks.py)
@@ -450,6 +462,32 @@ def _text(v: str) -> str:
     return v
 
 
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _token(v: str) -> str:
+    """A name that is one token of a NATS subject (and of a stream's name)."""
+    if not _TOKEN.fullmatch(v):
+        raise ValueError(f"{v!r} must be 1 to 64 letters, digits, '-' or '_'")
+    return v
+
+
+def _nats_urls(v: str) -> tuple[str, ...]:
+    """``nats://host:port`` URLs, comma-separated (``tls://`` for TLS)."""
+    urls = tuple(u.strip() for u in v.split(",") if u.strip())
+    if not urls:
+        raise ValueError("no NATS server URL given")
+    for u in urls:
+        parts = urlsplit(u)
+        if parts.scheme not in ("nats", "tls") or not parts.hostname:
+            raise ValueError(f"{u!r} is not a nats://host:port URL")
+        try:
+            parts.port  # noqa: B018 - parsing it checks it
+        except ValueError:
+            raise ValueError(f"{u!r} has a bad port") from None
+    return urls
+
+
 # name -> parser of the (unquoted) value; paths are resolved afterwards (_PATHS).
 _PARAMS: dict[str, Callable[[str], Any]] = {
     "server": _server_name,
@@ -492,6 +530,9 @@ _PARAMS: dict[str, Callable[[str], Any]] = {
     "admin_token_lifetime": lambda v: _positive_seconds(v),
     "monitor_metrics_interval": lambda v: parse_duration_ms(v) / 1000.0,
     "metrics_max_destinations": _count,
+    "cluster": _nats_urls,
+    "cluster_name": _token,
+    "node_id": _token,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
 }

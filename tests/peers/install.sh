@@ -47,6 +47,7 @@ PEERS=(
   "libxpp3-java        /usr/share/java/xpp3.jar         -"
   "chromium            chromium                         -"
   "systemd             systemd-analyze                  -"
+  "nats-server         nats-server                      nats-server"
 )
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

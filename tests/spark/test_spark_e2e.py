@@ -35,12 +35,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,6 +52,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from peers.mosquitto import Mosquitto, start_mosquitto
 from proton.utils import BlockingConnection, BlockingReceiver
 from pyspark.sql import SparkSession
+from serveproc import ServeProcess
 
 from spark.cli import main as reconcile_main
 
@@ -78,46 +74,6 @@ def body_hash(body: bytes) -> str:
 
 
 # --- the pieces -------------------------------------------------------------------------------
-
-
-class ServeProcess:
-    """``gateway serve`` in a process of its own, its output read by a thread (so the pipe
-    never fills); the ports it listens on are read from its log lines."""
-
-    def __init__(self, config_dir: Path) -> None:
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config-dir", str(config_dir)],
-            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        wait_for(lambda: "gateway ready\n" in self.lines or self.proc.poll() is not None,
-                 "gateway serve to start")
-        assert self.proc.poll() is None, "gateway serve exited:\n" + "".join(self.lines)
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def port(self, scheme: str) -> int:
-        pattern = re.compile(rf"listening for {scheme} on 127\.0\.0\.1:(\d+)")
-        for line in self.lines:
-            m = pattern.search(line)
-            if m:
-                return int(m.group(1))
-        raise AssertionError(f"no {scheme} listener in:\n" + "".join(self.lines))
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown of any kind."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
-        self.reader.join(10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
 
 
 def transports(name: str, port: int, version: str, qos: int, client_id: str) -> str:

@@ -1,0 +1,284 @@
+"""A node's link to the cluster: topic messages across gateway nodes through NATS.
+
+Why NATS, and nats-py: a cluster needs messages routed between processes by interest and a
+replicated store for what must outlive a node. NATS servers do the first among themselves
+(subscription interest propagates over their routes, so a message reaches only the servers
+with a subscriber), and JetStream does the second; nats-py is the project's own asyncio
+client. Writing either here would be a second broker inside the first.
+
+How topics cross nodes. For a cluster named ``C``:
+
+* Every message published on this node to a topic is also published on the NATS subject
+  ``gw.C.t.<topic>``, once, after the local subscriptions have it; its payload is the store's
+  binary encoding (:mod:`gateway.serial`: every header, typed property and body kind, so
+  nothing is lost on the way), with the header ``Gw-Node`` naming the node. Topics whose
+  names start with ``$`` (``$sys.monitor...``, temporary topics) stay on their node.
+* The node subscribes in NATS to the topics its own subscriptions name (EMS's wildcards
+  ``*`` and ``>`` are NATS's), as the transports follow local subscriptions: only the
+  patterns no other one contains (``a.>`` covers ``a.b``), so that a subject reaches the
+  node once. NATS forwards a message to a server only when one of its clients subscribes,
+  so a node receives only what it has local interest in.
+* What arrives is published into the local broker on the link's own connection (kind
+  ``CLUSTER``), which the broker never sends back to the cluster; a message that arrives
+  twice (two covering patterns overlap, ``a.*`` and ``*.b``, or a broader pattern replaced
+  narrower ones) is dropped by its message id, remembered for the last :data:`SEEN_WINDOW`
+  messages.
+* Order: NATS keeps one connection's messages in order to each subscriber, and each
+  subscription's callback runs them in that order, so a subscriber sees one producer's
+  messages to one topic in the order they were published (what JMS and MQTT promise);
+  messages of one producer to two topics may arrive interleaved differently.
+
+What a node receives is delivered as the local broker delivers: persistent messages to its
+durable subscriptions are stored in its own store. A message in flight through NATS when a
+node dies is lost to the nodes that had not received it (NATS core delivers at most once).
+
+The link runs on the gateway's loop; nats-py's calls are coroutines, so what the broker's
+synchronous publish path hands over (:meth:`ClusterLink.forward`) is queued and published
+by one task per loop turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
+
+from gateway import subject
+from gateway.errors import GatewayError, MessageFormatError
+from gateway.facade import Core
+from gateway.message import TOPIC, Message
+from gateway.serial import decode_message, encode_message
+
+log = logging.getLogger("cluster")
+
+NODE_HEADER = "Gw-Node"
+SEEN_WINDOW = 10_000  # message ids remembered to drop a second copy
+CONNECT_TIMEOUT = 5.0  # seconds for each attempt to reach a NATS server
+RECONNECT_WAIT = 0.5  # seconds between reconnection attempts (nats-py's reconnect_time_wait)
+
+
+class ClusterLink:
+    """This node's side of the cluster: see the module docstring."""
+
+    def __init__(self, broker: Core, servers: tuple[str, ...], cluster_name: str,
+                 node_id: str) -> None:
+        self.broker = broker
+        self.servers = servers
+        self.node_id = node_id
+        self.prefix = f"gw.{cluster_name}.t."
+        self.nc: NATS | None = None
+        self.conn: Any = None
+        self.session: Any = None
+        self.patterns: dict[str, int] = {}  # local subscription patterns and their counts
+        self.cover: dict[str, NatsSubscription | None] = {}  # patterns subscribed in NATS
+        self.ops: asyncio.Queue[tuple[bool, str]] = asyncio.Queue()
+        self.outbox: list[tuple[str, bytes]] = []
+        self.sending = False
+        self.seen: OrderedDict[str, None] = OrderedDict()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.closing = False
+        self.stats = {"forwarded": 0, "received": 0, "duplicates": 0, "undecodable": 0,
+                      "publish_errors": 0}
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.nc = await nats.connect(
+            servers=list(self.servers), name=f"gateway {self.node_id}",
+            connect_timeout=CONNECT_TIMEOUT, reconnect_time_wait=RECONNECT_WAIT,
+            max_reconnect_attempts=-1, allow_reconnect=True,
+            error_cb=self._error, disconnected_cb=self._disconnected,
+            reconnected_cb=self._reconnected)
+        self.conn = self.broker.connect(client_id=None, kind="CLUSTER", protocol="cluster",
+                                        address=f"cluster:{self.node_id}", authenticated=True)
+        self.session = self.conn.session()
+        self.tasks.append(asyncio.ensure_future(self._apply_ops()))
+        for sub in self.broker.all_subscriptions():
+            self._subscription_changed(sub, True)
+        self.broker.watch_subscriptions(self._subscription_changed)
+        self.broker.cluster = self
+        self.broker.info_sources.append(self._info_source)
+        log.info("node %s joined through %s", self.node_id, ", ".join(self.servers))
+
+    async def close(self) -> None:
+        self.closing = True
+        broker = self.broker
+        if broker.cluster is self:
+            broker.cluster = None
+        if self._info_source in broker.info_sources:
+            broker.info_sources.remove(self._info_source)
+        broker.watch_subscriptions(self._subscription_changed, on=False)
+        if self.outbox and self.nc is not None and self.nc.is_connected:
+            await self._send()
+        for t in self.tasks:
+            t.cancel()
+        for t in self.tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
+                pass
+        if self.nc is not None:
+            try:
+                await self.nc.drain()
+            except Exception:  # noqa: BLE001 - the servers may be gone
+                await self.nc.close()
+        if self.conn is not None:
+            self.conn.close()
+
+    async def _error(self, exc: Exception) -> None:
+        log.warning("NATS: %s", exc)
+
+    async def _disconnected(self) -> None:
+        if not self.closing:
+            log.warning("node %s lost its NATS server; reconnecting", self.node_id)
+
+    async def _reconnected(self) -> None:
+        url = self.nc.connected_url if self.nc is not None else None
+        log.info("node %s reconnected to %s", self.node_id,
+                 url.netloc if url is not None else "?")
+
+    # -- out: local publishes to the cluster ----------------------------------------------
+
+    def forward(self, msg: Message) -> None:
+        """A message published on this node to a topic (called by the broker's publish,
+        after local routing; never for what this link itself published)."""
+        dest = msg.destination
+        if dest is None or dest.kind is not TOPIC or dest.name.startswith("$"):
+            return
+        try:
+            payload = encode_message(msg)
+        except MessageFormatError as exc:
+            log.warning("%s not forwarded: %s", msg.message_id, exc)
+            return
+        self.outbox.append((self.prefix + dest.name, payload))
+        if not self.sending:
+            self.sending = True
+            self.broker.loop.call_soon(self._send_soon)
+
+    def _send_soon(self) -> None:
+        self.tasks = [t for t in self.tasks if not t.done()]
+        self.tasks.append(asyncio.ensure_future(self._send()))
+
+    async def _send(self) -> None:
+        """Publish everything queued, in order."""
+        nc = self.nc
+        headers = {NODE_HEADER: self.node_id}
+        try:
+            while self.outbox:
+                batch, self.outbox = self.outbox, []
+                for subject_name, payload in batch:
+                    if nc is None:
+                        break
+                    try:
+                        await nc.publish(subject_name, payload, headers=headers)
+                        self.stats["forwarded"] += 1
+                    except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
+                        self.stats["publish_errors"] += 1
+                        log.warning("cannot publish on %s: %s", subject_name, exc)
+        finally:
+            self.sending = False
+
+    # -- in: interest and what arrives ----------------------------------------------------
+
+    def _subscription_changed(self, sub: Any, added: bool) -> None:
+        pattern = sub.pattern
+        if pattern.startswith("$"):
+            return
+        n = self.patterns.get(pattern, 0) + (1 if added else -1)
+        if n > 0:
+            self.patterns[pattern] = n
+            if n == 1 and added:
+                self._cover_add(pattern)
+        else:
+            self.patterns.pop(pattern, None)
+            if pattern in self.cover:
+                self._cover_remove(pattern)
+
+    def _cover_add(self, pattern: str) -> None:
+        if any(subject.contains(c, pattern) for c in self.cover):
+            return
+        self.cover[pattern] = None
+        self.ops.put_nowait((True, pattern))
+        for narrower in [c for c in self.cover
+                         if c != pattern and subject.contains(pattern, c)]:
+            self._uncover(narrower)
+
+    def _cover_remove(self, pattern: str) -> None:
+        self._uncover(pattern)
+        orphans = [p for p in self.patterns if subject.contains(pattern, p)
+                   and not any(subject.contains(c, p) for c in self.cover)]
+        for p in sorted(orphans, key=len):  # broader ones first (a pattern's parents are
+            self._cover_add(p)               # no longer than it)
+
+    def _uncover(self, pattern: str) -> None:
+        self.cover.pop(pattern, None)
+        self.ops.put_nowait((False, pattern))
+
+    async def _apply_ops(self) -> None:
+        """Subscribe and unsubscribe in NATS in the order the cover changed (a broader
+        subscription is made before the narrower ones it replaces go)."""
+        subs: dict[str, NatsSubscription] = {}
+        while True:
+            add, pattern = await self.ops.get()
+            nc = self.nc
+            if nc is None:
+                continue
+            try:
+                if add and pattern not in subs:
+                    subs[pattern] = await nc.subscribe(self.prefix + pattern, cb=self._arrived)
+                elif not add and pattern in subs:
+                    await subs.pop(pattern).unsubscribe()
+            except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
+                log.warning("cannot %s %s: %s", "subscribe to" if add else
+                            "unsubscribe from", pattern, exc)
+
+    async def _arrived(self, nmsg: Msg) -> None:
+        if (nmsg.headers or {}).get(NODE_HEADER) == self.node_id:
+            return  # our own (a node subscribes to what it publishes)
+        try:
+            msg = decode_message(nmsg.data)
+        except MessageFormatError as exc:
+            self.stats["undecodable"] += 1
+            log.warning("undecodable message on %s: %s", nmsg.subject, exc)
+            return
+        mid = msg.message_id or ""
+        seen = self.seen
+        if mid in seen:
+            self.stats["duplicates"] += 1
+            return
+        seen[mid] = None
+        if len(seen) > SEEN_WINDOW:
+            seen.popitem(last=False)
+        self.stats["received"] += 1
+        try:
+            self.session.send(msg)
+        except GatewayError as exc:
+            log.info("%s from the cluster not delivered here: %s", mid, exc)
+
+    def _info_source(self) -> dict[str, Any]:
+        return {"cluster": self.info()}
+
+    def info(self) -> dict[str, Any]:
+        """The admin API's view of the link (``GET /api/v1/server``, ``cluster``)."""
+        nc = self.nc
+        return {"node_id": self.node_id, "connected": bool(nc is not None and nc.is_connected),
+                "subscriptions": sorted(self.cover), **self.stats}
+
+
+async def start_cluster(broker: Core) -> ClusterLink:
+    """Registry entry: join the cluster gateway.conf's ``cluster`` names."""
+    gw = broker.config.gateway
+    link = ClusterLink(broker, tuple(gw.cluster), gw.cluster_name, gw.node_id or broker.id)
+    try:
+        await link.start()
+    except Exception as exc:
+        await link.close()
+        raise GatewayError(f"cluster: cannot reach the NATS servers "
+                           f"{', '.join(gw.cluster)}: {exc}") from None
+    return link

@@ -1,0 +1,236 @@
+"""Three ``gateway serve`` processes on a three-server NATS cluster (JetStream, loopback
+ports) acting as one gateway for topics: a message published on any node reaches every
+matching subscriber on every node once, in order, whatever protocol each speaks; a node
+receives from NATS only the subjects it has a subscriber for; two nodes share a listener port
+(``SO_REUSEPORT``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+import pytest
+import stomp
+from adminapi import admin_get
+from amqpclient import connect as amqp_connect
+from corehelp import write_config
+from gw import wait_for
+from paho.mqtt.enums import CallbackAPIVersion
+from peers.mosquitto import free_port
+from peers.nats import NatsCluster, start_nats_cluster
+from serveproc import ServeProcess
+
+LISTEN = ("listen = mqtt://127.0.0.1:{mqtt}\nlisten = amqp://127.0.0.1:0\n"
+          "listen = stomp://127.0.0.1:0\nlisten = http://127.0.0.1:0\n")
+
+
+@pytest.fixture
+def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
+    with start_nats_cluster(tmp_path / "nats") as c:
+        yield c
+
+
+def node(tmp: Path, nats: NatsCluster, i: int, mqtt_port: int = 0) -> ServeProcess:
+    """Node ``n<i>`` of cluster ``t``, on NATS server ``i`` (its store and log its own)."""
+    d = tmp / f"node{i}"
+    write_config(d, gateway=LISTEN.format(mqtt=mqtt_port)
+                 + f"cluster = {nats.urls[i - 1]}\ncluster_name = t\nnode_id = n{i}\n"
+                 f"store = {d / 'data'}\n")
+    return ServeProcess(d)
+
+
+@pytest.fixture
+def nodes(tmp_path: Path, nats_cluster: NatsCluster) -> Iterator[list[ServeProcess]]:
+    started: list[ServeProcess] = []
+    try:
+        for i in (1, 2, 3):
+            started.append(node(tmp_path, nats_cluster, i))
+        yield started
+    finally:
+        for p in started:
+            p.stop()
+
+
+class MqttClient:
+    """A paho client on a node, collecting what it receives (topic, payload)."""
+
+    def __init__(self, port: int, client_id: str = "") -> None:
+        self.got: list[tuple[str, bytes]] = []
+        self.lock = threading.Lock()
+        self.c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id)
+        self.c.on_message = self._message
+        self.c.connect("127.0.0.1", port)
+        self.c.loop_start()
+
+    def _message(self, _c: Any, _u: Any, m: paho.MQTTMessage) -> None:
+        with self.lock:
+            self.got.append((m.topic, m.payload))
+
+    def subscribe(self, pattern: str, qos: int = 1) -> None:
+        done = threading.Event()
+        self.c.on_subscribe = lambda *a: done.set()
+        self.c.subscribe(pattern, qos)
+        assert done.wait(10), "no SUBACK"
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1) -> None:
+        self.c.publish(topic, payload, qos).wait_for_publish(10)
+
+    def payloads(self, prefix: bytes = b"") -> list[bytes]:
+        with self.lock:
+            return [p for _, p in self.got if p.startswith(prefix)]
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+def text(body: Any) -> str:
+    """An AMQP body as text: a STOMP SEND without content-type is a bytes message."""
+    return body if isinstance(body, str) else bytes(body).decode()
+
+
+def cluster_info(p: ServeProcess) -> dict[str, Any]:
+    info: dict[str, Any] = admin_get(p.port("http"), "/api/v1/server")["cluster"]
+    return info
+
+
+def wait_routed(publish: Any, receivers: list[Any], what: str) -> None:
+    """Publish probes until every receiver has one: the subscriptions made on other nodes
+    have then reached the publisher's NATS server (interest travels between servers)."""
+    n = 0
+
+    def probe() -> bool:
+        nonlocal n
+        n += 1
+        publish(f"probe {n}".encode())
+        return all(r() for r in receivers)
+
+    wait_for(probe, timeout=30, what=what)
+
+
+def test_mqtt_messages_reach_subscribers_on_every_node_once_in_order(nodes):
+    publisher = MqttClient(nodes[0].port("mqtt"))
+    local = MqttClient(nodes[0].port("mqtt"))
+    remote2 = MqttClient(nodes[1].port("mqtt"))
+    remote3 = MqttClient(nodes[2].port("mqtt"))
+    try:
+        for c in (local, remote2, remote3):
+            c.subscribe("plant/+/temp")
+        wait_routed(lambda b: publisher.publish("plant/probe/temp", b),
+                    [lambda: remote2.payloads(b"probe"), lambda: remote3.payloads(b"probe")],
+                    "interest of nodes 2 and 3 at node 1")
+        sent = [f"m{i}".encode() for i in range(200)]
+        for b in sent:
+            publisher.publish("plant/line1/temp", b)
+        for c in (local, remote2, remote3):
+            wait_for(lambda c=c: len(c.payloads(b"m")) >= 200, timeout=30, what="200 messages")
+        for c in (local, remote2, remote3):
+            assert c.payloads(b"m") == sent  # once each, in order
+    finally:
+        for c in (publisher, local, remote2, remote3):
+            c.close()
+
+
+def test_stomp_to_amqp_and_stomp_across_nodes(nodes):
+    receiver_conn = amqp_connect(nodes[2].port("amqp"))
+    receiver = receiver_conn.create_receiver("topic://news.>")
+    listener_msgs: list[str] = []
+
+    class Listener(stomp.ConnectionListener):
+        def on_message(self, frame: Any) -> None:
+            listener_msgs.append(frame.body)
+
+    watcher = stomp.Connection12([("127.0.0.1", nodes[1].port("stomp"))])
+    watcher.set_listener("", Listener())
+    watcher.connect(wait=True)
+    watcher.subscribe("/topic/news.>", id="1", ack="auto")
+    sender = stomp.Connection12([("127.0.0.1", nodes[0].port("stomp"))])
+    sender.connect(wait=True)
+    amqp_got: list[str] = []
+
+    def amqp_has_probe() -> bool:
+        try:
+            m = receiver.receive(timeout=0.05)
+        except Exception:  # noqa: BLE001 - proton's Timeout: nothing yet
+            return False
+        receiver.accept()
+        amqp_got.append(text(m.body))
+        return True
+
+    try:
+        wait_routed(lambda b: sender.send("/topic/news.probe", b.decode()),
+                    [amqp_has_probe, lambda: any(x.startswith("probe") for x in listener_msgs)],
+                    "interest of nodes 2 and 3 at node 1")
+        sent = [f"story {i}" for i in range(50)]
+        for body in sent:
+            sender.send("/topic/news.world", body, headers={"receipt": body})
+        got: list[str] = []
+        while len(got) < 50:
+            m = receiver.receive(timeout=30)
+            receiver.accept()
+            if text(m.body).startswith("story"):
+                got.append(text(m.body))
+        assert got == sent
+        wait_for(lambda: len([x for x in listener_msgs if x.startswith("story")]) == 50,
+                 timeout=30, what="the STOMP subscriber on node 2")
+        assert [x for x in listener_msgs if x.startswith("story")] == sent
+    finally:
+        sender.disconnect()
+        watcher.disconnect()
+        receiver_conn.close()
+
+
+def test_a_node_receives_only_what_it_has_subscribers_for(nodes):
+    publisher = MqttClient(nodes[0].port("mqtt"))
+    sub2 = MqttClient(nodes[1].port("mqtt"))
+    try:
+        sub2.subscribe("wanted/#")
+        wait_routed(lambda b: publisher.publish("wanted/probe", b),
+                    [lambda: sub2.payloads(b"probe")], "interest of node 2 at node 1")
+        for i in range(20):
+            publisher.publish("unwanted/x", b"u%d" % i)
+            publisher.publish("wanted/x", b"w%d" % i)
+        wait_for(lambda: len(sub2.payloads(b"w")) == 20, timeout=30, what="20 wanted")
+        assert cluster_info(nodes[0])["forwarded"] >= 40
+        node2, node3 = cluster_info(nodes[1]), cluster_info(nodes[2])
+        assert node2["subscriptions"] == ["wanted.>"]
+        assert node3["received"] == 0 and node3["subscriptions"] == []
+        received2 = node2["received"]
+        assert received2 == len(sub2.payloads()), "nothing unwanted reached node 2"
+    finally:
+        publisher.close()
+        sub2.close()
+
+
+def test_nodes_on_one_machine_share_the_listener_port(tmp_path, nats_cluster):
+    port = free_port()
+    a = node(tmp_path, nats_cluster, 1, mqtt_port=port)
+    b = node(tmp_path, nats_cluster, 2, mqtt_port=port)
+    clients: list[MqttClient] = []
+    try:
+        for i in range(40):
+            c = MqttClient(port, client_id=f"dev{i}")
+            c.subscribe("share/#")
+            clients.append(c)
+
+        def mqtt_connections(p: ServeProcess) -> int:
+            rows = admin_get(p.port("http"), "/api/v1/connections")
+            return sum(1 for r in rows if r["protocol"] == "mqtt")
+
+        wait_for(lambda: mqtt_connections(a) + mqtt_connections(b) == 40, timeout=30,
+                 what="40 connections")
+        assert mqtt_connections(a) > 0 and mqtt_connections(b) > 0  # the kernel spread them
+        wait_routed(lambda x: clients[0].publish("share/probe", x),
+                    [lambda c=c: c.payloads(b"probe") for c in clients], "every client")
+        clients[0].publish("share/all", b"hello")
+        for c in clients:
+            wait_for(lambda c=c: b"hello" in c.payloads(), timeout=30, what="hello")
+            assert c.payloads(b"hello") == [b"hello"]
+    finally:
+        for c in clients:
+            c.close()
+        a.stop()
+        b.stop()
