@@ -49,6 +49,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
+from cluster.members import Members
 from gateway import subject
 from gateway.errors import GatewayError, MessageFormatError
 from gateway.facade import Core
@@ -58,6 +59,9 @@ from gateway.serial import decode_message, encode_message
 log = logging.getLogger("cluster")
 
 NODE_HEADER = "Gw-Node"
+# what a node's heartbeat tells of it (the names of GET /api/v1/server)
+FIGURES = ("connections", "topics", "queues", "durables", "subscriptions", "memory",
+           "published")
 SEEN_WINDOW = 10_000  # message ids remembered to drop a second copy
 CONNECT_TIMEOUT = 5.0  # seconds for each attempt to reach a NATS server
 RECONNECT_WAIT = 0.5  # seconds between reconnection attempts (nats-py's reconnect_time_wait)
@@ -71,7 +75,9 @@ class ClusterLink:
         self.broker = broker
         self.servers = servers
         self.node_id = node_id
+        self.cluster_name = cluster_name
         self.prefix = f"gw.{cluster_name}.t."
+        self.members: Members | None = None
         self.nc: NATS | None = None
         self.conn: Any = None
         self.session: Any = None
@@ -102,6 +108,8 @@ class ClusterLink:
         for sub in self.broker.all_subscriptions():
             self._subscription_changed(sub, True)
         self.broker.watch_subscriptions(self._subscription_changed)
+        self.members = Members(self.nc, self.cluster_name, self.node_id, self._figures)
+        await self.members.start()
         self.broker.cluster = self
         self.broker.info_sources.append(self._info_source)
         log.info("node %s joined through %s", self.node_id, ", ".join(self.servers))
@@ -114,6 +122,8 @@ class ClusterLink:
         if self._info_source in broker.info_sources:
             broker.info_sources.remove(self._info_source)
         broker.watch_subscriptions(self._subscription_changed, on=False)
+        if self.members is not None:
+            await self.members.close()
         if self.outbox and self.nc is not None and self.nc.is_connected:
             await self._send()
         for t in self.tasks:
@@ -260,6 +270,17 @@ class ClusterLink:
             self.session.send(msg)
         except GatewayError as exc:
             log.info("%s from the cluster not delivered here: %s", mid, exc)
+
+    def _figures(self) -> dict[str, Any]:
+        """What this node's heartbeats carry (cluster.members)."""
+        info = self.broker.info()
+        out = {k: info.get(k, 0) for k in FIGURES}
+        out["link"] = dict(self.stats)
+        return out
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every node of the cluster as heard (``GET /api/v1/cluster``, ``/metrics``)."""
+        return self.members.rows() if self.members is not None else []
 
     def _info_source(self) -> dict[str, Any]:
         return {"cluster": self.info()}

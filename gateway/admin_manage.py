@@ -39,6 +39,8 @@ creates, changes and deletes (TIBCO EMS User's Guide, "Command Listing"), as RES
 ``GET /api/v1/transports/{name}``               one transport [view-server]
 ``POST /api/v1/transports/{name}/stop|start``   stop or start one transport [change-server]
 ``GET /api/v1/config``                          the server's parameters [view-server]
+``GET /api/v1/cluster``                         a cluster node's view of every node: up or
+                                                not, its figures (404 alone) [view-server]
 ==============================================  ================================================
 
 Every change that EMS saves to its files (destinations, users, groups, ACL) is written back to
@@ -364,6 +366,17 @@ def manage_routes(broker: Any) -> list[web.RouteDef]:
         m.start_one(name)
         admin_changed(broker, request, "modify", "transport", name, "started")
         return web.json_response(m.row(name))
+
+    @routes.get("/api/v1/cluster")
+    @needs(Need("view-server"))
+    @handle
+    async def show_cluster(_: web.Request) -> web.Response:
+        link = broker.cluster
+        if link is None:
+            raise BadRequest("this gateway is not a node of a cluster (gateway.conf: cluster)",
+                             404)
+        return web.json_response({"cluster": link.cluster_name, "node_id": link.node_id,
+                                  "nodes": link.nodes()})
 
     @routes.get("/api/v1/config")
     @needs(Need("view-server"))

@@ -56,6 +56,8 @@ class Core(Protocol):
 
     def now(self) -> int: ...
 
+    def info(self) -> dict[str, Any]: ...  # GET /api/v1/server's figures
+
     def connect(self, *, client_id: str | None = None, user: str | None = None,
                 password: str | None = None, kind: str = "CLIENT",
                 authenticated: bool = False, protocol: str = "inproc",

@@ -104,6 +104,16 @@ The store, from its group-commit statistics (``GET /api/v1/store``):
 ``gateway_store_batch_commits``                histogram: units per batch (SQLite store)
 =============================================  =========================================================
 
+A node of a cluster, label ``node`` (every node, from the heartbeats this one hears:
+``cluster/members.py``):
+
+=============================================  =========================================================
+``gateway_cluster_node_up``                    1 while the node's heartbeats arrive, else 0
+``gateway_cluster_node_connections``           its open connections
+``gateway_cluster_node_messages_published``    messages it accepted, as of its last heartbeat
+``gateway_cluster_node_message_memory_bytes``  memory it charges for messages held
+=============================================  =========================================================
+
 The delivery log and the broker:
 
 =============================================  =========================================================
@@ -225,6 +235,15 @@ def destination_figures(broker: Any, limit: int) -> dict[str, dict[str, Figures]
     return {"queue": bounded(queues, limit), "topic": bounded(topics, limit)}
 
 
+CLUSTER_GAUGES = (
+    ("up", "gateway_cluster_node_up", "1 while the node's heartbeats arrive"),
+    ("connections", "gateway_cluster_node_connections", "the node's open connections"),
+    ("published", "gateway_cluster_node_messages_published",
+     "messages the node accepted (its last heartbeat)"),
+    ("memory", "gateway_cluster_node_message_memory_bytes",
+     "memory the node charges for messages held"),
+)
+
 STORE_HISTOGRAMS = (
     ("batch_us", "gateway_store_batch_seconds",
      "how long the store's group commits took, their fsync included", 1e-6),
@@ -259,6 +278,7 @@ class GatewayCollector(Collector):
         yield from self._transports()
         yield from self._store()
         yield from self._server()
+        yield from self._cluster()
 
     def _destinations(self) -> Iterator[Metric]:
         families = [
@@ -374,6 +394,19 @@ class GatewayCollector(Collector):
             buckets = getattr(store, attr, None)
             if buckets is not None:
                 yield histogram(name, documentation, buckets, scale)
+
+    def _cluster(self) -> Iterator[Metric]:
+        """Every node of the cluster, from the heartbeats this node hears (cluster.members)."""
+        link = self.broker.cluster
+        if link is None:
+            return
+        families = {field: GaugeMetricFamily(name, documentation, labels=["node"])
+                    for field, name, documentation in CLUSTER_GAUGES}
+        for row in link.nodes():
+            node = str(row["node_id"])
+            for field, family in families.items():
+                family.add_metric([node], float(row.get(field) or 0))
+        yield from families.values()
 
     def _server(self) -> Iterator[Metric]:
         broker = self.broker

@@ -43,6 +43,14 @@ def admin_get(port: int, path: str, *, host: str = "127.0.0.1", timeout: float =
         return json.load(r)
 
 
+def admin_text(port: int, path: str, *, host: str = "127.0.0.1", timeout: float = 10,
+               user: str = ADMIN_USER, password: str = ADMIN_PASSWORD) -> str:
+    """``GET path`` as text (``/metrics``); raises ``urllib.error.HTTPError`` on an error."""
+    req = admin_request(f"http://{host}:{port}{path}", user=user, password=password)
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return str(r.read().decode())
+
+
 def admin_post(port: int, path: str, body: Any = None, *, host: str = "127.0.0.1",
                timeout: float = 10, user: str = ADMIN_USER,
                password: str = ADMIN_PASSWORD) -> tuple[int, Any]:

@@ -14,13 +14,14 @@ from typing import Any
 import paho.mqtt.client as paho
 import pytest
 import stomp
-from adminapi import admin_get
+from adminapi import admin_get, admin_text
 from amqpclient import connect as amqp_connect
 from corehelp import write_config
 from gw import wait_for
 from paho.mqtt.enums import CallbackAPIVersion
 from peers.mosquitto import free_port
 from peers.nats import NatsCluster, start_nats_cluster
+from prometheus_client.parser import text_string_to_metric_families
 from serveproc import ServeProcess
 
 LISTEN = ("listen = mqtt://127.0.0.1:{mqtt}\nlisten = amqp://127.0.0.1:0\n"
@@ -234,3 +235,28 @@ def test_nodes_on_one_machine_share_the_listener_port(tmp_path, nats_cluster):
             c.close()
         a.stop()
         b.stop()
+
+
+def test_any_node_shows_every_node(nodes):
+    client = MqttClient(nodes[2].port("mqtt"))
+    try:
+        def view() -> dict[str, dict[str, Any]]:
+            answer = admin_get(nodes[0].port("http"), "/api/v1/cluster")
+            return {row["node_id"]: row for row in answer["nodes"]}
+
+        wait_for(lambda: set(view()) == {"n1", "n2", "n3"}
+                 and all(r["up"] for r in view().values())
+                 and view()["n3"]["connections"] >= 1, timeout=30, what="three nodes up")
+
+
+        def up_in_metrics() -> dict[str, float]:
+            page = admin_text(nodes[1].port("http"), "/metrics")
+            return {s.labels["node"]: s.value for f in text_string_to_metric_families(page)
+                    if f.name == "gateway_cluster_node_up" for s in f.samples}
+
+        wait_for(lambda: up_in_metrics() == {"n1": 1.0, "n2": 1.0, "n3": 1.0}, timeout=30,
+                 what="node 2's metrics showing every node up")
+        nodes[2].stop()
+        wait_for(lambda: not view()["n3"]["up"], timeout=30, what="n3 shown down")
+    finally:
+        client.close()
