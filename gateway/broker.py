@@ -316,7 +316,9 @@ class Broker(BrokerMemory):
         """Open a connection (the one client seam for adapters, transports and tests).
 
         ``authenticated=True`` means the caller (an adapter that did its own SASL or TLS
-        client-certificate check) already verified ``user``.
+        client-certificate check) already verified ``user``; a ``user`` given as a
+        :class:`~gateway.config.security.VerifiedUser` (an adapter's checked login, or
+        in-process code vouching for one) may also subscribe to monitor topics.
 
         Raises:
             SecurityError: bad credentials, or anonymous access not allowed.

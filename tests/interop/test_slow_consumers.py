@@ -35,6 +35,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from adapters.listener import WRITE_HIGH_WATER
 from gateway.client import AckMode
+from gateway.config.security import VerifiedUser
 from gateway.message import Destination
 
 N = 20_000  # messages in a flood
@@ -424,7 +425,9 @@ def test_slow_consumer_is_shown_and_announced(gw):
     notices: list[dict[str, Any]] = []
 
     def watch() -> None:
-        conn = gw.broker.connect(client_id="monitor")
+        # monitor topics need a verified administrator: in-process code vouches for one
+        conn = gw.broker.connect(client_id="monitor", user=VerifiedUser("admin"),
+                                 authenticated=True)
         conn.start()
         conn.session(AckMode.AUTO).consumer(
             Destination.topic("$sys.monitor.client.slowconsumer"),
