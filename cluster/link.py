@@ -65,6 +65,7 @@ FIGURES = ("connections", "topics", "queues", "durables", "subscriptions", "memo
 SEEN_WINDOW = 10_000  # message ids remembered to drop a second copy
 CONNECT_TIMEOUT = 5.0  # seconds for each attempt to reach a NATS server
 RECONNECT_WAIT = 0.5  # seconds between reconnection attempts (nats-py's reconnect_time_wait)
+JOIN_TIMEOUT = 10.0  # seconds for the first connection, at start, before giving up
 
 
 class ClusterLink:
@@ -95,12 +96,14 @@ class ClusterLink:
     # -- life cycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.nc = await nats.connect(
+        # Once joined, a node reconnects for ever (max_reconnect_attempts=-1), which nats-py
+        # applies to the first connection too: that one is bounded here instead.
+        self.nc = await asyncio.wait_for(nats.connect(
             servers=list(self.servers), name=f"gateway {self.node_id}",
             connect_timeout=CONNECT_TIMEOUT, reconnect_time_wait=RECONNECT_WAIT,
             max_reconnect_attempts=-1, allow_reconnect=True,
             error_cb=self._error, disconnected_cb=self._disconnected,
-            reconnected_cb=self._reconnected)
+            reconnected_cb=self._reconnected), JOIN_TIMEOUT)
         self.conn = self.broker.connect(client_id=None, kind="CLUSTER", protocol="cluster",
                                         address=f"cluster:{self.node_id}", authenticated=True)
         self.session = self.conn.session()
@@ -300,6 +303,8 @@ async def start_cluster(broker: Core) -> ClusterLink:
         await link.start()
     except Exception as exc:
         await link.close()
+        reason = f"none answered in {JOIN_TIMEOUT:g} s" if isinstance(exc, TimeoutError) \
+            else str(exc)
         raise GatewayError(f"cluster: cannot reach the NATS servers "
-                           f"{', '.join(gw.cluster)}: {exc}") from None
+                           f"{', '.join(gw.cluster)}: {reason}") from None
     return link

@@ -6,6 +6,9 @@ receives from NATS only the subjects it has a subscriber for; two nodes share a 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +25,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from peers.mosquitto import free_port
 from peers.nats import NatsCluster, start_nats_cluster
 from prometheus_client.parser import text_string_to_metric_families
-from serveproc import ServeProcess
+from serveproc import ROOT, ServeProcess
 
 LISTEN = ("listen = mqtt://127.0.0.1:{mqtt}\nlisten = amqp://127.0.0.1:0\n"
           "listen = stomp://127.0.0.1:0\nlisten = http://127.0.0.1:0\n")
@@ -260,3 +263,14 @@ def test_any_node_shows_every_node(nodes):
         wait_for(lambda: not view()["n3"]["up"], timeout=30, what="n3 shown down")
     finally:
         client.close()
+
+
+def test_a_node_whose_nats_servers_do_not_answer_refuses_to_start(tmp_path):
+    d = tmp_path / "lonely"
+    write_config(d, gateway=f"listen = mqtt://127.0.0.1:0\ncluster = nats://127.0.0.1:{free_port()}\n"
+                 f"node_id = n9\nstore = {d / 'data'}\n")
+    done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config-dir", str(d)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1
+    assert "cluster: cannot reach the NATS servers" in done.stderr
