@@ -60,7 +60,9 @@ class Gateway:
         # (its tail) instead of being read whole into memory.
         backlog = max(int(gw.destination_backlog_swapout), 1) if gw.msg_swapping else 0
         recovered = self.store.open(loop.call_soon_threadsafe, backlog)
-        gid = _gateway_id(self.store, recovered, gw.server)
+        # A cluster node's id is its node_id, so that its delivery log, message ids and
+        # trace ids say which node wrote them.
+        gid = gw.node_id or _gateway_id(self.store, recovered, gw.server)
         self.dlog = DeliveryLog(
             str(gw.delivery_log_dir), gid, enabled=bool(gw.delivery_log),
             max_file_bytes=int(gw.delivery_log_max_file_size),

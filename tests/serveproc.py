@@ -21,6 +21,7 @@ class ServeProcess:
     never fills); the ports it listens on are read from its log lines."""
 
     def __init__(self, config_dir: Path) -> None:
+        self.config_dir = config_dir
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--config-dir", str(config_dir)],

@@ -164,7 +164,9 @@ parameter                           default            meaning
 ``cluster_name``                    ``gateway``        the cluster's name: the prefix of its NATS
                                                        subjects (letters, digits, ``-``, ``_``)
 ``node_id``                         the store's id     this node's name in the cluster, unique in it
-                                                       (letters, digits, ``-``, ``_``)
+                                                       (letters, digits, ``-``, ``_``); also the
+                                                       gateway's id (message ids, trace ids, the
+                                                       delivery log's ``gw`` and file names)
 ``log_level``                       ``info``           ``debug``, ``info``, ``warning`` or ``error``:
                                                        the level of the gateway's log (its root
                                                        logger) under ``gateway serve``; the

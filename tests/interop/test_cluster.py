@@ -133,6 +133,10 @@ def test_mqtt_messages_reach_subscribers_on_every_node_once_in_order(nodes):
             wait_for(lambda c=c: len(c.payloads(b"m")) >= 200, timeout=30, what="200 messages")
         for c in (local, remote2, remote3):
             assert c.payloads(b"m") == sent  # once each, in order
+        # each node's delivery log is written under its node id
+        for i, p in enumerate(nodes, start=1):
+            logs = list((p.config_dir / "data" / "delivery-log").glob("dlog-*.jsonl"))
+            assert logs and all(f.name.startswith(f"dlog-n{i}-") for f in logs)
     finally:
         for c in (publisher, local, remote2, remote3):
             c.close()
