@@ -28,6 +28,11 @@ How topics cross nodes. For a cluster named ``C``:
   messages to one topic in the order they were published (what JMS and MQTT promise);
   messages of one producer to two topics may arrive interleaved differently.
 
+A client id is one client in the cluster: a node where an MQTT client connects tells the
+others on ``gw.C.clients.mqtt``, and a node with a connection of that client id takes it over
+as a second CONNECT would on one node (DISCONNECT 0x8E, "Session taken over", MQTT 5.0
+3.1.4, [MQTT-3.1.4-3]); its will is published there, once.
+
 What a node receives is delivered as the local broker delivers: persistent messages to its
 durable subscriptions are stored in its own store. A message in flight through NATS when a
 node dies is lost to the nodes that had not received it (NATS core delivers at most once).
@@ -40,6 +45,7 @@ by one task per loop turn.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -113,6 +119,7 @@ class ClusterLink:
         self.broker.watch_subscriptions(self._subscription_changed)
         self.members = Members(self.nc, self.cluster_name, self.node_id, self._figures)
         await self.members.start()
+        await self.nc.subscribe(f"gw.{self.cluster_name}.clients.*", cb=self._client_elsewhere)
         self.broker.cluster = self
         self.broker.info_sources.append(self._info_source)
         log.info("node %s joined through %s", self.node_id, ", ".join(self.servers))
@@ -175,8 +182,7 @@ class ClusterLink:
             self.broker.loop.call_soon(self._send_soon)
 
     def _send_soon(self) -> None:
-        self.tasks = [t for t in self.tasks if not t.done()]
-        self.tasks.append(asyncio.ensure_future(self._send()))
+        self._later(self._send())
 
     async def _send(self) -> None:
         """Publish everything queued, in order."""
@@ -196,6 +202,39 @@ class ClusterLink:
                         log.warning("cannot publish on %s: %s", subject_name, exc)
         finally:
             self.sending = False
+
+    # -- clients: one connection per client id in the cluster ------------------------------
+
+    def client_arrived(self, protocol: str, client_id: str) -> None:
+        """A client connected here: tell the other nodes, which take over theirs."""
+        body = json.dumps({"client_id": client_id, "node_id": self.node_id}).encode()
+        self._later(self._publish_plain(f"gw.{self.cluster_name}.clients.{protocol}", body))
+
+    async def _publish_plain(self, subject_name: str, body: bytes) -> None:
+        if self.nc is not None:
+            try:
+                await self.nc.publish(subject_name, body)
+            except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
+                log.warning("cannot publish on %s: %s", subject_name, exc)
+
+    async def _client_elsewhere(self, nmsg: Msg) -> None:
+        try:
+            note = json.loads(nmsg.data)
+            client_id, node = str(note["client_id"]), str(note["node_id"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("unreadable client notice on %s", nmsg.subject)
+            return
+        if node == self.node_id:
+            return
+        protocol = nmsg.subject.rsplit(".", 1)[-1]
+        server = self.broker.adapter_servers.get(protocol)
+        take_over = getattr(server, "take_over", None)
+        if take_over is not None:
+            take_over(client_id)
+
+    def _later(self, coro: Any) -> None:
+        self.tasks = [t for t in self.tasks if not t.done()]
+        self.tasks.append(asyncio.ensure_future(coro))
 
     # -- in: interest and what arrives ----------------------------------------------------
 

@@ -350,6 +350,12 @@ class Broker(BrokerMemory):
             monitor.connection_event(conn, True)
         return conn
 
+    def client_arrived(self, protocol: str, client_id: str) -> None:
+        """An adapter's client ``client_id`` connected (after any takeover here): a
+        cluster's other nodes take over their connection of that id (cluster.link)."""
+        if self.cluster is not None:
+            self.cluster.client_arrived(protocol, client_id)
+
     def disconnected(self, conn: Any) -> None:
         self.connections.pop(conn.id, None)
         self.slow_connections.pop(conn.id, None)

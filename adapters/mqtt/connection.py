@@ -433,6 +433,7 @@ class MqttConnection:
         session.attach(self)
         session.will = p.will
         self.state = State.CONNECTED
+        server.broker.client_arrived("mqtt", cid)  # a cluster's other nodes take it over
         keepalive = self._keepalive(p.keepalive)
         self.keepalive = keepalive
         if keepalive:

@@ -359,6 +359,14 @@ class MqttServer:
 
     # -- shutdown ---------------------------------------------------------------------------
 
+    def take_over(self, client_id: str) -> None:
+        """The client ``client_id`` connected to another node of the cluster: its
+        connection here, if any, is taken over as by a CONNECT here ([MQTT-3.1.4-3])."""
+        session = self.sessions.get(client_id)
+        if session is not None and session.conn is not None:
+            session.conn.disconnect(ReasonCode.SESSION_TAKEN_OVER,
+                                    "session taken over on another node")
+
     def close(self) -> None:
         for conn in list(self.connections):
             conn.disconnect(ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down")

@@ -133,10 +133,13 @@ def test_mqtt_messages_reach_subscribers_on_every_node_once_in_order(nodes):
             wait_for(lambda c=c: len(c.payloads(b"m")) >= 200, timeout=30, what="200 messages")
         for c in (local, remote2, remote3):
             assert c.payloads(b"m") == sent  # once each, in order
-        # each node's delivery log is written under its node id
+        # each node's delivery log is written under its node id (its writer flushes in
+        # batches: wait for the first file)
         for i, p in enumerate(nodes, start=1):
-            logs = list((p.config_dir / "data" / "delivery-log").glob("dlog-*.jsonl"))
-            assert logs and all(f.name.startswith(f"dlog-n{i}-") for f in logs)
+            logs = p.config_dir / "data" / "delivery-log"
+            wait_for(lambda logs=logs: list(logs.glob("dlog-*.jsonl")), timeout=30,
+                     what="a delivery log file")
+            assert all(f.name.startswith(f"dlog-n{i}-") for f in logs.glob("dlog-*.jsonl"))
     finally:
         for c in (publisher, local, remote2, remote3):
             c.close()
@@ -278,3 +281,35 @@ def test_a_node_whose_nats_servers_do_not_answer_refuses_to_start(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 1
     assert "cluster: cannot reach the NATS servers" in done.stderr
+
+
+def test_an_mqtt_client_id_connecting_to_another_node_takes_the_first_over(nodes):
+    from paho.mqtt.enums import MQTTProtocolVersion
+
+    reasons: list[Any] = []
+    first = paho.Client(CallbackAPIVersion.VERSION2, client_id="dev-7",
+                        protocol=MQTTProtocolVersion.MQTTv5)
+    first.on_disconnect = lambda c, u, flags, rc, props: reasons.append(rc)
+    first.connect("127.0.0.1", nodes[0].port("mqtt"))
+    first.loop_start()
+
+    def client_ids(p: ServeProcess) -> list[str]:
+        return [r["client_id"] for r in admin_get(p.port("http"), "/api/v1/connections")]
+
+    try:
+        wait_for(lambda: "dev-7" in client_ids(nodes[0]), timeout=30, what="dev-7 on node 1")
+        # node 1 hears every node's heartbeats: its subscriptions are known to every server
+        wait_for(lambda: [r["node_id"] for r in admin_get(nodes[0].port("http"),
+                                                          "/api/v1/cluster")["nodes"]
+                          if r["up"]] == ["n1", "n2", "n3"], timeout=30, what="every node heard")
+        second = MqttClient(nodes[1].port("mqtt"), client_id="dev-7")
+        try:
+            wait_for(lambda: reasons, timeout=30, what="the first connection taken over")
+            assert reasons[0].value == 0x8E  # Session taken over
+            wait_for(lambda: "dev-7" not in client_ids(nodes[0]), timeout=30,
+                     what="dev-7 gone from node 1")
+            assert "dev-7" in client_ids(nodes[1])
+        finally:
+            second.close()
+    finally:
+        first.loop_stop()
