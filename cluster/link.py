@@ -11,7 +11,8 @@ How topics cross nodes. For a cluster named ``C``:
 * Every message published on this node to a topic is also published on the NATS subject
   ``gw.C.t.<topic>``, once, after the local subscriptions have it; its payload is the store's
   binary encoding (:mod:`gateway.serial`: every header, typed property and body kind, so
-  nothing is lost on the way), with the header ``Gw-Node`` naming the node. Topics whose
+  nothing is lost on the way); the link's NATS connection asks for none of its own messages
+  back (``no_echo``). Topics whose
   names start with ``$`` (``$sys.monitor...``, temporary topics) stay on their node.
 * The node subscribes in NATS to the topics its own subscriptions name (EMS's wildcards
   ``*`` and ``>`` are NATS's), as the transports follow local subscriptions: only the
@@ -64,13 +65,13 @@ from gateway.serial import decode_message, encode_message
 
 log = logging.getLogger("cluster")
 
-NODE_HEADER = "Gw-Node"
 # what a node's heartbeat tells of it (the names of GET /api/v1/server)
 FIGURES = ("connections", "topics", "queues", "durables", "subscriptions", "memory",
            "published")
 SEEN_WINDOW = 10_000  # message ids remembered to drop a second copy
 CONNECT_TIMEOUT = 5.0  # seconds for each attempt to reach a NATS server
 RECONNECT_WAIT = 0.5  # seconds between reconnection attempts (nats-py's reconnect_time_wait)
+CLOSE_WAIT = 5.0  # seconds a closing link waits for the sends under way
 JOIN_TIMEOUT = 10.0  # seconds for the first connection, at start, before giving up
 
 
@@ -94,7 +95,8 @@ class ClusterLink:
         self.outbox: list[tuple[str, bytes]] = []
         self.sending = False
         self.seen: OrderedDict[str, None] = OrderedDict()
-        self.tasks: list[asyncio.Task[None]] = []
+        self.tasks: list[asyncio.Task[None]] = []  # sends and notices under way
+        self.op_task: asyncio.Task[None] | None = None
         self.closing = False
         self.stats = {"forwarded": 0, "received": 0, "duplicates": 0, "undecodable": 0,
                       "publish_errors": 0}
@@ -107,13 +109,13 @@ class ClusterLink:
         self.nc = await asyncio.wait_for(nats.connect(
             servers=list(self.servers), name=f"gateway {self.node_id}",
             connect_timeout=CONNECT_TIMEOUT, reconnect_time_wait=RECONNECT_WAIT,
-            max_reconnect_attempts=-1, allow_reconnect=True,
+            max_reconnect_attempts=-1, allow_reconnect=True, no_echo=True,
             error_cb=self._error, disconnected_cb=self._disconnected,
             reconnected_cb=self._reconnected), JOIN_TIMEOUT)
         self.conn = self.broker.connect(client_id=None, kind="CLUSTER", protocol="cluster",
                                         address=f"cluster:{self.node_id}", authenticated=True)
         self.session = self.conn.session()
-        self.tasks.append(asyncio.ensure_future(self._apply_ops()))
+        self.op_task = asyncio.ensure_future(self._apply_ops())
         for sub in self.broker.all_subscriptions():
             self._subscription_changed(sub, True)
         self.broker.watch_subscriptions(self._subscription_changed)
@@ -134,15 +136,17 @@ class ClusterLink:
         broker.watch_subscriptions(self._subscription_changed, on=False)
         if self.members is not None:
             await self.members.close()
+        if self.tasks:  # the sends under way finish first, so that order is kept
+            await asyncio.wait(self.tasks, timeout=CLOSE_WAIT)
         if self.outbox and self.nc is not None and self.nc.is_connected:
             await self._send()
-        for t in self.tasks:
-            t.cancel()
-        for t in self.tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
-                pass
+        for t in [*self.tasks, self.op_task]:
+            if t is not None and not t.done():
+                t.cancel()
+                try:
+                    await t
+                except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
+                    pass
         if self.nc is not None:
             try:
                 await self.nc.drain()
@@ -187,7 +191,6 @@ class ClusterLink:
     async def _send(self) -> None:
         """Publish everything queued, in order."""
         nc = self.nc
-        headers = {NODE_HEADER: self.node_id}
         try:
             while self.outbox:
                 batch, self.outbox = self.outbox, []
@@ -195,7 +198,7 @@ class ClusterLink:
                     if nc is None:
                         break
                     try:
-                        await nc.publish(subject_name, payload, headers=headers)
+                        await nc.publish(subject_name, payload)
                         self.stats["forwarded"] += 1
                     except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
                         self.stats["publish_errors"] += 1
@@ -291,8 +294,6 @@ class ClusterLink:
                             "unsubscribe from", pattern, exc)
 
     async def _arrived(self, nmsg: Msg) -> None:
-        if (nmsg.headers or {}).get(NODE_HEADER) == self.node_id:
-            return  # our own (a node subscribes to what it publishes)
         try:
             msg = decode_message(nmsg.data)
         except MessageFormatError as exc:

@@ -82,8 +82,10 @@ class Members:
         """Every node heard of (this one included), by id: ``up`` and ``last_seen``
         (seconds ago) beside its figures."""
         now = self.clock()
+        # this node's own heartbeats do not come back (the link's connection is no_echo)
+        heard_of = {**self.nodes, self.node_id: (now, {"up": True, **self.figures()})}
         out = []
-        for node, (heard, beat) in sorted(self.nodes.items()):
+        for node, (heard, beat) in sorted(heard_of.items()):
             age = now - heard
             up = bool(beat.get("up")) and age <= HEARTBEAT * MISSED
             out.append({**beat, "node_id": node, "up": up, "last_seen": round(age, 3)})

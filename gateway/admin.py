@@ -409,8 +409,7 @@ async def start(broker: Any, spec: Any) -> AdminServer:
     await runner.setup()
     # the accept queue of every listener (aiohttp's default is 128)
     site = web.TCPSite(runner, spec.host or None, spec.port, ssl_context=ctx,
-                       backlog=listen_backlog(broker.config.gateway),
-                       reuse_port=bool(broker.config.gateway.cluster) or None)
+                       backlog=listen_backlog(broker.config.gateway))
     await site.start()
     addresses = runner.addresses  # the bound sockets' names (port 0: the one chosen)
     address = addresses[0][:2] if addresses else (spec.host, spec.port)
