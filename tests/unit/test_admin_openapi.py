@@ -57,6 +57,11 @@ def test_the_document_is_served_to_any_user(gateway):
 
 
 @schema.parametrize()
+# schemathesis's negative (bad input) generation draws from the random module inside its
+# strategies, which hypothesis warns of; the examples stay those of derandomize=True
+@pytest.mark.filterwarnings(
+    "ignore:Do not use the `random` module inside strategies"
+    ":hypothesis.errors.HypothesisDeprecationWarning")
 @settings(max_examples=15, derandomize=True, database=None, deadline=None,
           suppress_health_check=list(HealthCheck))
 def test_generated_requests_get_declared_answers_never_a_500(case, gateway):
