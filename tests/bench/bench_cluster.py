@@ -679,8 +679,8 @@ def print_model(figures: dict[tuple[str, int], Figure], qos: int) -> dict[str, A
         f"Model, QoS {qos} (gateway CPU per message, the medians above). One gateway alone "
         f"spends L = {local:.1f} µs on a message it takes in and delivers. A node of a "
         f"cluster spends F = {alone:.1f} µs ({alone / local:.2f} L) on a message published "
-        f"and delivered on it (it also encodes the message and publishes it to NATS, and "
-        f"gets it back from NATS when it has a subscriber for the topic); a message that "
+        f"and delivered on it (it also encodes the message and publishes it to NATS, "
+        f"whoever subscribes there); a message that "
         f"crosses costs its publisher's node P = {pub:.1f} µs and its subscriber's node "
         f"R = {sub:.1f} µs, P + R = {cross:.1f} µs ({cross / local:.2f} L), and the NATS "
         f"servers {nats:.1f} µs more.",
