@@ -9,7 +9,7 @@ Defaults: --seconds 5 of publishing a run, --payload 64, --qos 0,1, --pairs 4, -
 --runs 3, every figure: about five minutes on two CPUs.
 
 How this works. Everything runs on 127.0.0.1 and is stopped at the end, also on an error or
-Ctrl-C: two NATS servers routed to each other (tests/peers/nats.py, Debian's
+Ctrl-C: two NATS servers routed to each other (tests/peers/natsserver.py, Debian's
 ``nats-server``, installed by ``bash tests/peers/install.sh``), and three ``python -m gateway
 serve --config-dir DIR`` processes, each with its own ``gateway.conf`` and store: ``single``
 (no ``cluster`` line: the gateway as it runs without a cluster) and the nodes ``n1`` and
@@ -97,7 +97,7 @@ from bench_amqp import CLIENT_BOUND, process_alive  # noqa: E402
 from bench_mqtt import HOST, BenchError, BrokerFailed, Running, log, run_process  # noqa: E402
 from bench_stomp import expect, machine_jiffies, tree_cpu  # noqa: E402
 from peers.mosquitto import PeerFailedToStart, PeerMissing, free_port  # noqa: E402
-from peers.nats import NatsCluster, start_nats_cluster  # noqa: E402
+from peers.natsserver import NatsCluster, start_nats_cluster  # noqa: E402
 
 PAYLOAD_SIZE = 64
 PAYLOAD = (b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ+/" * 2)

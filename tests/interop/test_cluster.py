@@ -23,7 +23,7 @@ from corehelp import write_config
 from gw import wait_for
 from paho.mqtt.enums import CallbackAPIVersion
 from peers.mosquitto import free_port
-from peers.nats import NatsCluster, start_nats_cluster
+from peers.natsserver import NatsCluster, start_nats_cluster
 from prometheus_client.parser import text_string_to_metric_families
 from serveproc import ROOT, ServeProcess
 
