@@ -240,7 +240,8 @@ def compose() -> dict:
     return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
 
 
-def test_docker_compose_config_accepts_the_file():
+@pytest.mark.parametrize("compose_file", ["compose.yaml", "cluster/compose.yaml"])
+def test_docker_compose_config_accepts_the_file(compose_file):
     docker = shutil.which("docker")
     if docker is None:
         pytest.skip("no docker client on this machine")
@@ -250,7 +251,7 @@ def test_docker_compose_config_accepts_the_file():
         pytest.skip("the docker client has no compose plugin: `docker compose version` says "
                     + (version.stderr.strip().splitlines() or ["nothing"])[0])
     env = {**os.environ, "GATEWAY_ADMIN_PASSWORD": "s3cret"}
-    r = subprocess.run([docker, "compose", "-f", str(DEPLOY / "compose.yaml"), "config",
+    r = subprocess.run([docker, "compose", "-f", str(DEPLOY / compose_file), "config",
                         "--quiet"], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
 
@@ -293,6 +294,39 @@ def test_compose_bridges_three_healthy_brokers_through_the_gateway(tmp_path):
         bound = [e for table in (config.topics, config.queues) for e in table.entries()
                  if transport in e.own.get("imports", ()) + e.own.get("exports", ())]
         assert bound, transport
+
+
+def test_cluster_compose_runs_three_nodes_on_a_three_server_nats_cluster(tmp_path):
+    from gateway.config import load_config
+
+    services = yaml.safe_load((DEPLOY / "cluster" / "compose.yaml").read_text())["services"]
+    nats = {f"nats{i}" for i in (1, 2, 3)}
+    nodes = {f"gw{i}" for i in (1, 2, 3)}
+    assert set(services) == nats | nodes
+    for name, service in services.items():
+        assert service.get("healthcheck", {}).get("test"), name
+        assert ":" in service["image"] and not service["image"].endswith(":latest")
+    for name in nats:  # JetStream on, routed to the two others
+        command = services[name]["command"]
+        assert "-js" in command and command[command.index("-n") + 1] == name
+        routes = command[command.index("--routes") + 1].split(",")
+        assert {r.split("//")[1].split(":")[0] for r in routes} == nats - {name}
+    published = set()
+    for name in nodes:
+        node = services[name]
+        assert node["depends_on"] == {n: {"condition": "service_healthy"} for n in nats}
+        published |= {p.split(":")[0] for p in node["ports"]}
+        assert "${GATEWAY_ADMIN_PASSWORD:?" in node["environment"]["GATEWAY_ADMIN_PASSWORD"]
+    assert len(published) == 6  # each node's MQTT and admin ports are its own on the host
+    mounts = {v.split(":")[0] for n in nodes for v in services[n]["volumes"]
+              if v.startswith("./")}
+    assert mounts == {"./config"}
+    shutil.copytree(DEPLOY / "cluster" / "config", tmp_path / "config")
+    (tmp_path / "config" / "users.conf").write_text('admin:x:"Administrator"\n')
+    assert gateway("check-config", str(tmp_path / "config")).returncode == 0
+    gw = load_config(tmp_path / "config").gateway
+    assert {u.split("//")[1] for u in gw.cluster} == {f"{n}:4222" for n in nats}
+    assert gw.node_id is None  # each node's id is its own store's
 
 
 # -- the Dockerfile -----------------------------------------------------------------------
