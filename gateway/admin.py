@@ -1,7 +1,7 @@
 """The admin HTTP API (aiohttp), on the HTTP listener (default 127.0.0.1:8080; ``https``: TLS).
 
 JSON views of the running core, in the spirit of EMS's ``show`` commands (TIBCO EMS User's
-Guide, "Command Listing"), plus ``purge`` and ``setprop``; the routes that create, change and
+Guide, "Command Listing"), plus ``purge queue``; the routes that create, change and
 delete are :mod:`gateway.admin_manage`'s, ``/metrics`` is :mod:`gateway.metrics`'s, the
 dashboard :mod:`gateway.ui`'s, and :mod:`gateway.admin_openapi` describes them all
 (``GET /api/v1/openapi.json``). Every view is a plain function of the broker's state, built on
@@ -50,13 +50,6 @@ route, 400 malformed body, 413 body past 64 KB, 405 wrong method.
                                             [view-connection]
 ``POST /api/v1/queues/{name}/purge``        ``purge queue name`` [purge-destination, or
                                             ``purge`` on the queue in acl.conf]
-``POST /api/v1/topics/{name}``              ``setprop topic name props`` (JSON body
-                                            ``{"properties": "import=\"t1\",export=\"t2\""}``)
-                                            [modify-destination, or ``modify`` on the
-                                            topic; create-destination / ``create`` for a
-                                            name not defined yet]
-``POST /api/v1/queues/{name}``              ``setprop queue name props``; new ``import`` /
-                                            ``export`` names start at once [as topics]
 ``GET /api/v1/transports``                  ``show transports``: state, counters, bindings
                                             [view-server]
 ``GET /api/v1/log``                         the log's levels: ``{"level": "info",
@@ -95,13 +88,8 @@ from gateway.admin_auth import (
     needs,
 )
 from gateway.admin_manage import (
-    BadRequest,
-    admin_changed,
-    json_body,
     manage_routes,
     page,
-    refresh,
-    save,
 )
 from gateway.config.gateway_conf import listen_backlog
 from gateway.errors import GatewayError
@@ -192,54 +180,12 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
     @routes.get("/api/v1/server")
     @needs(VIEW_SERVER)
     async def server(_: web.Request) -> web.Response:
-        delivered = sum(ep.stats_out for ep in broker.queues.values())
-        delivered += sum(s.stats_out for s in broker.all_subscriptions())
+        delivered, _ = broker.traffic.totals()
         by_protocol: dict[str, int] = {}
         for c in broker.connections.values():
             by_protocol[c.protocol] = by_protocol.get(c.protocol, 0) + 1
         return web.json_response({**broker.info(), "delivered": delivered,
                                   "connections_by_protocol": by_protocol, "gc": _gc_info()})
-
-    def define_need(kind: str) -> Callable[[web.Request], Need]:
-        """``setprop`` on a defined name modifies it; on a new one it creates it."""
-
-        def need(request: web.Request) -> Need:
-            if broker.config.table(kind).get(request.match_info["name"]) is not None:
-                return Need("modify-destination", kind, "modify")
-            return Need("create-destination", kind, "create")
-
-        return need
-
-    async def define(request: web.Request, kind: str) -> web.Response:
-        """Define or redefine a topic or queue at run time (EMS ``setprop``)."""
-        try:
-            body = await json_body(request, {"properties": str})
-        except BadRequest as exc:
-            return json_error(exc.status, str(exc))
-        props = body.get("properties", "")
-        name = request.match_info["name"]
-        try:
-            entry = broker.config.table(kind).add(name, props, replace=True)
-        except GatewayError as exc:
-            return json_error(400, str(exc))
-        manager = broker.transports
-        if manager is not None:
-            manager.bind_entry(kind, entry)
-        refresh(broker, kind, name)
-        save(broker, kind)
-        admin_changed(broker, request, "modify", kind, name, entry.props_text())
-        return web.json_response({"name": entry.name, "kind": kind,
-                                  "properties": entry.props_text()})
-
-    @routes.post("/api/v1/topics/{name}")
-    @needs(define_need("topic"))
-    async def define_topic(request: web.Request) -> web.Response:
-        return await define(request, "topic")
-
-    @routes.post("/api/v1/queues/{name}")
-    @needs(define_need("queue"))
-    async def define_queue(request: web.Request) -> web.Response:
-        return await define(request, "queue")
 
     @routes.get("/api/v1/transports")
     @needs(VIEW_SERVER)

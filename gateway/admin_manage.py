@@ -7,6 +7,11 @@ creates, changes and deletes (TIBCO EMS User's Guide, "Command Listing"), as RES
 ``POST /api/v1/topics``, ``/api/v1/queues``     ``create topic|queue`` ``{"name": ...,
                                                 "properties": "..."}``: 201, 409 if defined
                                                 [create-destination]
+``POST /api/v1/topics/{name}``, ``queues/...``   ``setprop``: ``{"properties": "import=\"t1\""}``,
+                                                exactly these (new ``import`` / ``export``
+                                                names start at once) [modify-destination, or
+                                                ``modify`` on it; create-destination /
+                                                ``create`` for a name not defined yet]
 ``POST .../{name}/addprop``                     ``addprop``: ``{"properties": "trace=body"}``
                                                 [modify-destination, or ``modify`` on it]
 ``POST .../{name}/removeprop``                  ``removeprop``: ``{"properties": "maxbytes,trace"}``
@@ -456,6 +461,21 @@ def _destination_routes(routes: web.RouteTableDef, broker: Any, kind: str,
         changed(request, "create", name, entry.props_text())
         return web.json_response(row(name), status=201)
 
+    async def setprop(request: web.Request) -> web.Response:
+        """Define or redefine ``name`` with exactly these properties (EMS ``setprop``)."""
+        body = await json_body(request, {"properties": str})
+        name = request.match_info["name"]
+        entry = table.add(name, body.get("properties", ""), replace=True)
+        changed(request, "modify", name, entry.props_text())
+        return web.json_response({"name": entry.name, "kind": kind,
+                                  "properties": entry.props_text()})
+
+    def setprop_need(request: web.Request) -> Need:
+        """``setprop`` on a defined name modifies it; on a new one it creates it."""
+        if table.get(request.match_info["name"]) is not None:
+            return modify
+        return Need("create-destination", kind, "create")
+
     async def addprop(request: web.Request) -> web.Response:
         body = await json_body(request, {"properties": str}, ("properties",))
         name = request.match_info["name"]
@@ -508,6 +528,7 @@ def _destination_routes(routes: web.RouteTableDef, broker: Any, kind: str,
     modify = Need("modify-destination", kind, "modify")
     routes.get(one)(needs(view)(handle(show)))
     routes.post(plural)(needs(Need("create-destination"))(handle(create)))
+    routes.post(one)(needs(setprop_need)(handle(setprop)))
     routes.post(f"{one}/addprop")(needs(modify)(handle(addprop)))
     routes.post(f"{one}/removeprop")(needs(modify)(handle(removeprop)))
     routes.delete(one)(needs(Need("delete-destination", kind, "delete"))(handle(delete)))

@@ -159,9 +159,6 @@ class Broker(BrokerMemory):
         self.traffic = TrafficTable()  # by protocol, for /metrics (gateway.consumer)
         # this node's link to the other nodes of a cluster (cluster.link), or None
         self.cluster: Any = None
-        # messages (and their bytes) that endpoints now gone delivered (metrics: numMsgsOut)
-        self.delivered_before = 0
-        self.delivered_bytes_before = 0
         self.closed = False
         # The monitor topics (gateway.monitor); ``message_monitors`` counts the subscriptions
         # to message-monitoring topics, which the publish path reads first.
@@ -451,15 +448,19 @@ class Broker(BrokerMemory):
         if dest.kind == QUEUE:
             q = self.queues.pop(dest.name, None)
             if q is not None:
-                self._endpoint_gone(q)
-                q.closed = True
-                q.purge()
+                self._drop_queue(q)
                 if q.owner is not None:
                     q.owner.temp_queues.discard(dest.name)
         else:
             t = self.topics.pop(dest.name, None)
             if t is not None and t.owner is not None:
                 t.owner.temp_topics.discard(dest.name)
+
+    @staticmethod
+    def _drop_queue(q: QueueEndpoint) -> None:
+        """``q`` is out of the broker's queues: it takes nothing more and holds nothing."""
+        q.closed = True
+        q.purge()
 
     def resolve_for_send(self, dest: Destination) -> Topic | QueueEndpoint:
         if dest.kind == TOPIC:
@@ -845,11 +846,6 @@ class Broker(BrokerMemory):
         props = self.config.topics.resolve(pattern)
         return props if props is not None else self.config.topics.default_props()
 
-    def _endpoint_gone(self, ep: Endpoint) -> None:
-        """Keep what ``ep``, about to go, delivered in the gateway's totals (metrics)."""
-        self.delivered_before += ep.stats_out
-        self.delivered_bytes_before += ep.stats_bytes_out
-
     def consumer_gone(self, sub: Subscription) -> None:
         """The last consumer left ``sub``: a non-durable subscription ends with it."""
         if sub.durable or sub.consumers:
@@ -862,7 +858,6 @@ class Broker(BrokerMemory):
 
     def _drop_subscription(self, sub: Subscription) -> None:
         self.subs.remove(sub.pattern, sub, parent_match=sub.parent_match)
-        self._endpoint_gone(sub)
         self.laggards.pop(sub, None)
         sub.closed = True
         if sub.spool is not None:
@@ -917,9 +912,7 @@ class Broker(BrokerMemory):
         q = self.queues.pop(name, None)
         if q is None:
             raise InvalidDestinationError(f"no queue named {name!r}")
-        self._endpoint_gone(q)
-        q.closed = True
-        q.purge()
+        self._drop_queue(q)
         self.store.delete_endpoint(q.key)
         self.store.commit(None)
 

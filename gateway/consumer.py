@@ -103,6 +103,11 @@ class TrafficTable:
     def __init__(self) -> None:
         self.protocols: dict[str, Traffic] = {}
 
+    def totals(self) -> tuple[int, int]:
+        """Every delivery since start, and the bytes of those messages, every protocol."""
+        ts = list(self.protocols.values())
+        return sum(t.messages for t in ts), sum(t.bytes for t in ts)
+
     def of(self, protocol: str) -> Traffic:
         traffic = self.protocols.get(protocol)
         if traffic is None:

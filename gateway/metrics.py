@@ -160,8 +160,6 @@ STORE_COUNTERS = (("commits", "gateway_store_commits", "units of work made durab
                    "operations cancelled before they were written"),
                   ("errors", "gateway_store_errors", "units that failed"),
                   ("failed_batches", "gateway_store_failed_batches", "transactions that failed"))
-# The latency histogram's bucket bounds in seconds, as Prometheus writes them.
-LATENCY_BOUNDS = [f"{ms / 1000:g}" for ms in LATENCY_BOUNDS_MS] + ["+Inf"]
 
 
 @dataclass(slots=True)
@@ -252,16 +250,24 @@ STORE_HISTOGRAMS = (
 )
 
 
+def cumulative(bounds: Iterable[float], counts: list[int], scale: float
+               ) -> list[tuple[str, float]]:
+    """Prometheus' buckets from per-bucket ``counts`` (one per upper bound of ``bounds``,
+    then one past the last): the bound, multiplied by ``scale``, and the running total."""
+    out: list[tuple[str, float]] = []
+    total = 0
+    for bound, n in zip((*bounds, None), counts, strict=True):
+        total += n
+        out.append((f"{bound * scale:g}" if bound is not None else "+Inf", total))
+    return out
+
+
 def histogram(name: str, documentation: str, buckets: Any, scale: float) -> Metric:
     """A histogram family from :class:`gateway.store.base.Buckets` (a copy of the counts:
     another thread writes them), its bounds multiplied by ``scale``."""
-    counts = list(buckets.counts)
-    cumulative, total = [], 0
-    for bound, n in zip((*buckets.bounds, float("inf")), counts, strict=True):
-        total += n
-        cumulative.append((str(bound * scale) if bound != float("inf") else "+Inf", total))
     family = HistogramMetricFamily(name, documentation)
-    family.add_metric([], cumulative, buckets.total * scale)
+    family.add_metric([], cumulative(buckets.bounds, list(buckets.counts), scale),
+                      buckets.total * scale)
     return family
 
 
@@ -337,11 +343,8 @@ class GatewayCollector(Collector):
             size.add_metric([protocol], traffic.bytes)
             messages_in.add_metric([protocol], traffic.messages_in)
             size_in.add_metric([protocol], traffic.bytes_in)
-            cumulative, total = [], 0
-            for bound, n in zip(LATENCY_BOUNDS, traffic.latency, strict=True):
-                total += n
-                cumulative.append((bound, total))
-            latency.add_metric([protocol], cumulative, traffic.latency_ms / 1000)
+            latency.add_metric([protocol], cumulative(LATENCY_BOUNDS_MS, traffic.latency,
+                                                      1e-3), traffic.latency_ms / 1000)
         yield messages_in
         yield size_in
         yield messages

@@ -395,13 +395,13 @@ def broker_metrics(broker: Broker) -> dict[str, Any]:
     out since start, messages and bytes held now, destinations."""
     endpoints: list[Any] = list(broker.queues.values())
     endpoints.extend(broker.all_subscriptions())
+    delivered, delivered_bytes = broker.traffic.totals()
     return {
         "numConnections": len(broker.connections),
         "numMsgsIn": broker.published,
         "msgBytesIn": broker.bytes_in,
-        "numMsgsOut": broker.delivered_before + sum(ep.stats_out for ep in endpoints),
-        "msgBytesOut": broker.delivered_bytes_before + sum(
-            ep.stats_bytes_out for ep in endpoints),
+        "numMsgsOut": delivered,
+        "msgBytesOut": delivered_bytes,
         "numMsgs": sum(ep.count for ep in endpoints),
         "totalMsgBytes": sum(ep.bytes for ep in endpoints),
         "numDestinations": len(broker.queues) + sum(

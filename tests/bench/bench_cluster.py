@@ -94,7 +94,15 @@ sys.path.insert(0, str(ROOT / "tests" / "bench"))
 
 from adminapi import admin_get  # noqa: E402
 from bench_amqp import CLIENT_BOUND, process_alive  # noqa: E402
-from bench_mqtt import HOST, BenchError, BrokerFailed, Running, log, run_process  # noqa: E402
+from bench_mqtt import (  # noqa: E402
+    HOST,
+    BenchError,
+    BrokerFailed,
+    Running,
+    log,
+    print_table,
+    run_process,
+)
 from bench_stomp import expect, machine_jiffies, tree_cpu  # noqa: E402
 from peers.mosquitto import PeerFailedToStart, PeerMissing, free_port  # noqa: E402
 from peers.natsserver import NatsCluster, start_nats_cluster  # noqa: E402
@@ -621,13 +629,7 @@ def report(figures: dict[tuple[str, int], Figure], args: argparse.Namespace) -> 
                          fmt(fig.gateway_us("n2"), ".1f") if clustered else "",
                          fmt(fig.nats_us(), ".1f") if clustered else "",
                          clients, crossed, fmt(fig.median(Run.others), ".2f")))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    print()
-    for i, row in enumerate(rows):
-        print(" | ".join(c.ljust(w) if j == 0 else c.rjust(w)
-                         for j, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
-        if i == 0:
-            print("-+-".join("-" * w for w in widths))
+    print_table(rows)
     print(f"\n{args.payload}-byte payloads; {args.pairs} publisher/subscriber pairs for the "
           f"throughput, one pair for CPU; {args.seconds:g} s of publishing a run"
           + (f" (at most {args.messages:,} messages a publisher)" if args.messages else "")

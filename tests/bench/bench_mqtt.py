@@ -57,7 +57,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,6 +116,17 @@ class BrokerFailed(Exception):
 class BenchError(Exception):
     """One measurement failed (timeout, lost or damaged messages, a client's error)."""
 
+
+def print_table(rows: Sequence[tuple[str, ...]]) -> None:
+    """Print ``rows`` (the first is the header) as a table: the first column left-aligned,
+    the others right-aligned, a rule under the header; after a blank line."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    print()
+    for i, row in enumerate(rows):
+        print(" | ".join(c.ljust(w) if j == 0 else c.rjust(w)
+                         for j, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
+        if i == 0:
+            print("-+-".join("-" * w for w in widths))
 
 def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
@@ -583,13 +594,7 @@ def report(results: dict[str, Result], idle_count: int, idle_wanted: int,
             rows.append((r.name, "failed to start", "", ""))
         else:
             rows.append((r.name, fmt_rate(r, 0), fmt_rate(r, 1), fmt_idle(r)))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    print()
-    for i, row in enumerate(rows):
-        print(" | ".join(c.ljust(w) if j == 0 else c.rjust(w)
-                         for j, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
-        if i == 0:
-            print("-+-".join("-" * w for w in widths))
+    print_table(rows)
     lowered = (f" (not {idle_wanted:,}: the RLIMIT_NOFILE hard limit is too low)"
                if idle_count < idle_wanted else "")
     print(f"\nversions: {', '.join(f'{k} {v}' for k, v in info.items())}; "
