@@ -123,6 +123,7 @@ class StompWatcher(stomp.ConnectionListener):
         self.got: list[tuple[str, dict[str, Any], dict[str, str]]] = []
         self.receipts: list[str] = []
         self.errors: list[str] = []
+        self.closed = False
         self.n = 0
         self.conn = stomp.Connection12([("127.0.0.1", port)], reconnect_attempts_max=1)
         self.conn.set_listener("w", self)
@@ -143,6 +144,11 @@ class StompWatcher(stomp.ConnectionListener):
     def on_error(self, frame: Any) -> None:
         with self.cond:
             self.errors.append(f"{frame.headers.get('message', '')}: {frame.body}")
+            self.cond.notify_all()
+
+    def on_disconnected(self) -> None:
+        with self.cond:
+            self.closed = True
             self.cond.notify_all()
 
     def _wait(self, pred: Any) -> None:
@@ -175,7 +181,10 @@ class StompWatcher(stomp.ConnectionListener):
         return self.errors[0]
 
     def close(self) -> None:
-        if self.conn.is_connected():
+        if self.errors:
+            # STOMP 1.2, ERROR: the server closes the connection after sending one
+            self._wait(lambda: self.closed)
+        elif self.conn.is_connected():
             self.conn.disconnect()
 
 
