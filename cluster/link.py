@@ -57,6 +57,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
 from cluster.members import Members
+from cluster.queues import QueueFeeds
 from gateway import subject
 from gateway.errors import GatewayError, MessageFormatError
 from gateway.facade import Core
@@ -73,14 +74,19 @@ CONNECT_TIMEOUT = 5.0  # seconds for each attempt to reach a NATS server
 RECONNECT_WAIT = 0.5  # seconds between reconnection attempts (nats-py's reconnect_time_wait)
 CLOSE_WAIT = 5.0  # seconds a closing link waits for the sends under way
 JOIN_TIMEOUT = 10.0  # seconds for the first connection, at start, before giving up
+PING_INTERVAL = 2.0  # seconds between pings to the NATS server (a silent one is lost after
+MAX_PINGS_OUT = 2    # this many unanswered)
 
 
 class ClusterLink:
     """This node's side of the cluster: see the module docstring."""
 
     def __init__(self, broker: Core, servers: tuple[str, ...], cluster_name: str,
-                 node_id: str) -> None:
+                 node_id: str, *, replicas: int = 3, ack_wait: float = 30.0) -> None:
         self.broker = broker
+        self.replicas = replicas
+        self.ack_wait = ack_wait
+        self.queues: QueueFeeds | None = None
         self.servers = servers
         self.node_id = node_id
         self.cluster_name = cluster_name
@@ -110,8 +116,12 @@ class ClusterLink:
             servers=list(self.servers), name=f"gateway {self.node_id}",
             connect_timeout=CONNECT_TIMEOUT, reconnect_time_wait=RECONNECT_WAIT,
             max_reconnect_attempts=-1, allow_reconnect=True, no_echo=True,
+            ping_interval=PING_INTERVAL, max_outstanding_pings=MAX_PINGS_OUT,
             error_cb=self._error, disconnected_cb=self._disconnected,
             reconnected_cb=self._reconnected), JOIN_TIMEOUT)
+        self.queues = QueueFeeds(self.broker, self.nc, self.cluster_name, self.replicas,
+                                 self.ack_wait)
+        await self.queues.start()
         self.conn = self.broker.connect(client_id=None, kind="CLUSTER", protocol="cluster",
                                         address=f"cluster:{self.node_id}", authenticated=True)
         self.session = self.conn.session()
@@ -136,6 +146,8 @@ class ClusterLink:
         broker.watch_subscriptions(self._subscription_changed, on=False)
         if self.members is not None:
             await self.members.close()
+        if self.queues is not None:
+            await self.queues.close()
         if self.tasks:  # the sends under way finish first, so that order is kept
             await asyncio.wait(self.tasks, timeout=CLOSE_WAIT)
         if self.outbox and self.nc is not None and self.nc.is_connected:
@@ -154,6 +166,13 @@ class ClusterLink:
                 await self.nc.close()
         if self.conn is not None:
             self.conn.close()
+
+    @property
+    def down(self) -> bool:
+        """No NATS server is reachable now: persistent messages are refused
+        (``Broker.publish``)."""
+        nc = self.nc
+        return nc is None or not nc.is_connected
 
     async def _error(self, exc: Exception) -> None:
         log.warning("NATS: %s", exc)
@@ -332,17 +351,21 @@ class ClusterLink:
         """The admin API's view of the link (``GET /api/v1/server``, ``cluster``)."""
         nc = self.nc
         return {"node_id": self.node_id, "connected": bool(nc is not None and nc.is_connected),
-                "subscriptions": sorted(self.cover), **self.stats}
+                "subscriptions": sorted(self.cover), **self.stats,
+                "queues": dict(self.queues.stats) if self.queues is not None else {}}
 
 
 async def start_cluster(broker: Core) -> ClusterLink:
     """Registry entry: join the cluster gateway.conf's ``cluster`` names."""
     gw = broker.config.gateway
-    link = ClusterLink(broker, tuple(gw.cluster), gw.cluster_name, gw.node_id or broker.id)
+    link = ClusterLink(broker, tuple(gw.cluster), gw.cluster_name, gw.node_id or broker.id,
+                       replicas=gw.cluster_replicas, ack_wait=gw.cluster_ack_wait)
     try:
         await link.start()
     except Exception as exc:
         await link.close()
+        if isinstance(exc, GatewayError):
+            raise GatewayError(f"cluster: {exc}") from None
         reason = f"none answered in {JOIN_TIMEOUT:g} s" if isinstance(exc, TimeoutError) \
             else str(exc)
         raise GatewayError(f"cluster: cannot reach the NATS servers "

@@ -53,7 +53,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from gateway import subject
 from gateway.backlog import MESSAGE_OVERHEAD
@@ -66,6 +66,7 @@ from gateway.errors import (
     InvalidDestinationError,
     LimitExceededError,
     SecurityError,
+    UnavailableError,
 )
 from gateway.memory import LAGGARD_MIN, BrokerMemory
 from gateway.message import (
@@ -159,6 +160,8 @@ class Broker(BrokerMemory):
         self.traffic = TrafficTable()  # by protocol, for /metrics (gateway.consumer)
         # this node's link to the other nodes of a cluster (cluster.link), or None
         self.cluster: Any = None
+        # What gives each queue of a cluster its feed (cluster.link; see feed_queues)
+        self.queue_feed: Callable[[str], Any] | None = None
         self.closed = False
         # The monitor topics (gateway.monitor); ``message_monitors`` counts the subscriptions
         # to message-monitoring topics, which the publish path reads first.
@@ -430,6 +433,8 @@ class Broker(BrokerMemory):
                 props = self.config.queues.default_props()
         q = QueueEndpoint(self, name, props, owner=owner)
         self.queues[name] = q
+        if self.queue_feed is not None and not name.startswith("$"):
+            q.feed = self.queue_feed(name)
         return q
 
     def create_temporary(self, conn: Any, kind: int) -> Destination:
@@ -584,6 +589,12 @@ class Broker(BrokerMemory):
                     raise SecurityError(f"{dest.name!r} is a monitor topic: only the gateway "
                                         "publishes there")
                 apply_props(self, msg, conn, dest, target.props, now)
+            cluster = self.cluster
+            if (cluster is not None and cluster.down and msg.delivery_mode == PERSISTENT
+                    and not dest.name.startswith("$")
+                    and (conn is None or conn.kind != CLUSTER)):
+                raise UnavailableError("this cluster node cannot reach its NATS servers: "
+                                       "persistent messages are refused until it can")
             self.published += 1
             self.bytes_in += msg.size
             if conn is not None:
@@ -610,14 +621,20 @@ class Broker(BrokerMemory):
                 if self.cluster is not None and (conn is None or conn.kind != CLUSTER):
                     self.cluster.forward(msg)  # to the other nodes (cluster.link)
             else:
-                fut = route_queue(self, target, msg, now)  # type: ignore[arg-type]
+                q = cast(QueueEndpoint, target)
+                feed = q.feed
+                if feed is not None:  # a queue of the cluster (cluster.queues)
+                    fut = feed.enqueue(msg)
+                else:
+                    fut = route_queue(self, q, msg, now)
             if self.message_monitors:
                 self.monitor.message_event("r", dest, msg, conn,
                                            "producer" if far is None else "import")
             if held:
                 return self._hold_for_memory(fut)
             return fut
-        except (InvalidDestinationError, SecurityError, LimitExceededError) as exc:
+        except (InvalidDestinationError, SecurityError, LimitExceededError,
+                UnavailableError) as exc:
             self.stats["rejected"] += 1
             if self.log_enabled:
                 self.dlog.record("reject", msg, str(msg.destination),
@@ -830,6 +847,59 @@ class Broker(BrokerMemory):
             listeners.append(listener)
         elif listener in listeners:
             listeners.remove(listener)
+
+    # -- queues of a cluster (cluster.queues) ------------------------------------------------
+
+    def feed_queues(self, factory: Callable[[str], Any] | None) -> None:
+        """Give every queue but the ``$`` ones (temporary, system) the feed ``factory(name)``
+        returns, now and as queues are made; ``None`` takes them away. A queue with a feed
+        sends what producers put on it to the feed (``enqueue``) and tells it of every
+        message that leaves (``removed``) and of its consumers (``consumers_changed``)."""
+        self.queue_feed = factory
+        for name, q in self.queues.items():
+            if not name.startswith("$"):
+                q.feed = factory(name) if factory is not None else None
+
+    def queue_demand(self, name: str, cap: int) -> int:
+        """How many more messages queue ``name`` can use now: its consumers' windows (an
+        unlimited one counts as ``cap``), at most ``cap``, less what it holds."""
+        q = self.queues.get(name)
+        if q is None or not q.consumers:
+            return 0
+        room = 0
+        for c in q.consumers:
+            w = c.window
+            room += cap if w is None else max(w, 1)
+        return min(room, cap) - q.count
+
+    def queue_take(self, name: str, msg: Message, delivery_count: int) -> bool:
+        """Put ``msg``, from a queue's feed, on queue ``name`` for its consumers, without
+        storing it (the feed keeps it until it leaves); ``delivery_count`` is how many
+        times it was delivered before. False if the queue has no consumers any more."""
+        q = self.queues.get(name)
+        if q is None or not q.consumers or q.closed:
+            return False
+        if not msg.size:
+            msg.size = estimate_size(msg)
+        if msg.expiration and not msg.expires_at:
+            msg.expires_at = msg.expiration
+        self.memory += msg.size + MESSAGE_OVERHEAD
+        q.restore(msg, delivery_count, self.now())
+        return True
+
+    def queue_return(self, name: str) -> list[Message]:
+        """Take back what queue ``name`` holds and has not delivered (pending and held), for
+        its feed to give to others; its feed is not told of these."""
+        q = self.queues.get(name)
+        if q is None:
+            return []
+        out = q.iter_pending() + [m for _, _, m in q.held]
+        feed, q.feed = q.feed, None
+        try:
+            q.purge()
+        finally:
+            q.feed = feed
+        return out
 
     def all_subscriptions(self) -> list[Subscription]:
         """Every live subscription: durable, shared and each connection's own."""

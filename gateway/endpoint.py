@@ -106,6 +106,10 @@ class Endpoint:
         # (Broker.laggard_seen): LAGGARD_MIN + 1 for a non-durable topic subscription, which
         # the broker sets; never for the rest. Checked where ``npending`` grows.
         self.laggard_at = 1 << 62
+        # A queue of a cluster: what brings its messages from the cluster's shared store
+        # and settles them there (cluster.queues.QueueFeed), told of each message that
+        # leaves and of every change of consumers; None for the rest.
+        self.feed: Any = None
 
     # -- adding messages ------------------------------------------------------------------
 
@@ -436,6 +440,9 @@ class Endpoint:
             broker.memory -= msg.size + MESSAGE_OVERHEAD
         if msg.store_id and self.durable:
             broker.unstore(self, msg)
+        feed = self.feed
+        if feed is not None:
+            feed.removed(msg)
         if self.flow_waiters and self.bytes < self.flow_limit and self.count < self.flow_msgs:
             broker.release_flow(self)
         if broker.memory_waiters and broker.memory <= broker.resume_at:
@@ -544,6 +551,8 @@ class Endpoint:
         if c.selector is not None and isinstance(self, QueueEndpoint):
             self.selective = True
         self.dispatch()
+        if self.feed is not None:
+            self.feed.consumers_changed(len(self.consumers))
 
     def remove_consumer(self, c: Consumer) -> None:
         c.active = False
@@ -554,6 +563,8 @@ class Endpoint:
         )
         if self.rr >= max(1, len(self.consumers)):
             self.rr = 0
+        if self.feed is not None:
+            self.feed.consumers_changed(len(self.consumers))
 
     # -- properties the broker asks for ----------------------------------------------------
 

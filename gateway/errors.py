@@ -107,5 +107,13 @@ class LimitExceededError(GatewayError):
     reason = "limit-exceeded"
 
 
+class UnavailableError(GatewayError):
+    """What the gateway cannot take now but may later: a cluster node whose NATS servers are
+    out of reach refuses persistent messages rather than keep them where they would not
+    survive it."""
+
+    reason = "unavailable"
+
+
 class TransactionRolledBackError(GatewayError):
     reason = "transaction-rolled-back"

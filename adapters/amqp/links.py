@@ -69,6 +69,7 @@ CONDITIONS = {
     "invalid-destination": "amqp:not-found",
     "not-authorized": "amqp:unauthorized-access",
     "limit-exceeded": "amqp:resource-limit-exceeded",
+    "unavailable": "amqp:internal-error",
     "invalid-selector": "amqp:invalid-field",
     "message-format": "amqp:decode-error",
     "illegal-state": "amqp:resource-locked",

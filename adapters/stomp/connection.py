@@ -535,4 +535,4 @@ def _refusal_title(command: str, exc: GatewayError) -> str:
     if isinstance(exc, IllegalStateError):
         return f"{command} refused"
     return {"invalid-selector": "invalid selector", "invalid-destination": "invalid destination",
-            "limit-exceeded": "limit exceeded"}.get(exc.reason, f"{command} failed")
+            "limit-exceeded": "limit exceeded", "unavailable": "unavailable"}.get(exc.reason, f"{command} failed")

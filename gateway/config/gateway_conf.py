@@ -167,6 +167,14 @@ parameter                           default            meaning
                                                        (letters, digits, ``-``, ``_``); also the
                                                        gateway's id (message ids, trace ids, the
                                                        delivery log's ``gw`` and file names)
+``cluster_replicas``                3                  copies JetStream keeps of the cluster's
+                                                       queues (1 to 5; no more than the NATS
+                                                       servers it has)
+``cluster_ack_wait``                30 sec             how long a queue message taken by a node
+                                                       that stops answering waits before another
+                                                       node may deliver it (JetStream's
+                                                       ``ack_wait``; a live node renews what it
+                                                       holds)
 ``log_level``                       ``info``           ``debug``, ``info``, ``warning`` or ``error``:
                                                        the level of the gateway's log (its root
                                                        logger) under ``gateway serve``; the
@@ -322,6 +330,8 @@ class GatewaySettings:
     cluster: tuple[str, ...] = ()
     cluster_name: str = "gateway"
     node_id: str | None = None
+    cluster_replicas: int = 3
+    cluster_ack_wait: float = 30.0
     log_level: str = "info"
     log_format: str = "text"
     # parameter name -> its line in gateway.conf, for the checks that span files (checks.py)
@@ -535,6 +545,8 @@ _PARAMS: dict[str, Callable[[str], Any]] = {
     "cluster": _nats_urls,
     "cluster_name": _token,
     "node_id": _token,
+    "cluster_replicas": lambda v: parse_int(v, minimum=1, maximum=5),
+    "cluster_ack_wait": lambda v: _positive_seconds(v),
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
 }

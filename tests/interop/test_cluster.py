@@ -37,12 +37,13 @@ def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
         yield c
 
 
-def node(tmp: Path, nats: NatsCluster, i: int, mqtt_port: int = 0) -> ServeProcess:
+def node(tmp: Path, nats: NatsCluster, i: int, mqtt_port: int = 0,
+         extra: str = "") -> ServeProcess:
     """Node ``n<i>`` of cluster ``t``, on NATS server ``i`` (its store and log its own)."""
     d = tmp / f"node{i}"
     write_config(d, gateway=LISTEN.format(mqtt=mqtt_port)
                  + f"cluster = {nats.urls[i - 1]}\ncluster_name = t\nnode_id = n{i}\n"
-                 f"store = {d / 'data'}\n")
+                 f"store = {d / 'data'}\n" + extra)
     return ServeProcess(d)
 
 
@@ -313,3 +314,176 @@ def test_an_mqtt_client_id_connecting_to_another_node_takes_the_first_over(nodes
             second.close()
     finally:
         first.loop_stop()
+
+
+class StompQueueClient(stomp.ConnectionListener):
+    """A stomp.py client on a node: sends with receipts, and consumes a queue
+    (``client-individual``) acknowledging what it receives unless ``hold`` is set."""
+
+    def __init__(self, port: int, *, hold: bool = False) -> None:
+        self.got: list[tuple[str, dict[str, str]]] = []
+        self.receipts: set[str] = set()
+        self.errors: list[str] = []
+        self.hold = hold
+        self.cond = threading.Condition()
+        self.conn = stomp.Connection12([("127.0.0.1", port)], reconnect_attempts_max=1)
+        self.conn.set_listener("", self)
+        self.conn.connect(wait=True)
+
+    def on_message(self, frame: Any) -> None:
+        with self.cond:
+            self.got.append((frame.body, dict(frame.headers)))
+            self.cond.notify_all()
+        if not self.hold:
+            self.conn.ack(frame.headers["ack"])
+
+    def on_receipt(self, frame: Any) -> None:
+        with self.cond:
+            self.receipts.add(frame.headers["receipt-id"])
+            self.cond.notify_all()
+
+    def on_error(self, frame: Any) -> None:
+        with self.cond:
+            self.errors.append(f"{frame.headers.get('message', '')}: {frame.body}")
+            self.cond.notify_all()
+
+    def consume(self, dest: str) -> None:
+        self.conn.subscribe(dest, id="1", ack="client-individual", headers={"receipt": "sub"})
+        self.answered("sub")
+
+    def answered(self, rid: str) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: rid in self.receipts or self.errors, 30), rid
+
+    def send(self, dest: str, body: str, *, persistent: bool = True) -> None:
+        self.conn.send(dest, body, headers={"persistent": str(persistent).lower(),
+                                            "receipt": body})
+        self.answered(body)
+
+    def bodies(self) -> list[str]:
+        with self.cond:
+            return [b for b, _ in self.got]
+
+    def close(self) -> None:
+        if self.conn.is_connected() and not self.errors:
+            self.conn.disconnect()
+
+
+def test_a_queue_is_one_queue_across_nodes(nodes):
+    consumers = [StompQueueClient(p.port("stomp")) for p in nodes]
+    sender = StompQueueClient(nodes[0].port("stomp"))
+    try:
+        for c in consumers:
+            c.consume("/queue/jobs")
+        n = 0
+
+        def probe() -> bool:  # until every node pulls (its first request may come early)
+            nonlocal n
+            n += 1
+            sender.send("/queue/jobs", f"probe {n}")
+            return all(any(b.startswith("probe") for b in c.bodies()) for c in consumers)
+
+        wait_for(probe, timeout=60, what="a probe on every node")
+        wait_for(lambda: sum(len(c.bodies()) for c in consumers) == n, timeout=30,
+                 what="every probe")
+        for c in consumers:
+            c.got.clear()
+        sent = [f"job {i}" for i in range(300)]
+        for body in sent:
+            sender.send("/queue/jobs", body)  # confirmed: JetStream has it
+        wait_for(lambda: sum(len(c.bodies()) for c in consumers) >= 300, timeout=60,
+                 what="300 jobs consumed")
+        got = [b for c in consumers for b in c.bodies()]
+        assert sorted(got) == sorted(sent)  # each message once, to one consumer
+        assert all(c.bodies() for c in consumers), "consumers on every node had a share"
+        for c in consumers:  # each one's share in the order sent
+            assert c.bodies() == sorted(c.bodies(), key=sent.index)
+        info = [cluster_info(p)["queues"] for p in nodes]
+        assert info[0]["queued"] == 300 + n
+        assert sum(i["pulled"] for i in info) == 300 + n
+        wait_for(lambda: sum(cluster_info(p)["queues"]["acked"] for p in nodes) == 300 + n,
+                 timeout=30, what="every message acknowledged to JetStream")
+    finally:
+        for c in [*consumers, sender]:
+            c.close()
+
+
+def test_what_a_killed_node_held_goes_to_a_consumer_on_another(tmp_path, nats_cluster):
+    extra = "cluster_ack_wait = 2 sec\n"
+    n1 = node(tmp_path, nats_cluster, 1, extra=extra)
+    n2 = node(tmp_path, nats_cluster, 2, extra=extra)
+    holder = StompQueueClient(n2.port("stomp"), hold=True)
+    sender = StompQueueClient(n1.port("stomp"))
+    receiver_conn = None
+    try:
+        holder.consume("/queue/orders")
+        sent = [f"order {i}" for i in range(20)]
+        for body in sent:
+            sender.send("/queue/orders", body)
+        wait_for(lambda: len(holder.bodies()) >= 1, timeout=30, what="node 2 holding orders")
+        held = set(holder.bodies())
+        n2.kill()  # SIGKILL: what it held was never acknowledged
+        receiver_conn = amqp_connect(n1.port("amqp"))
+        receiver = receiver_conn.create_receiver("queue://orders")
+        got: dict[str, int] = {}
+        while len(got) < 20:
+            m = receiver.receive(timeout=60)
+            receiver.accept()
+            assert text(m.body) not in got, "delivered twice"
+            got[text(m.body)] = m.delivery_count
+        assert sorted(got) == sorted(sent)
+        assert held <= set(got)
+        for body, count in got.items():  # JMSRedelivered for what node 2 had delivered
+            assert (count >= 1) == (body in held), (body, count)
+    finally:
+        holder.close()
+        sender.close()
+        if receiver_conn is not None:
+            receiver_conn.close()
+        n1.stop()
+        n2.stop()
+
+
+def test_a_node_without_nats_refuses_persistent_messages_and_serves_local_ones(
+        tmp_path, nats_cluster):
+    n1 = node(tmp_path, nats_cluster, 1)
+    watcher = StompQueueClient(n1.port("stomp"))
+    sender = StompQueueClient(n1.port("stomp"))
+    late = None
+    try:
+        watcher.consume("/topic/local.news")
+        for s in nats_cluster.servers:
+            s.kill()
+        wait_for(lambda: not cluster_info(n1)["connected"], timeout=30, what="NATS gone")
+        sender.send("/topic/local.news", "non-persistent", persistent=False)
+        wait_for(lambda: "non-persistent" in watcher.bodies(), timeout=30,
+                 what="the local subscriber served")
+        sender.send("/queue/jobs", "persistent")
+        assert sender.errors and "unavailable" in sender.errors[0]
+        for s in nats_cluster.servers:
+            s.start()
+        nats_cluster.wait_ready()
+        wait_for(lambda: cluster_info(n1)["connected"], timeout=60, what="NATS back")
+        late = StompQueueClient(n1.port("stomp"))
+        n = 0
+
+        def accepted() -> bool:  # the JetStream cluster elects its leaders again first
+            nonlocal n
+            n += 1
+            late.errors.clear()
+            late.send("/queue/jobs", f"again {n}")
+            if late.errors:
+                late.conn = stomp.Connection12([("127.0.0.1", n1.port("stomp"))])
+                late.conn.set_listener("", late)
+                late.conn.connect(wait=True)
+                return False
+            return True
+
+        wait_for(accepted, timeout=60, what="persistent messages taken again")
+        late.consume("/queue/jobs")
+        wait_for(lambda: f"again {n}" in late.bodies(), timeout=30, what="the message")
+    finally:
+        for c in (watcher, sender, late):
+            if c is not None:
+                c.close()
+        n1.stop()
