@@ -39,6 +39,7 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
@@ -61,7 +62,9 @@ PULL_CAP = 256  # most messages of one queue a node holds at once
 PULL_BATCH = 32  # most messages one pull request asks for: JetStream serves the requests
                  # waiting in turn, so that nodes share a backlog in slices of this size
 FETCH_WAIT = 1.0  # seconds one pull request waits for messages to come
-PUB_ACK_WAIT = 5.0  # seconds a persistent message waits for JetStream's acknowledgement
+PUB_ACK_WAIT = 10.0  # seconds a persistent message waits for JetStream's acknowledgement
+PUB_RETRY = 1.0  # seconds between sends of a persistent message JetStream has not confirmed
+ACKED_WINDOW = 10_000  # ids of messages acknowledged here, remembered (see QueueFeed._take)
 RETRY_WAIT = 0.5  # seconds before trying again what JetStream refused
 LOST_WAIT = 0.5  # seconds past a pull request's expiry before it counts as lost
 
@@ -83,7 +86,14 @@ class QueueFeeds:
         self.by_consumer: dict[str, QueueFeed] = {}  # the same, by JetStream consumer name
         self.inbox = ""  # JetStream's acknowledgements of persistent messages: inbox.<n>
         self.pulls = ""  # messages pulled for the queues: pulls.<consumer name>
-        self.waiting: dict[str, asyncio.Future[None]] = {}  # reply subject -> producer's wait
+        # reply subject -> the producer's wait, and what to send again: (future, subject,
+        # payload, headers, deadline)
+        self.waiting: dict[str, tuple[asyncio.Future[None], str, bytes, dict[str, str],
+                                      float]] = {}
+        # ids of the messages acknowledged to JetStream here, newest last: one JetStream
+        # gives again (the acknowledgement lost with a connection or a leader) is not
+        # delivered twice
+        self.acked_ids: OrderedDict[str, None] = OrderedDict()
         self.seq = 0
         # what goes to NATS, in order, by one task a loop turn: ("pub", subject, payload,
         # headers, reply) and (how, JetStream message) to acknowledge, NAK or terminate
@@ -128,7 +138,7 @@ class QueueFeeds:
                 t.cancel()
         if self.sending is not None:  # acknowledgements under way go out first
             await asyncio.wait([self.sending], timeout=PUB_ACK_WAIT)
-        for fut in self.waiting.values():
+        for fut, *_ in self.waiting.values():
             if not fut.done():
                 fut.set_exception(UnavailableError("the cluster link closed"))
         self.waiting.clear()
@@ -185,42 +195,54 @@ class QueueFeeds:
             return None
         self.seq += 1
         reply = f"{self.inbox}.{self.seq}"
-        fut: asyncio.Future[None] = self.broker.loop.create_future()
-        self.waiting[reply] = fut
-        self.broker.loop.call_later(PUB_ACK_WAIT, self._pub_ack_late, reply)
+        loop = self.broker.loop
+        fut: asyncio.Future[None] = loop.create_future()
+        self.waiting[reply] = (fut, subject_name, payload, headers, loop.time() + PUB_ACK_WAIT)
+        loop.call_later(PUB_RETRY, self._unconfirmed, reply)
         self.send(("pub", subject_name, payload, headers, reply))
         return fut
+
+    def _unconfirmed(self, reply: str) -> None:
+        """No answer yet: send it again (JetStream drops the second copy by its
+        ``Nats-Msg-Id``: a lost acknowledgement, or a stream electing its leader), until
+        :data:`PUB_ACK_WAIT` has passed."""
+        entry = self.waiting.get(reply)
+        if entry is None:
+            return
+        loop = self.broker.loop
+        if loop.time() >= entry[4]:
+            self._settle(reply, UnavailableError(
+                f"JetStream did not acknowledge the message in {PUB_ACK_WAIT:g} s"))
+            return
+        loop.call_later(PUB_RETRY, self._unconfirmed, reply)
+        self.send(("pub", entry[1], entry[2], entry[3], reply))
 
     async def _publish(self, subject_name: str, payload: bytes, headers: dict[str, str],
                        reply: str) -> None:
         try:
             await self.nc.publish(subject_name, payload, reply=reply, headers=headers)
         except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
-            self._settle(reply, UnavailableError(f"cannot send to the cluster: {exc}"))
+            log.debug("cannot send to %s: %s", subject_name, exc)  # sent again, or given up
 
     async def _pub_ack(self, nmsg: Msg) -> None:
+        if not nmsg.data:  # a status only: 503, no JetStream to answer: sent again
+            return
         error: GatewayError | None = None
-        if not nmsg.data:  # a status only: 503, no JetStream to answer
-            error = UnavailableError("JetStream did not take the message (no responders)")
-        else:
-            try:
-                answer = json.loads(nmsg.data)
-            except ValueError:
-                answer = {"error": {"description": "unreadable acknowledgement"}}
-            if "error" in answer:
-                err = answer["error"]
-                text = err.get("description", err) if isinstance(err, dict) else err
-                error = UnavailableError(f"JetStream refused the message: {text}")
+        try:
+            answer = json.loads(nmsg.data)
+        except ValueError:
+            answer = {"error": {"description": "unreadable acknowledgement"}}
+        if "error" in answer:
+            err = answer["error"]
+            text = err.get("description", err) if isinstance(err, dict) else err
+            error = UnavailableError(f"JetStream refused the message: {text}")
         self._settle(nmsg.subject, error)
 
-    def _pub_ack_late(self, reply: str) -> None:
-        self._settle(reply, UnavailableError(
-            f"JetStream did not acknowledge the message in {PUB_ACK_WAIT:g} s"))
-
     def _settle(self, reply: str, error: GatewayError | None) -> None:
-        fut = self.waiting.pop(reply, None) if reply else None
-        if fut is None or fut.done():
+        entry = self.waiting.pop(reply, None) if reply else None
+        if entry is None or entry[0].done():
             return
+        fut = entry[0]
         if error is None:
             fut.set_result(None)
         else:
@@ -270,8 +292,13 @@ class QueueFeed:
     def removed(self, msg: Message) -> None:
         jm = self.held.pop(msg, None)
         if jm is not None:
-            self.feeds.stats["acked"] += 1
-            self.feeds.send(("ack", jm))
+            feeds = self.feeds
+            feeds.stats["acked"] += 1
+            feeds.send(("ack", jm))
+            acked = feeds.acked_ids
+            acked[msg.message_id or ""] = None
+            if len(acked) > ACKED_WINDOW:
+                acked.popitem(last=False)
             if not self.asked:
                 self._ask()
 
@@ -373,6 +400,9 @@ class QueueFeed:
             count = max(jm.metadata.num_delivered - 1, 0)
         except Exception:  # noqa: BLE001 - not a JetStream message after all
             count = 0
+        if count and (msg.message_id or "") in feeds.acked_ids:
+            feeds.send(("ack", jm))  # acknowledged here before: that acknowledgement was lost
+            return
         self.held[msg] = jm
         feeds.stats["pulled"] += 1
         if not feeds.broker.queue_take(self.name, msg, count):

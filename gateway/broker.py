@@ -147,6 +147,10 @@ class Broker(BrokerMemory):
         self.shared: dict[str, Subscription] = {}
         self.connections = {}
         self._conn_ids = itertools.count(1)
+        # Connection ids: ``<server>:<n>``, and ``<server>:<node>:<n>`` on a cluster node,
+        # whose connections the delivery log names beside other nodes' (cluster/)
+        self._conn_prefix = (f"{self.name}:{gw.node_id}:" if gw.cluster and gw.node_id
+                             else f"{self.name}:")
         self._msg_seq = itertools.count(1)
         self._temp_seq = itertools.count(1)
         self._msg_prefix = f"ID:{self.name}.{os.getpid():x}{uuid.uuid4().hex[:6]}:"
@@ -339,7 +343,7 @@ class Broker(BrokerMemory):
             for c in self.connections.values():
                 if c.client_id == client_id:
                     raise IllegalStateError(f"client id {client_id!r} is already connected")
-        cid = f"{self.name}:{next(self._conn_ids)}"
+        cid = f"{self._conn_prefix}{next(self._conn_ids)}"
         conn = Connection(self, cid, client_id=client_id, user=user, kind=kind, protocol=protocol,
                           address=address)
         self.connections[cid] = conn

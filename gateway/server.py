@@ -60,11 +60,13 @@ class Gateway:
         # (its tail) instead of being read whole into memory.
         backlog = max(int(gw.destination_backlog_swapout), 1) if gw.msg_swapping else 0
         recovered = self.store.open(loop.call_soon_threadsafe, backlog)
-        # A cluster node's id is its node_id, so that its delivery log, message ids and
-        # trace ids say which node wrote them.
+        # A cluster node's id is its node_id, so that its message ids and trace ids say
+        # which node made them; its delivery log's ``gw`` is ``<cluster_name>/<node_id>``:
+        # the cluster is one gateway to the reconciliation, and each record names its node.
         gid = gw.node_id or _gateway_id(self.store, recovered, gw.server)
+        log_gw = f"{gw.cluster_name}/{gid}" if gw.cluster else gid
         self.dlog = DeliveryLog(
-            str(gw.delivery_log_dir), gid, enabled=bool(gw.delivery_log),
+            str(gw.delivery_log_dir), log_gw, enabled=bool(gw.delivery_log),
             max_file_bytes=int(gw.delivery_log_max_file_size),
         )
         self.dlog.start()

@@ -42,10 +42,17 @@ def read_dlog(spark: SparkSession, paths: Sequence[str],
 
 def only_supported(df: DataFrame) -> DataFrame:
     """The records of a version this reader has a schema for (docs/delivery-log.md,
-    "Versioning": the reader selects on ``v``), with the fields every record must have."""
-    return df.where(F.col("v").isin(list(SUPPORTED_VERSIONS))
-                    & F.col("ts").isNotNull() & F.col("gw").isNotNull()
-                    & F.col("event").isNotNull())
+    "Versioning": the reader selects on ``v``), with the fields every record must have.
+
+    A node of a gateway cluster writes ``gw`` as ``<cluster>/<node>`` (docs/delivery-log.md,
+    "Fields"): its records are the cluster's, one gateway, so ``gw`` is read as the part
+    before the ``/``. A message then enters on one node and leaves on another as it would
+    through one gateway."""
+    gw = F.col("gw")
+    return (df.where(F.col("v").isin(list(SUPPORTED_VERSIONS))
+                     & F.col("ts").isNotNull() & gw.isNotNull()
+                     & F.col("event").isNotNull())
+            .withColumn("gw", F.substring_index(gw, "/", 1)))
 
 
 def between(df: DataFrame, since_ms: float | None = None,

@@ -191,17 +191,29 @@ def reordered(route_rows: DataFrame, skew_ms: float = 0.0,
     ``sender_spans_gateways`` a client id names one sender whichever gateway it published
     through (an MQTT client id, one session across a cluster): two of its sends entered on
     different clocks, then, and sends less than ``skew_ms`` apart have no known order and
-    are never called reordered. Sends at the same instant have no order either."""
+    are never called reordered. Sends at the same instant have no order either.
+
+    A message that reached a consumer only as a redelivery (flagged JMSRedelivered, never
+    delivered to that consumer first hand: it went to another consumer of a queue first,
+    one that closed or rolled back, or whose gateway node died) witnesses no order: it
+    comes back after the messages that went on meanwhile by its nature (JMS 1.1 §4.4.10.2,
+    "Order of Message Sends": messages a consumer held may be redelivered out of order
+    when there are several consumers). So the later ones that left before it are not called
+    reordered."""
     _check_skew(skew_ms)
     sender = ["origin_client"] if sender_spans_gateways else ["origin_gw", "origin_client"]
     margin_us = round(skew_ms * 1000) if sender_spans_gateways else 0
     sent_us = F.round(F.col("origin_ts") * 1000).cast("long")  # ts has µs at most
     earlier = (Window.partitionBy(*sender, "gw", "dest", "exit", "exit_client")
                .orderBy(sent_us).rangeBetween(Window.unboundedPreceding, -(margin_us + 1)))
+    first_hand = (F.col("exit") != F.lit(DELIVER)) | (F.col("deliver_count") > 0)
     return (route_rows
             .where(F.col("exit").isNotNull() & F.col("origin_ts").isNotNull())
-            .select(*_route_columns())  # only what the verdict row has goes through the window
-            .withColumn("earlier_exit_ts", F.max("exit_ts").over(earlier))
+            # only what the verdict row has, and whether the exit was first hand, goes
+            # through the window
+            .select(*_route_columns(), first_hand.alias("first_hand"))
+            .withColumn("earlier_exit_ts",
+                        F.max(F.when(F.col("first_hand"), F.col("exit_ts"))).over(earlier))
             .where(F.col("exit_ts") < F.col("earlier_exit_ts"))
             .select(F.lit(REORDERED).alias("verdict"), *_route_columns()))
 

@@ -60,6 +60,7 @@ from gateway.errors import (
     InvalidDestinationError,
     LimitExceededError,
     SecurityError,
+    UnavailableError,
 )
 from mappings.mqtt import PayloadFormatInvalid
 
@@ -539,6 +540,16 @@ class MqttConnection:
                     self.pause_reading()
                 fut.add_done_callback(self._qos0_released)
             return
+        if reason == ReasonCode.SERVER_UNAVAILABLE:  # not now, maybe later (a cluster node
+            if self.level < MQTT_5:                 # cut off from its NATS servers)
+                # No negative acknowledgement in 3.1.1, and acknowledging would lose it:
+                # close with the message unacknowledged, which the client sends again
+                # when it reconnects (MQTT 3.1.1 4.4, "Message delivery retry").
+                log.info("mqtt %s: cannot take QoS %d messages now; closing", session.client_id,
+                         qos)
+                self.disconnect(ReasonCode.SERVER_UNAVAILABLE)
+                return
+            reason = ReasonCode.UNSPECIFIED_ERROR  # 0x88 is for CONNACK and DISCONNECT only
         if qos == 2:
             self.in_qos2.add(pid)  # until PUBCOMP, or a PUBREC >= 0x80, is sent
             if reason < 0x80:
@@ -755,5 +766,7 @@ def publish_reason(exc: GatewayError) -> int:
         return ReasonCode.TOPIC_NAME_INVALID
     if isinstance(exc, LimitExceededError):
         return ReasonCode.QUOTA_EXCEEDED
+    if isinstance(exc, UnavailableError):
+        return ReasonCode.SERVER_UNAVAILABLE  # for handle_publish, which turns it into 0x80
     return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
 

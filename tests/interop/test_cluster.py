@@ -6,6 +6,7 @@ receives from NATS only the subjects it has a subscriber for; two nodes share a 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 import stomp
 from adminapi import admin_get, admin_text
 from amqpclient import connect as amqp_connect
+from clusternodes import StompQueueClient, cluster_info, node
 from corehelp import write_config
 from gw import wait_for
 from paho.mqtt.enums import CallbackAPIVersion
@@ -27,24 +29,11 @@ from peers.natsserver import NatsCluster, start_nats_cluster
 from prometheus_client.parser import text_string_to_metric_families
 from serveproc import ROOT, ServeProcess
 
-LISTEN = ("listen = mqtt://127.0.0.1:{mqtt}\nlisten = amqp://127.0.0.1:0\n"
-          "listen = stomp://127.0.0.1:0\nlisten = http://127.0.0.1:0\n")
-
 
 @pytest.fixture
 def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
     with start_nats_cluster(tmp_path / "nats") as c:
         yield c
-
-
-def node(tmp: Path, nats: NatsCluster, i: int, mqtt_port: int = 0,
-         extra: str = "") -> ServeProcess:
-    """Node ``n<i>`` of cluster ``t``, on NATS server ``i`` (its store and log its own)."""
-    d = tmp / f"node{i}"
-    write_config(d, gateway=LISTEN.format(mqtt=mqtt_port)
-                 + f"cluster = {nats.urls[i - 1]}\ncluster_name = t\nnode_id = n{i}\n"
-                 f"store = {d / 'data'}\n" + extra)
-    return ServeProcess(d)
 
 
 @pytest.fixture
@@ -97,11 +86,6 @@ def text(body: Any) -> str:
     return body if isinstance(body, str) else bytes(body).decode()
 
 
-def cluster_info(p: ServeProcess) -> dict[str, Any]:
-    info: dict[str, Any] = admin_get(p.port("http"), "/api/v1/server")["cluster"]
-    return info
-
-
 def wait_routed(publish: Any, receivers: list[Any], what: str) -> None:
     """Publish probes until every receiver has one: the subscriptions made on other nodes
     have then reached the publisher's NATS server (interest travels between servers)."""
@@ -140,7 +124,10 @@ def test_mqtt_messages_reach_subscribers_on_every_node_once_in_order(nodes):
             logs = p.config_dir / "data" / "delivery-log"
             wait_for(lambda logs=logs: list(logs.glob("dlog-*.jsonl")), timeout=30,
                      what="a delivery log file")
-            assert all(f.name.startswith(f"dlog-n{i}-") for f in logs.glob("dlog-*.jsonl"))
+            files = sorted(logs.glob("dlog-*.jsonl"))
+            assert all(f.name.startswith(f"dlog-t_n{i}-") for f in files)
+            first = json.loads(files[0].read_text().splitlines()[0])
+            assert first["gw"] == f"t/n{i}"  # the cluster, and the node
     finally:
         for c in (publisher, local, remote2, remote3):
             c.close()
@@ -316,59 +303,6 @@ def test_an_mqtt_client_id_connecting_to_another_node_takes_the_first_over(nodes
         first.loop_stop()
 
 
-class StompQueueClient(stomp.ConnectionListener):
-    """A stomp.py client on a node: sends with receipts, and consumes a queue
-    (``client-individual``) acknowledging what it receives unless ``hold`` is set."""
-
-    def __init__(self, port: int, *, hold: bool = False) -> None:
-        self.got: list[tuple[str, dict[str, str]]] = []
-        self.receipts: set[str] = set()
-        self.errors: list[str] = []
-        self.hold = hold
-        self.cond = threading.Condition()
-        self.conn = stomp.Connection12([("127.0.0.1", port)], reconnect_attempts_max=1)
-        self.conn.set_listener("", self)
-        self.conn.connect(wait=True)
-
-    def on_message(self, frame: Any) -> None:
-        with self.cond:
-            self.got.append((frame.body, dict(frame.headers)))
-            self.cond.notify_all()
-        if not self.hold:
-            self.conn.ack(frame.headers["ack"])
-
-    def on_receipt(self, frame: Any) -> None:
-        with self.cond:
-            self.receipts.add(frame.headers["receipt-id"])
-            self.cond.notify_all()
-
-    def on_error(self, frame: Any) -> None:
-        with self.cond:
-            self.errors.append(f"{frame.headers.get('message', '')}: {frame.body}")
-            self.cond.notify_all()
-
-    def consume(self, dest: str) -> None:
-        self.conn.subscribe(dest, id="1", ack="client-individual", headers={"receipt": "sub"})
-        self.answered("sub")
-
-    def answered(self, rid: str) -> None:
-        with self.cond:
-            assert self.cond.wait_for(lambda: rid in self.receipts or self.errors, 30), rid
-
-    def send(self, dest: str, body: str, *, persistent: bool = True) -> None:
-        self.conn.send(dest, body, headers={"persistent": str(persistent).lower(),
-                                            "receipt": body})
-        self.answered(body)
-
-    def bodies(self) -> list[str]:
-        with self.cond:
-            return [b for b, _ in self.got]
-
-    def close(self) -> None:
-        if self.conn.is_connected() and not self.errors:
-            self.conn.disconnect()
-
-
 def test_a_queue_is_one_queue_across_nodes(nodes):
     consumers = [StompQueueClient(p.port("stomp")) for p in nodes]
     sender = StompQueueClient(nodes[0].port("stomp"))
@@ -444,6 +378,48 @@ def test_what_a_killed_node_held_goes_to_a_consumer_on_another(tmp_path, nats_cl
         n2.stop()
 
 
+def refused_elsewhere(p: ServeProcess) -> None:
+    """Persistent messages refused in each protocol's way: MQTT 5 PUBACK 0x80, MQTT 3.1.1
+    a close with the message unacknowledged, AMQP ``rejected``; QoS 0 served locally."""
+    from paho.mqtt.enums import MQTTProtocolVersion
+    from proton import Message as AmqpMessage
+    from proton.utils import SendException
+
+    acks: list[int] = []
+    v5 = paho.Client(CallbackAPIVersion.VERSION2, client_id="v5",
+                     protocol=MQTTProtocolVersion.MQTTv5)
+    v5.on_publish = lambda c, u, mid, rc, props: acks.append(rc.value)
+    v5.connect("127.0.0.1", p.port("mqtt"))
+    v5.loop_start()
+    closed = threading.Event()
+    v3 = paho.Client(CallbackAPIVersion.VERSION2, client_id="v3",
+                     protocol=MQTTProtocolVersion.MQTTv311)
+    v3.on_disconnect = lambda *a: closed.set()
+    v3.connect("127.0.0.1", p.port("mqtt"))
+    v3.loop_start()
+    local = MqttClient(p.port("mqtt"))
+    amqp = amqp_connect(p.port("amqp"))
+    try:
+        local.subscribe("local/#", qos=0)
+        v5.publish("plant/x", b"q1", qos=1)
+        wait_for(lambda: acks, timeout=30, what="MQTT 5 PUBACK")
+        assert acks == [0x80]
+        info = v3.publish("plant/x", b"q1", qos=1)
+        assert closed.wait(30), "the 3.1.1 client closed"
+        assert not info.is_published()
+        v5.publish("local/x", b"q0", qos=0)
+        wait_for(lambda: local.payloads(b"q0"), timeout=30, what="QoS 0 served on the node")
+        sender = amqp.create_sender("queue://jobs")
+        with pytest.raises(SendException):
+            sender.send(AmqpMessage(body="durable", durable=True))
+    finally:
+        for c in (v5, v3):
+            c.loop_stop()
+            c.disconnect()
+        local.close()
+        amqp.close()
+
+
 def test_a_node_without_nats_refuses_persistent_messages_and_serves_local_ones(
         tmp_path, nats_cluster):
     n1 = node(tmp_path, nats_cluster, 1)
@@ -460,6 +436,7 @@ def test_a_node_without_nats_refuses_persistent_messages_and_serves_local_ones(
                  what="the local subscriber served")
         sender.send("/queue/jobs", "persistent")
         assert sender.errors and "unavailable" in sender.errors[0]
+        refused_elsewhere(n1)
         for s in nats_cluster.servers:
             s.start()
         nats_cluster.wait_ready()

@@ -346,6 +346,27 @@ def test_reordered_per_sender_and_route_not_across_senders_or_consumers(spark: S
         ("reordered", "m3", "c", "p")]
 
 
+def test_a_message_a_consumer_got_only_redelivered_witnesses_no_order(spark: SparkSession):
+    records = frame(spark, [
+        # p sends m1..m3 to a queue; c1 takes m1 and dies holding it; c2 gets m2, m3 and
+        # then m1, redelivered (JMS 1.1 §4.4.10.2): no reordering on either route.
+        rec(1000.0, "gw-a", "publish", "m1", dest="queue:q", client="p"),
+        rec(1010.0, "gw-a", "publish", "m2", dest="queue:q", client="p"),
+        rec(1020.0, "gw-a", "publish", "m3", dest="queue:q", client="p"),
+        rec(1001.0, "gw-a", "deliver", "m1", dest="queue:q", client="c1", count=1),
+        rec(1011.0, "gw-a", "deliver", "m2", dest="queue:q", client="c2", count=1),
+        rec(1021.0, "gw-a", "deliver", "m3", dest="queue:q", client="c2", count=1),
+        rec(1030.0, "gw-a", "redeliver", "m1", dest="queue:q", client="c2", count=2),
+        # a first-hand delivery out of order on the same route still is reordering
+        rec(1040.0, "gw-a", "publish", "m4", dest="queue:q", client="p"),
+        rec(1050.0, "gw-a", "publish", "m5", dest="queue:q", client="p"),
+        rec(1051.0, "gw-a", "deliver", "m5", dest="queue:q", client="c2", count=1),
+        rec(1052.0, "gw-a", "deliver", "m4", dest="queue:q", client="c2", count=1),
+    ])
+
+    assert pick(reordered(routes(records)), "trace_id", "exit_client") == [("m5", "c2")]
+
+
 def test_clock_skew_within_the_tolerance_is_neither_reordering_nor_negative_latency(
         spark: SparkSession):
     # gw-b's clock is 300 ms behind gw-a's. The device mqtt:dev publishes s1 through gw-a,
