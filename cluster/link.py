@@ -56,12 +56,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
+from cluster.feeds import Feeds
 from cluster.members import Members
-from cluster.queues import QueueFeeds
 from gateway import subject
 from gateway.errors import GatewayError, MessageFormatError
 from gateway.facade import Core
-from gateway.message import TOPIC, Message
+from gateway.message import TOPIC, DeliveryMode, Message
 from gateway.serial import decode_message, encode_message
 
 log = logging.getLogger("cluster")
@@ -86,7 +86,7 @@ class ClusterLink:
         self.broker = broker
         self.replicas = replicas
         self.ack_wait = ack_wait
-        self.queues: QueueFeeds | None = None
+        self.feeds: Feeds | None = None
         self.servers = servers
         self.node_id = node_id
         self.cluster_name = cluster_name
@@ -119,9 +119,9 @@ class ClusterLink:
             ping_interval=PING_INTERVAL, max_outstanding_pings=MAX_PINGS_OUT,
             error_cb=self._error, disconnected_cb=self._disconnected,
             reconnected_cb=self._reconnected), JOIN_TIMEOUT)
-        self.queues = QueueFeeds(self.broker, self.nc, self.cluster_name, self.replicas,
-                                 self.ack_wait)
-        await self.queues.start()
+        self.feeds = Feeds(self.broker, self.nc, self.cluster_name, self.replicas,
+                           self.ack_wait)
+        await self.feeds.start()
         self.conn = self.broker.connect(client_id=None, kind="CLUSTER", protocol="cluster",
                                         address=f"cluster:{self.node_id}", authenticated=True)
         self.session = self.conn.session()
@@ -146,8 +146,8 @@ class ClusterLink:
         broker.watch_subscriptions(self._subscription_changed, on=False)
         if self.members is not None:
             await self.members.close()
-        if self.queues is not None:
-            await self.queues.close()
+        if self.feeds is not None:
+            await self.feeds.close()
         if self.tasks:  # the sends under way finish first, so that order is kept
             await asyncio.wait(self.tasks, timeout=CLOSE_WAIT)
         if self.outbox and self.nc is not None and self.nc.is_connected:
@@ -188,21 +188,33 @@ class ClusterLink:
 
     # -- out: local publishes to the cluster ----------------------------------------------
 
-    def forward(self, msg: Message) -> None:
+    def forward(self, msg: Message) -> asyncio.Future[None] | None:
         """A message published on this node to a topic (called by the broker's publish,
-        after local routing; never for what this link itself published)."""
+        after local routing; never for what this link itself published). For a persistent
+        one that durable subscriptions want, what its producer's confirmation waits for:
+        JetStream keeping it for them (:mod:`cluster.feeds`)."""
         dest = msg.destination
         if dest is None or dest.kind is not TOPIC or dest.name.startswith("$"):
-            return
+            return None
         try:
             payload = encode_message(msg)
         except MessageFormatError as exc:
             log.warning("%s not forwarded: %s", msg.message_id, exc)
-            return
+            return None
         self.outbox.append((self.prefix + dest.name, payload))
         if not self.sending:
             self.sending = True
             self.broker.loop.call_soon(self._send_soon)
+        feeds = self.feeds
+        if (msg.delivery_mode == DeliveryMode.PERSISTENT and feeds is not None
+                and feeds.durables.wants(dest.name)):
+            return feeds.store_for_durables(dest.name, msg)
+        return None
+
+    def forget_durable(self, key: str) -> None:
+        """See :meth:`cluster.feeds.Feeds.forget_durable`."""
+        if self.feeds is not None:
+            self.feeds.forget_durable(key)
 
     def _send_soon(self) -> None:
         self._later(self._send())
@@ -352,7 +364,7 @@ class ClusterLink:
         nc = self.nc
         return {"node_id": self.node_id, "connected": bool(nc is not None and nc.is_connected),
                 "subscriptions": sorted(self.cover), **self.stats,
-                "queues": dict(self.queues.stats) if self.queues is not None else {}}
+                "feeds": dict(self.feeds.stats) if self.feeds is not None else {}}
 
 
 async def start_cluster(broker: Core) -> ClusterLink:

@@ -80,7 +80,7 @@ from gateway.message import (
     preserved,
 )
 from gateway.monitor import Monitor, covers_monitor
-from gateway.routing import apply_props, is_simple, route_queue, route_topic
+from gateway.routing import apply_props, both, is_simple, route_queue, route_topic
 from gateway.subindex import SubIndex
 
 log = logging.getLogger("gateway.broker")
@@ -166,6 +166,7 @@ class Broker(BrokerMemory):
         self.cluster: Any = None
         # What gives each queue of a cluster its feed (cluster.link; see feed_queues)
         self.queue_feed: Callable[[str], Any] | None = None
+        self.durable_feed: Callable[[str, str, bool], Any] | None = None
         self.closed = False
         # The monitor topics (gateway.monitor); ``message_monitors`` counts the subscriptions
         # to message-monitoring topics, which the publish path reads first.
@@ -623,7 +624,9 @@ class Broker(BrokerMemory):
             if is_topic:
                 fut = route_topic(self, target, msg, now)  # type: ignore[arg-type]
                 if self.cluster is not None and (conn is None or conn.kind != CLUSTER):
-                    self.cluster.forward(msg)  # to the other nodes (cluster.link)
+                    kept = self.cluster.forward(msg)  # to the other nodes (cluster.link)
+                    if kept is not None:  # and kept for the durable subscriptions
+                        fut = kept if fut is None else both(self.loop, fut, kept)
             else:
                 q = cast(QueueEndpoint, target)
                 feed = q.feed
@@ -793,6 +796,8 @@ class Broker(BrokerMemory):
                 self.subs.insert(pattern, sub, parent_match=parent_match)
                 self.store.put_endpoint(key, sub.definition())
                 self.store.commit(None)
+                if self.durable_feed is not None and not pattern.startswith("$"):
+                    sub.feed = self.durable_feed(key, pattern, parent_match)
                 self._subscription_event(sub, True)
             elif no_local:
                 sub.owner = conn
@@ -852,7 +857,7 @@ class Broker(BrokerMemory):
         elif listener in listeners:
             listeners.remove(listener)
 
-    # -- queues of a cluster (cluster.queues) ------------------------------------------------
+    # -- endpoints fed by a cluster (cluster.feeds) ---------------------------------------
 
     def feed_queues(self, factory: Callable[[str], Any] | None) -> None:
         """Give every queue but the ``$`` ones (temporary, system) the feed ``factory(name)``
@@ -864,45 +869,66 @@ class Broker(BrokerMemory):
             if not name.startswith("$"):
                 q.feed = factory(name) if factory is not None else None
 
-    def queue_demand(self, name: str, cap: int) -> int:
-        """How many more messages queue ``name`` can use now: its consumers' windows (an
+    def feed_durables(self, factory: Callable[[str, str, bool], Any] | None) -> None:
+        """Give every durable subscription but those to ``$`` topics the feed
+        ``factory(key, pattern, parent_match)`` returns, now and as they are made; ``None``
+        takes them away. Routing puts no persistent message on a durable subscription with
+        a feed (the feed brings those); it is told of every message that leaves, of its
+        consumers, and (``dropped``) of the subscription's end."""
+        self.durable_feed = factory
+        for sub in self.durables.values():
+            if not sub.pattern.startswith("$"):
+                sub.feed = (factory(sub.key, sub.pattern, sub.parent_match)
+                            if factory is not None else None)
+
+    def _fed(self, key: str) -> Endpoint | None:
+        if key.startswith("queue:"):
+            return self.queues.get(key[6:])
+        return self.durables.get(key)
+
+    def feed_demand(self, key: str, cap: int) -> int:
+        """How many more messages endpoint ``key`` can use now: its consumers' windows (an
         unlimited one counts as ``cap``), at most ``cap``, less what it holds."""
-        q = self.queues.get(name)
-        if q is None or not q.consumers:
+        ep = self._fed(key)
+        if ep is None or not ep.consumers:
             return 0
         room = 0
-        for c in q.consumers:
+        for c in ep.consumers:
             w = c.window
             room += cap if w is None else max(w, 1)
-        return min(room, cap) - q.count
+        return min(room, cap) - ep.count
 
-    def queue_take(self, name: str, msg: Message, delivery_count: int) -> bool:
-        """Put ``msg``, from a queue's feed, on queue ``name`` for its consumers, without
-        storing it (the feed keeps it until it leaves); ``delivery_count`` is how many
-        times it was delivered before. False if the queue has no consumers any more."""
-        q = self.queues.get(name)
-        if q is None or not q.consumers or q.closed:
-            return False
+    def feed_take(self, key: str, msg: Message, delivery_count: int) -> str:
+        """Put ``msg``, from a feed, on endpoint ``key`` for its consumers, without storing
+        it (the feed keeps it until it leaves); ``delivery_count`` is how many times it was
+        delivered before. ``"taken"``; ``"filtered"`` when the subscription's selector or
+        no-local refuses it; ``"returned"`` when the endpoint has no consumers any more."""
+        ep = self._fed(key)
+        if ep is None or not ep.consumers or ep.closed:
+            return "returned"
+        if type(ep) is Subscription and (ep.no_local or ep.selector is not None) \
+                and not ep.accepts(msg):
+            return "filtered"
         if not msg.size:
             msg.size = estimate_size(msg)
         if msg.expiration and not msg.expires_at:
             msg.expires_at = msg.expiration
         self.memory += msg.size + MESSAGE_OVERHEAD
-        q.restore(msg, delivery_count, self.now())
-        return True
+        ep.restore(msg, delivery_count, self.now())
+        return "taken"
 
-    def queue_return(self, name: str) -> list[Message]:
-        """Take back what queue ``name`` holds and has not delivered (pending and held), for
-        its feed to give to others; its feed is not told of these."""
-        q = self.queues.get(name)
-        if q is None:
+    def feed_return(self, key: str) -> list[Message]:
+        """Take back what endpoint ``key`` holds and has not delivered (pending and held),
+        for its feed to give to others; its feed is not told of these."""
+        ep = self._fed(key)
+        if ep is None:
             return []
-        out = q.iter_pending() + [m for _, _, m in q.held]
-        feed, q.feed = q.feed, None
+        out = ep.iter_pending() + [m for _, _, m in ep.held]
+        feed, ep.feed = ep.feed, None
         try:
-            q.purge()
+            ep.purge()
         finally:
-            q.feed = feed
+            ep.feed = feed
         return out
 
     def all_subscriptions(self) -> list[Subscription]:
@@ -945,6 +971,22 @@ class Broker(BrokerMemory):
             self.durables.pop(sub.key, None)
             self.store.delete_endpoint(sub.key)
             self.store.commit(None)
+        feed = sub.feed
+        if feed is not None:  # the cluster's copy of the subscription ends with it
+            sub.feed = None
+            feed.dropped()
+
+    def forget_durable(self, key: str) -> None:
+        """Durable subscription ``key`` ends for good, with what it holds, wherever it is:
+        here, or, on a cluster node, in the cluster's store (cluster.feeds)."""
+        sub = self.durables.get(key)
+        if sub is not None:
+            if sub.consumers:
+                raise IllegalStateError(f"durable subscription {sub.name!r} has an active "
+                                        "consumer")
+            self._drop_subscription(sub)
+        elif self.cluster is not None:
+            self.cluster.forget_durable(key)
 
     def unsubscribe(self, conn: Any, name: str, share_scope: str | None = None) -> None:
         """Delete a durable subscription (JMS ``Session.unsubscribe``); ``share_scope`` as

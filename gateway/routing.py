@@ -128,6 +128,8 @@ def route_topic(broker: Broker, topic: Topic, msg: Message,
     blocked: Subscription | None = None
     for s in subs:
         sub: Subscription = s  # type: ignore[assignment]
+        if persistent and sub.feed is not None:
+            continue  # a durable subscription of a cluster: its feed brings these
         if (sub.no_local or sub.selector is not None) and not sub.accepts(msg):
             continue
         bound = sub.bound

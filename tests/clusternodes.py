@@ -36,7 +36,7 @@ class StompQueueClient(stomp.ConnectionListener):
     """A stomp.py client on a node: sends with receipts, and consumes a queue
     (``client-individual``) acknowledging what it receives unless ``hold`` is set."""
 
-    def __init__(self, port: int, *, hold: bool = False) -> None:
+    def __init__(self, port: int, *, hold: bool = False, client_id: str | None = None) -> None:
         self.got: list[tuple[str, dict[str, str]]] = []
         self.acked: list[str] = []  # the bodies acknowledged, in order
         self.receipts: set[str] = set()
@@ -45,7 +45,7 @@ class StompQueueClient(stomp.ConnectionListener):
         self.cond = threading.Condition()
         self.conn = stomp.Connection12([("127.0.0.1", port)], reconnect_attempts_max=1)
         self.conn.set_listener("", self)
-        self.conn.connect(wait=True)
+        self.conn.connect(wait=True, headers={"client-id": client_id} if client_id else {})
 
     def on_message(self, frame: Any) -> None:
         with self.cond:
@@ -66,8 +66,9 @@ class StompQueueClient(stomp.ConnectionListener):
             self.errors.append(f"{frame.headers.get('message', '')}: {frame.body}")
             self.cond.notify_all()
 
-    def consume(self, dest: str) -> None:
-        self.conn.subscribe(dest, id="1", ack="client-individual", headers={"receipt": "sub"})
+    def consume(self, dest: str, headers: dict[str, str] | None = None) -> None:
+        self.conn.subscribe(dest, id="1", ack="client-individual",
+                            headers={"receipt": "sub", **(headers or {})})
         self.answered("sub")
 
     def answered(self, rid: str) -> None:

@@ -229,10 +229,8 @@ class MqttSession:
         name = "mqtt:" + flt
         # The core names durables by scope (the client id) and name; share_scope names
         # the scope without a connection.
-        if broker.durable(f"sub:{self.client_id}:{name}") is None:
-            return
         try:
-            broker.unsubscribe(None, name, share_scope=self.client_id)
+            broker.forget_durable(f"sub:{self.client_id}:{name}")  # here or in a cluster
         except GatewayError as exc:
             log.warning("mqtt %s: cannot delete durable subscription %s: %s",
                         self.client_id, name, exc)

@@ -332,10 +332,10 @@ def test_a_queue_is_one_queue_across_nodes(nodes):
         assert all(c.bodies() for c in consumers), "consumers on every node had a share"
         for c in consumers:  # each one's share in the order sent
             assert c.bodies() == sorted(c.bodies(), key=sent.index)
-        info = [cluster_info(p)["queues"] for p in nodes]
+        info = [cluster_info(p)["feeds"] for p in nodes]
         assert info[0]["queued"] == 300 + n
         assert sum(i["pulled"] for i in info) == 300 + n
-        wait_for(lambda: sum(cluster_info(p)["queues"]["acked"] for p in nodes) == 300 + n,
+        wait_for(lambda: sum(cluster_info(p)["feeds"]["acked"] for p in nodes) == 300 + n,
                  timeout=30, what="every message acknowledged to JetStream")
     finally:
         for c in [*consumers, sender]:
@@ -464,3 +464,39 @@ def test_a_node_without_nats_refuses_persistent_messages_and_serves_local_ones(
             if c is not None:
                 c.close()
         n1.stop()
+
+
+def test_a_durable_subscription_resumes_on_another_node(nodes):
+    durable = {"activemq.subscriptionName": "prices"}
+    first = StompQueueClient(nodes[0].port("stomp"), client_id="app-1")
+    sender = StompQueueClient(nodes[1].port("stomp"))
+    try:
+        first.consume("/topic/prices.>", durable)
+        n = 0
+
+        def probe() -> bool:  # until node 2 knows of the durable subscription
+            nonlocal n
+            n += 1
+            sender.send("/topic/prices.probe", f"probe {n}")
+            return any(b.startswith("probe") for b in first.bodies())
+
+        wait_for(probe, timeout=60, what="a probe kept for the durable")
+        wait_for(lambda: len(first.acked) == len(first.got), timeout=30, what="acks")
+        first.close()  # the subscription stays, its subscriber gone
+        sent = [f"price {i}" for i in range(50)]
+        for body in sent:
+            sender.send("/topic/prices.eur", body)  # confirmed: kept in JetStream
+        assert cluster_info(nodes[1])["feeds"]["stored"] >= 50
+        again = StompQueueClient(nodes[2].port("stomp"), client_id="app-1")
+        try:
+            again.consume("/topic/prices.>", durable)
+            wait_for(lambda: len([b for b in again.bodies() if b.startswith("price")]) >= 50,
+                     timeout=60, what="what was kept, on node 3")
+            assert [b for b in again.bodies() if b.startswith("price")] == sent, (
+                [(b, h.get("redelivered")) for b, h in again.got[:10]],
+                [cluster_info(p)["feeds"] for p in nodes])
+            assert not any(b.startswith("probe") for b in again.bodies()), "acked before"
+        finally:
+            again.close()
+    finally:
+        sender.close()

@@ -101,7 +101,7 @@ def test_a_node_killed_mid_stream_then_a_nats_server_lose_and_duplicate_nothing(
         redelivered = {b for b, h in c3.got if h.get("redelivered") == "true"}
         held = {b for b, _ in c2.got} - set(c2.acked)
         assert held <= redelivered  # JMSRedelivered: node 2 had delivered them
-        assert cluster_info(n1)["queues"]["queued"] == MESSAGES
+        assert cluster_info(n1)["feeds"]["queued"] == MESSAGES
     finally:
         producer.join(10)
         for c in (c2, c3, sender):
