@@ -245,7 +245,8 @@ class Feeds:
             await self.js.delete_consumer(stream, consumer)
         except Exception as exc:  # noqa: BLE001 - e.g. deleted already by another node
             log.debug("JetStream consumer %s: %s", consumer, exc)
-        if stream == self.topic_stream:
+        if stream == self.topic_stream and consumer not in self.by_consumer:
+            # (a subscription made again under the same name since keeps its entry)
             await self.durables.delete(consumer)
 
     # -- producers ------------------------------------------------------------------------
@@ -353,6 +354,7 @@ class Feed:
         self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{self.consumer}"
         self.held: dict[Message, Msg] = {}  # each message on the local endpoint, by JetStream's
         self.parked: list[Msg] = []  # what came for no consumer, to give back (_unpark)
+        self.hold_until = 0.0  # no pull request before this loop time (see bind)
         self.bound = False  # the JetStream consumer is there
         self.binding = False  # and is being made
         self.ended = False
@@ -432,8 +434,15 @@ class Feed:
             max_ack_pending=-1)
         while not self.bound and not self.ended:
             try:
-                await feeds.js.add_consumer(self.stream, config)
+                info = await feeds.js.add_consumer(self.stream, config)
                 self.bound = True
+                if self.deliver_new and (info.num_waiting or info.num_ack_pending):
+                    # Another node has pull requests out, or holds messages, for this
+                    # subscription (its subscriber just came here from there): what it
+                    # holds comes back when its requests are over, and should come first.
+                    loop = feeds.broker.loop
+                    self.hold_until = loop.time() + FETCH_WAIT + LOST_WAIT
+                    loop.call_later(FETCH_WAIT + LOST_WAIT, self._ask)
             except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
                 log.warning("%s: cannot make JetStream consumer %s: %s", self.key,
                             self.consumer, exc)
@@ -454,6 +463,8 @@ class Feed:
     def _ask(self) -> None:
         """Ask JetStream for what the local consumers can take, if no request is out."""
         if not self.bound or self.asked or not self.consumers or self.ended:
+            return
+        if self.hold_until and self.feeds.broker.loop.time() < self.hold_until:
             return
         want = min(self.feeds.broker.feed_demand(self.key, PULL_CAP), PULL_BATCH)
         if want <= 0:

@@ -58,6 +58,7 @@ from nats.aio.subscription import Subscription as NatsSubscription
 
 from cluster.feeds import Feeds
 from cluster.members import Members
+from cluster.records import SharedRecords
 from gateway import subject
 from gateway.errors import GatewayError, MessageFormatError
 from gateway.facade import Core
@@ -87,6 +88,7 @@ class ClusterLink:
         self.replicas = replicas
         self.ack_wait = ack_wait
         self.feeds: Feeds | None = None
+        self.records: SharedRecords | None = None
         self.servers = servers
         self.node_id = node_id
         self.cluster_name = cluster_name
@@ -122,6 +124,9 @@ class ClusterLink:
         self.feeds = Feeds(self.broker, self.nc, self.cluster_name, self.replicas,
                            self.ack_wait)
         await self.feeds.start()
+        self.records = SharedRecords(self.feeds.js, self.cluster_name, self.replicas,
+                                     self.node_id, self.broker.shared_changed)
+        await self.records.start()
         self.conn = self.broker.connect(client_id=None, kind="CLUSTER", protocol="cluster",
                                         address=f"cluster:{self.node_id}", authenticated=True)
         self.session = self.conn.session()
@@ -146,6 +151,8 @@ class ClusterLink:
         broker.watch_subscriptions(self._subscription_changed, on=False)
         if self.members is not None:
             await self.members.close()
+        if self.records is not None:
+            await self.records.close()
         if self.feeds is not None:
             await self.feeds.close()
         if self.tasks:  # the sends under way finish first, so that order is kept
@@ -215,6 +222,18 @@ class ClusterLink:
         """See :meth:`cluster.feeds.Feeds.forget_durable`."""
         if self.feeds is not None:
             self.feeds.forget_durable(key)
+
+    # -- shared records (cluster.records) -------------------------------------------------
+
+    def share_record(self, ns: str, key: str, value: bytes | None) -> None:
+        if self.records is not None:
+            self.records.put(ns, key, value)
+
+    def shared_record(self, ns: str, key: str) -> bytes | None:
+        return self.records.get(ns, key) if self.records is not None else None
+
+    def shared_records(self, ns: str) -> dict[str, bytes]:
+        return dict(self.records.copy.get(ns, {})) if self.records is not None else {}
 
     def _send_soon(self) -> None:
         self._later(self._send())

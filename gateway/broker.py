@@ -167,6 +167,9 @@ class Broker(BrokerMemory):
         # What gives each queue of a cluster its feed (cluster.link; see feed_queues)
         self.queue_feed: Callable[[str], Any] | None = None
         self.durable_feed: Callable[[str, str, bool], Any] | None = None
+        # what each namespace of shared records tells of other nodes' changes (see
+        # watch_shared)
+        self.shared_watchers: dict[str, list[Callable[[str, bytes | None], Any]]] = {}
         self.closed = False
         # The monitor topics (gateway.monitor); ``message_monitors`` counts the subscriptions
         # to message-monitoring topics, which the publish path reads first.
@@ -894,9 +897,10 @@ class Broker(BrokerMemory):
             return 0
         room = 0
         for c in ep.consumers:
-            w = c.window
-            room += cap if w is None else max(w, 1)
-        return min(room, cap) - ep.count
+            if not c.paused:
+                w = c.window
+                room += cap if w is None else max(w, 1)
+        return min(room, cap) - ep.count if room else 0
 
     def feed_take(self, key: str, msg: Message, delivery_count: int) -> str:
         """Put ``msg``, from a feed, on endpoint ``key`` for its consumers, without storing
@@ -975,6 +979,45 @@ class Broker(BrokerMemory):
         if feed is not None:  # the cluster's copy of the subscription ends with it
             sub.feed = None
             feed.dropped()
+
+    def release_durable(self, key: str) -> None:
+        """This node lets go of durable subscription ``key`` without ending it: what it
+        holds goes back to the cluster's store, which keeps the subscription for the node
+        its subscriber is on now (an MQTT session resumed on another node)."""
+        sub = self.durables.get(key)
+        if sub is None or sub.consumers:
+            return
+        feed = sub.feed
+        if feed is not None:
+            feed.give_back()
+            sub.feed = None
+        self._drop_subscription(sub)
+
+    # -- records shared by the nodes of a cluster (cluster.records) --------------------------
+
+    def share_record(self, ns: str, key: str, value: bytes | None) -> None:
+        """On a cluster node, share a record of namespace ``ns`` (``None``: delete it) with
+        the other nodes; alone, nothing (the store keeps the record)."""
+        if self.cluster is not None:
+            self.cluster.share_record(ns, key, value)
+
+    def shared_record(self, ns: str, key: str) -> bytes | None:
+        """The cluster's copy of record ``key`` of ``ns`` (None alone, or when none)."""
+        return self.cluster.shared_record(ns, key) if self.cluster is not None else None
+
+    def shared_records(self, ns: str) -> dict[str, bytes]:
+        """Every record of ``ns`` the cluster shares (empty alone)."""
+        return self.cluster.shared_records(ns) if self.cluster is not None else {}
+
+    def watch_shared(self, ns: str, listener: Callable[[str, bytes | None], Any]) -> None:
+        """Call ``listener(key, value)`` when another node of the cluster changes a record
+        of ``ns`` (``value`` None: deleted)."""
+        self.shared_watchers.setdefault(ns, []).append(listener)
+
+    def shared_changed(self, ns: str, key: str, value: bytes | None) -> None:
+        """Another node changed a shared record (cluster.records)."""
+        for listener in self.shared_watchers.get(ns, ()):
+            listener(key, value)
 
     def forget_durable(self, key: str) -> None:
         """Durable subscription ``key`` ends for good, with what it holds, wherever it is:

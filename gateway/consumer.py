@@ -188,14 +188,21 @@ class Consumer:
         """Change the window (credit); more room dispatches waiting messages at once."""
         self.window = window
         self.endpoint.dispatch()
+        if self.endpoint.feed is not None:  # more room may be more to pull (cluster/)
+            self.endpoint.tell_feed()
 
     def pause(self) -> None:
-        self.paused = True
+        if not self.paused:
+            self.paused = True
+            if self.endpoint.feed is not None:
+                self.endpoint.tell_feed()
 
     def resume(self) -> None:
         if self.paused:
             self.paused = False
             self.endpoint.dispatch()
+            if self.endpoint.feed is not None:
+                self.endpoint.tell_feed()
 
     def __repr__(self) -> str:
         return f"<Consumer {self.id} on {self.endpoint.key}>"

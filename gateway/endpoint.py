@@ -552,7 +552,7 @@ class Endpoint:
             self.selective = True
         self.dispatch()
         if self.feed is not None:
-            self.feed.consumers_changed(len(self.consumers))
+            self.tell_feed()
 
     def remove_consumer(self, c: Consumer) -> None:
         c.active = False
@@ -564,7 +564,13 @@ class Endpoint:
         if self.rr >= max(1, len(self.consumers)):
             self.rr = 0
         if self.feed is not None:
-            self.feed.consumers_changed(len(self.consumers))
+            self.tell_feed()
+
+    def tell_feed(self) -> None:
+        """Tell the feed how many consumers take messages here now (not paused)."""
+        feed = self.feed
+        if feed is not None:
+            feed.consumers_changed(sum(1 for c in self.consumers if not c.paused))
 
     # -- properties the broker asks for ----------------------------------------------------
 

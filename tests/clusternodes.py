@@ -48,13 +48,18 @@ class StompQueueClient(stomp.ConnectionListener):
         self.conn.connect(wait=True, headers={"client-id": client_id} if client_id else {})
 
     def on_message(self, frame: Any) -> None:
-        with self.cond:
+        with self.cond:  # an ACK is sent, and counted, only while ``hold`` is not set
             self.got.append((frame.body, dict(frame.headers)))
-            self.cond.notify_all()
-        if not self.hold:
-            self.conn.ack(frame.headers["ack"])
-            with self.cond:
+            if not self.hold:
+                self.conn.ack(frame.headers["ack"])
                 self.acked.append(frame.body)
+            self.cond.notify_all()
+
+    def stop_acking(self) -> list[str]:
+        """Acknowledge nothing more; what was acknowledged (every ACK sent already)."""
+        with self.cond:
+            self.hold = True
+            return list(self.acked)
 
     def on_receipt(self, frame: Any) -> None:
         with self.cond:

@@ -401,6 +401,7 @@ class MqttConnection:
         # mqtt_max_inflight_messages (0 = as many as there are packet ids).
         receive_max = (int(props.get("receive_maximum", 65535)) if self.level >= MQTT_5
                        else server.max_inflight)
+        server.adopt(cid)  # on a cluster node, the cluster's session of this client id
         # Take over an existing connection with this client id ([MQTT-3.1.4-3]).
         session = server.sessions.get(cid)
         if session is not None and session.conn is not None:

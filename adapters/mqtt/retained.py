@@ -82,8 +82,12 @@ class RetainedStream:
 
 
 class RetainedStore:
-    def __init__(self, store: Any, recovered: dict[str, bytes] | None = None) -> None:
+    def __init__(self, store: Any, recovered: dict[str, bytes] | None = None,
+                 share: Any = None) -> None:
         self.store = store
+        # ``share(name, blob or None)``: on a cluster node, what tells the other nodes
+        # (Core.share_record); they apply it with :meth:`apply`.
+        self.share = share
         # subject → its retained message, encoded (the start-up records are kept as read).
         self.records: dict[str, bytes] = recovered if recovered is not None else {}
         self.nbytes = sum(len(blob) for blob in self.records.values())  # encoded bytes held
@@ -97,18 +101,25 @@ class RetainedStore:
 
     def set(self, name: str, msg: Message | None) -> None:
         """Retain ``msg`` for subject ``name``; ``None`` clears it."""
+        blob = None if msg is None else encode_message(msg)
+        if self.apply(name, blob) and self.share is not None:
+            self.share(name, blob)
+
+    def apply(self, name: str, blob: bytes | None) -> bool:
+        """Retain the encoded message ``blob`` for ``name`` (``None`` clears it), as
+        :meth:`set` does or as another node of a cluster did; False if nothing changed."""
         records = self.records
-        if msg is None:
+        if blob is None:
             old = records.pop(name, None)
-            if old is not None:
-                self.nbytes -= len(old)
-                self.store.delete_kv(NAMESPACE, name)
-                self.store.commit(None)
-                self._stale += 1
-                if self._stale > MERGE_MIN and self._stale > len(self._sorted) >> 1:
-                    self._merge()
-            return
-        blob = encode_message(msg)
+            if old is None:
+                return False
+            self.nbytes -= len(old)
+            self.store.delete_kv(NAMESPACE, name)
+            self.store.commit(None)
+            self._stale += 1
+            if self._stale > MERGE_MIN and self._stale > len(self._sorted) >> 1:
+                self._merge()
+            return True
         old = records.get(name)
         new = old is None
         self.nbytes += len(blob) - (0 if old is None else len(old))
@@ -120,6 +131,7 @@ class RetainedStore:
                 stream.changed(name)
         self.store.put_kv(NAMESPACE, name, blob)
         self.store.commit(None)
+        return True
 
     def get(self, name: str, now: int) -> Message | None:
         """The live retained message of ``name``, if any."""

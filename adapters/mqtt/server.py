@@ -61,7 +61,16 @@ class MqttServer:
         self.max_keepalive = int(gw.mqtt_max_keepalive)
         self.too_large = 0  # messages dropped: over a client's Maximum Packet Size
         kv = getattr(broker, "kv", {})
-        self.retained = RetainedStore(broker.store, kv.get(RETAINED_NS))
+        self.retained = RetainedStore(
+            broker.store, kv.get(RETAINED_NS),
+            share=lambda name, blob: broker.share_record(RETAINED_NS, name, blob))
+        # On a cluster node, retained messages and persistent sessions are the cluster's
+        # (cluster/records.py): what other nodes retained is retained here too, and a
+        # session saved by another node is the one a client resumes here.
+        for name, blob in broker.shared_records(RETAINED_NS).items():
+            self.retained.apply(name, blob)
+        broker.watch_shared(RETAINED_NS, self.retained.apply)
+        broker.watch_shared(SESSION_NS, self._session_elsewhere)
         sources = getattr(broker, "info_sources", None)
         if sources is not None:
             sources.append(self.info)
@@ -100,19 +109,11 @@ class MqttServer:
         ended: list[MqttSession] = []
         for cid, raw in records.items():
             try:
-                rec = json.loads(bytes(raw))
-                session = MqttSession(self, cid, persistent=True, expiry=int(rec["expiry"]),
-                                      level=int(rec.get("level", 4)))
-                for flt, qos, nl, rap, rh, sid in rec["subs"]:
-                    opts = SubscriptionOptions(int(qos), bool(nl), bool(rap), int(rh))
-                    sub = session.subs[flt] = SubRecord(flt, opts, sid)
-                    sub.durable = sub.share is None
+                session, rec = self._session_from_record(cid, bytes(raw))
             except (ValueError, KeyError, TypeError, InvalidDestinationError) as exc:
                 log.warning("dropping unreadable MQTT session record %r: %s", cid, exc)
                 self.broker.store.delete_kv(SESSION_NS, cid)
                 continue
-            session.paused = True
-            session.stored = True
             session.restored = flights.pop(cid, {})
             for sub in session.subs.values():  # the store kept the queue: bound it again
                 durable = self.broker.durable(
@@ -135,6 +136,79 @@ class MqttServer:
             for orphan in orphans:
                 self.broker.store.delete_kv(INFLIGHT_NS, f"{cid}\x00{orphan}")
         self._drop_orphan_durables()
+
+    def _session_from_record(self, cid: str, raw: bytes) -> tuple[MqttSession, Any]:
+        """A detached persistent session from its record (the store's, or the cluster's).
+
+        Raises:
+            ValueError, KeyError, TypeError, InvalidDestinationError: a bad record.
+        """
+        rec = json.loads(raw)
+        session = MqttSession(self, cid, persistent=True, expiry=int(rec["expiry"]),
+                              level=int(rec.get("level", 4)))
+        for flt, qos, nl, rap, rh, sid in rec["subs"]:
+            opts = SubscriptionOptions(int(qos), bool(nl), bool(rap), int(rh))
+            sub = session.subs[flt] = SubRecord(flt, opts, sid)
+            sub.durable = sub.share is None
+        session.paused = True
+        session.stored = True
+        return session, rec
+
+    def adopt(self, cid: str) -> None:
+        """Before a CONNECT of ``cid`` is answered on a cluster node: make this node's
+        session of that client id the cluster's. A session another node saved since this
+        one last had it (or one this node never had) replaces what is here; its durable
+        subscriptions are the cluster's, and resume here."""
+        shared = self.broker.shared_record(SESSION_NS, cid)
+        if shared is None:
+            return
+        local = self.sessions.get(cid)
+        if local is not None:
+            if local.conn is not None or json.dumps(local.record()).encode() == shared:
+                return
+            self.release(local)
+        try:
+            session, _ = self._session_from_record(cid, shared)
+        except (ValueError, KeyError, TypeError, InvalidDestinationError) as exc:
+            log.warning("mqtt %s: unreadable shared session record: %s", cid, exc)
+            return
+        self.sessions[cid] = session
+
+    def _session_elsewhere(self, cid: str, record: bytes | None) -> None:
+        """Another node saved (or ended) the session of ``cid``: its client is there, so
+        this node's copy, if its client is not connected here, is let go."""
+        session = self.sessions.get(cid)
+        if session is not None and session.conn is None:
+            self.release(session)
+
+    def release(self, session: MqttSession) -> None:
+        """Let go of ``session`` on this node without ending it: its client resumed it on
+        another node of the cluster, which holds it now. Its durable subscriptions stay the
+        cluster's (what this node held of them goes back); its will and expiry are the
+        other node's business."""
+        if session.will_timer is not None:
+            session.will_timer.cancel()
+            session.will_timer = None
+        session.will = None
+        if session.expiry_timer is not None:
+            session.expiry_timer.cancel()
+            session.expiry_timer = None
+        if session.core is not None:
+            session.core.close()  # its consumers go: what they held comes back
+            session.core = None
+        for rec in session.subs.values():
+            rec.consumer = None
+            self.broker.release_durable(
+                f"sub:mqtt:mqtt/{rec.share}/{rec.pattern}" if rec.share is not None
+                else f"sub:{session.client_id}:mqtt:{rec.filter}")
+        for pid in [*session.outgoing, *session.restored]:
+            if pid in session.restored or session.outgoing[pid].saved:
+                session.forget_inflight(pid)
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        store = self.broker.store
+        store.delete_kv(SESSION_NS, session.client_id)
+        store.commit(None)
 
     def _drop_orphan_durables(self) -> None:
         """Delete the core's ``mqtt:<filter>`` durables that no restored session holds (a
@@ -172,6 +246,8 @@ class MqttServer:
         store = self.broker.store
         store.delete_kv(SESSION_NS, session.client_id)
         store.commit(None)
+        if session.stored:
+            self.broker.share_record(SESSION_NS, session.client_id, None)
 
     def authenticate(self, username: str | None, password: bytes | None) -> str | None:
         """The user a CONNECT's User Name and Password connect as (``None``: anonymous), by
@@ -366,6 +442,9 @@ class MqttServer:
         if session is not None and session.conn is not None:
             session.conn.disconnect(ReasonCode.SESSION_TAKEN_OVER,
                                     "session taken over on another node")
+        session = self.sessions.get(client_id)  # a persistent one outlives its connection
+        if session is not None and session.conn is None:
+            self.release(session)
 
     def close(self) -> None:
         for conn in list(self.connections):

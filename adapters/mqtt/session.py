@@ -700,13 +700,15 @@ class MqttSession:
     def save(self) -> None:
         """Write the session record while the session is persistent; delete it once a
         resumed connection made it end with the connection (Session Expiry Interval 0)."""
+        broker = self.server.broker
         if self.persistent:
-            store = self.server.broker.store
-            store.put_kv(SESSION_NS, self.client_id, json.dumps(self.record()).encode())
-            store.commit(None)
+            record = json.dumps(self.record()).encode()
+            broker.store.put_kv(SESSION_NS, self.client_id, record)
+            broker.store.commit(None)
+            broker.share_record(SESSION_NS, self.client_id, record)  # a cluster's nodes
             self.stored = True
         elif self.stored:
-            store = self.server.broker.store
-            store.delete_kv(SESSION_NS, self.client_id)
-            store.commit(None)
+            broker.store.delete_kv(SESSION_NS, self.client_id)
+            broker.store.commit(None)
+            broker.share_record(SESSION_NS, self.client_id, None)
             self.stored = False

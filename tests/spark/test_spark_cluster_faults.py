@@ -77,7 +77,7 @@ def test_a_node_killed_mid_stream_then_a_nats_server_lose_and_duplicate_nothing(
         c3.consume("/queue/orders")
         producer.start()
         wait_for(lambda: len(c2.acked) >= 50, timeout=60, what="node 2 consuming")
-        c2.hold = True  # what node 2 delivers from now on stays unacknowledged
+        c2.stop_acking()  # what node 2 delivers from now on stays unacknowledged
         wait_for(lambda: len(c2.got) > len(c2.acked) + 5, timeout=60,
                  what="node 2 holding unacknowledged orders")
         with c2.cond:
