@@ -60,7 +60,7 @@ from nats.js.errors import NotFoundError
 
 from cluster.durables import DurableIndex
 from gateway.errors import GatewayError, MessageFormatError, UnavailableError
-from gateway.message import DeliveryMode, Message
+from gateway.message import PROP_IMPORTED, DeliveryMode, Message
 from gateway.serial import decode_message, encode_message
 
 if TYPE_CHECKING:
@@ -259,7 +259,15 @@ class Feeds:
         except MessageFormatError as exc:
             raise GatewayError(f"cannot send {msg.message_id} to the cluster: {exc}",
                                reason="message-format") from None
-        headers = {"Nats-Msg-Id": msg.message_id or ""}
+        # JetStream drops a second message of one id within its duplicate window: a
+        # message sent again here, or a far side's resend of what a transport imported,
+        # which carries the first copy's trace id (see cluster.leases)
+        dest = msg.destination
+        if PROP_IMPORTED in msg.properties and msg.trace_id and dest is not None:
+            msg_id = f"{msg.trace_id}:{dest.name}"
+        else:
+            msg_id = msg.message_id or ""
+        headers = {"Nats-Msg-Id": msg_id}
         if msg.delivery_mode != DeliveryMode.PERSISTENT:
             self.send(("pub", subject_name, payload, headers, ""))
             return None

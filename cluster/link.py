@@ -57,6 +57,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
 from cluster.feeds import Feeds
+from cluster.leases import Leases
 from cluster.members import Members
 from cluster.records import SharedRecords
 from gateway import subject
@@ -89,6 +90,7 @@ class ClusterLink:
         self.ack_wait = ack_wait
         self.feeds: Feeds | None = None
         self.records: SharedRecords | None = None
+        self.leases: Leases | None = None
         self.servers = servers
         self.node_id = node_id
         self.cluster_name = cluster_name
@@ -127,6 +129,9 @@ class ClusterLink:
         self.records = SharedRecords(self.feeds.js, self.cluster_name, self.replicas,
                                      self.node_id, self.broker.shared_changed)
         await self.records.start()
+        self.leases = Leases(self.feeds.js, self.cluster_name, self.replicas, self.node_id,
+                             self.broker.loop)
+        await self.leases.start()
         self.conn = self.broker.connect(client_id=None, kind="CLUSTER", protocol="cluster",
                                         address=f"cluster:{self.node_id}", authenticated=True)
         self.session = self.conn.session()
@@ -151,6 +156,8 @@ class ClusterLink:
         broker.watch_subscriptions(self._subscription_changed, on=False)
         if self.members is not None:
             await self.members.close()
+        if self.leases is not None:
+            await self.leases.close()
         if self.records is not None:
             await self.records.close()
         if self.feeds is not None:
@@ -222,6 +229,17 @@ class ClusterLink:
         """See :meth:`cluster.feeds.Feeds.forget_durable`."""
         if self.feeds is not None:
             self.feeds.forget_durable(key)
+
+    # -- leases (cluster.leases) ------------------------------------------------------------
+
+    def hold_lease(self, name: str, acquired: Any, lost: Any) -> None:
+        """Run ``acquired()`` while this node holds lease ``name``, ``lost()`` when it
+        stops holding it (a transport runs on one node at a time)."""
+        if self.leases is not None:
+            self.leases.hold(name, acquired, lost)
+
+    def holds_lease(self, name: str) -> bool:
+        return self.leases is not None and self.leases.holds(name)
 
     # -- shared records (cluster.records) -------------------------------------------------
 

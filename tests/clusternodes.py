@@ -18,12 +18,13 @@ LISTEN = ("listen = mqtt://127.0.0.1:{mqtt}\nlisten = amqp://127.0.0.1:0\n"
 
 
 def node(tmp: Path, nats: NatsCluster, i: int, mqtt_port: int = 0,
-         extra: str = "") -> ServeProcess:
-    """Node ``n<i>`` of cluster ``t``, on NATS server ``i`` (its store and log its own)."""
+         extra: str = "", **files: str) -> ServeProcess:
+    """Node ``n<i>`` of cluster ``t``, on NATS server ``i`` (its store and log its own);
+    ``extra`` goes into its gateway.conf, ``files`` are its other config files."""
     d = tmp / f"node{i}"
     write_config(d, gateway=LISTEN.format(mqtt=mqtt_port)
                  + f"cluster = {nats.urls[i - 1]}\ncluster_name = t\nnode_id = n{i}\n"
-                 f"store = {d / 'data'}\n" + extra)
+                 f"store = {d / 'data'}\n" + extra, **files)
     return ServeProcess(d)
 
 

@@ -17,6 +17,7 @@ transport does is described in :mod:`transports.base`.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from typing import Any
 
@@ -25,6 +26,8 @@ from gateway.errors import ConfigError, GatewayError
 from gateway.facade import Core
 from gateway.message import PROP_IMPORTED, QUEUE, TOPIC
 from transports.base import CLIENT_PREFIX, DEDUP_WINDOW, Held, Transport
+
+log = logging.getLogger("transports")
 
 
 class TransportRequiredError(GatewayError):
@@ -44,6 +47,17 @@ class TransportManager:
     async def start(self) -> None:
         config = self.config
         gw = config.gateway
+        cluster = self.broker.cluster
+        if cluster is not None:
+            # On a cluster node each transport runs while this node holds its lease
+            # (cluster/leases.py): on one node at a time, on another when that one dies.
+            for tdef in config.transports.values():
+                if gw.transports_enabled(tdef.type):
+                    cluster.hold_lease(
+                        "transport." + tdef.name,
+                        lambda name=tdef.name: self._lease_taken(name),
+                        lambda name=tdef.name: asyncio.ensure_future(self.stop_one(name)))
+            return
         for tdef in config.transports.values():
             if not gw.transports_enabled(tdef.type):
                 continue
@@ -116,6 +130,12 @@ class TransportManager:
                 if t is not None:
                     t.bind_export(entry.name)
 
+    def _lease_taken(self, name: str) -> None:
+        try:
+            self.start_one(name)
+        except GatewayError as exc:
+            log.warning("transport %s: %s", name, exc)
+
     def _subscription_changed(self, sub: Any, added: bool) -> None:
         client_id = getattr(sub, "client_id", None) or ""
         if client_id.startswith(CLIENT_PREFIX):
@@ -139,8 +159,9 @@ class TransportManager:
             return t.info()
         tdef = self.config.transports[name]
         enabled = self.config.gateway.transports_enabled(tdef.type)
-        return {"name": name, "type": tdef.type,
-                "state": "stopped" if enabled else "disabled"}
+        # on a cluster node, one another node runs (or will, when this one may)
+        idle = "standby" if self.broker.cluster is not None else "stopped"
+        return {"name": name, "type": tdef.type, "state": idle if enabled else "disabled"}
 
     async def stop_one(self, name: str) -> None:
         """Stop one transport (admin): what it spools stays in its durable subscriptions
@@ -157,6 +178,10 @@ class TransportManager:
         """
         if name in self.transports:
             return
+        cluster = self.broker.cluster
+        if cluster is not None and not cluster.holds_lease("transport." + name):
+            raise GatewayError(f"transport {name!r} runs on the cluster node that holds its "
+                               "lease, not on this one")
         tdef = self.config.transports[name]
         if not self.config.gateway.transports_enabled(tdef.type):
             raise GatewayError(f"transport {name!r}: {tdef.type} transports are not enabled "

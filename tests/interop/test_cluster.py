@@ -577,3 +577,48 @@ def test_an_mqtt_session_resumes_on_another_node_and_retained_messages_are_every
             again.close()
     finally:
         publisher.close()
+
+
+def test_a_transport_runs_on_one_node_and_moves_when_that_one_dies(tmp_path, nats_cluster):
+    from peers.mosquitto import start_mosquitto
+
+    with start_mosquitto(tmp_path / "mosq") as mosq:
+        files = {"transports": f"[far]\ntype = mqtt\nurl = mqtt://127.0.0.1:{mosq.port}\n"
+                               "reconnect_min = 100msec\nreconnect_max = 500msec\n",
+                 "queues": 'orders import="far"\n>\n'}
+        extra = "mqtt_transports = enabled\ncluster_ack_wait = 3 sec\n"
+        both = [node(tmp_path, nats_cluster, i, extra=extra, **files) for i in (1, 2)]
+        far = MqttClient(mosq.port)
+        consumer = None
+        try:
+            def states() -> list[str]:
+                return [next(t["state"] for t in admin_get(p.port("http"), "/api/v1/transports")
+                             if t["name"] == "far") for p in both]
+
+            wait_for(lambda: sorted(states()) == ["standby", "up"], timeout=30,
+                     what="the transport up on one node, on standby on the other")
+            holder = both[states().index("up")]
+            other = both[1 - both.index(holder)]
+            consumer = StompQueueClient(other.port("stomp"))
+            consumer.consume("/queue/orders")
+            first = [f"order {i}".encode() for i in range(10)]
+            for body in first:
+                far.publish("orders", body)
+            wait_for(lambda: len(consumer.bodies()) >= 10, timeout=30,
+                     what="imports on one node consumed on the other")
+            holder.kill()  # SIGKILL: its lease expires, the other node takes it
+            wait_for(lambda: next(t["state"] for t in admin_get(other.port("http"),
+                                                                "/api/v1/transports")
+                                  if t["name"] == "far") == "up",
+                     timeout=60, what="the transport up on the other node")
+            then = [f"order {i}".encode() for i in range(10, 20)]
+            for body in then:
+                far.publish("orders", body)
+            wait_for(lambda: len(consumer.bodies()) >= 20, timeout=60, what="20 orders")
+            assert sorted(consumer.bodies()) == sorted(b.decode() for b in first + then)
+        finally:
+            far.close()
+            if consumer is not None:
+                consumer.close()
+            for p in both:
+                p.stop()
