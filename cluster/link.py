@@ -75,6 +75,7 @@ SEEN_WINDOW = 10_000  # message ids remembered to drop a second copy
 CONNECT_TIMEOUT = 5.0  # seconds for each attempt to reach a NATS server
 RECONNECT_WAIT = 0.5  # seconds between reconnection attempts (nats-py's reconnect_time_wait)
 CLOSE_WAIT = 5.0  # seconds a closing link waits for the sends under way
+CLIENTS_NS = "clients.jms"  # shared records: JMS client id -> the node it is connected to
 JOIN_TIMEOUT = 10.0  # seconds for the first connection, at start, before giving up
 PING_INTERVAL = 2.0  # seconds between pings to the NATS server (a silent one is lost after
 MAX_PINGS_OUT = 2    # this many unanswered)
@@ -240,6 +241,29 @@ class ClusterLink:
 
     def holds_lease(self, name: str) -> bool:
         return self.leases is not None and self.leases.holds(name)
+
+    # -- JMS client ids (one connection per client id in the cluster) ---------------------
+
+    def claim_client(self, client_id: str, connected: bool) -> None:
+        """A JMS client id connected here (or left): recorded for the other nodes (a
+        departure only while the record is this node's)."""
+        mine = self.node_id.encode()
+        if connected:
+            self.share_record(CLIENTS_NS, client_id, mine)
+        elif self.shared_record(CLIENTS_NS, client_id) == mine:
+            self.share_record(CLIENTS_NS, client_id, None)
+
+    def client_node(self, client_id: str) -> str | None:
+        """The live node, another than this one, where ``client_id`` is connected, if any
+        (a claim of a node that stopped answering does not count)."""
+        raw = self.shared_record(CLIENTS_NS, client_id)
+        if raw is None:
+            return None
+        node = raw.decode(errors="replace")
+        if node == self.node_id:
+            return None  # a claim this node left behind (it has no such connection now)
+        up = {row["node_id"] for row in self.nodes() if row.get("up")}
+        return node if node in up else None
 
     # -- shared records (cluster.records) -------------------------------------------------
 

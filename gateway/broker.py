@@ -343,14 +343,25 @@ class Broker(BrokerMemory):
         max_conn = int(self.config.gateway.max_connections)
         if max_conn and len(self.connections) >= max_conn:
             raise LimitExceededError(f"max_connections ({max_conn}) reached")
+        # One connection per JMS client id (JMS 1.1 §4.3.2): on a cluster node, in the whole
+        # cluster (cluster.link; an MQTT client id takes its connection over instead)
+        claim = (client_id is not None and self.cluster is not None and kind == "CLIENT"
+                 and protocol != "mqtt")
         if client_id is not None:
             for c in self.connections.values():
                 if c.client_id == client_id:
                     raise IllegalStateError(f"client id {client_id!r} is already connected")
+            if claim:
+                node = self.cluster.client_node(client_id)
+                if node is not None:
+                    raise IllegalStateError(f"client id {client_id!r} is already connected "
+                                            f"(to cluster node {node})")
         cid = f"{self._conn_prefix}{next(self._conn_ids)}"
         conn = Connection(self, cid, client_id=client_id, user=user, kind=kind, protocol=protocol,
                           address=address)
         self.connections[cid] = conn
+        if claim:
+            self.cluster.claim_client(client_id, True)
         monitor = self.monitor
         if verified and not self.authorization:
             monitor.verified.add(cid)
@@ -365,7 +376,10 @@ class Broker(BrokerMemory):
             self.cluster.client_arrived(protocol, client_id)
 
     def disconnected(self, conn: Any) -> None:
-        self.connections.pop(conn.id, None)
+        if (self.connections.pop(conn.id, None) is not None and self.cluster is not None
+                and conn.client_id is not None and conn.kind == "CLIENT"
+                and conn.protocol != "mqtt"):
+            self.cluster.claim_client(conn.client_id, False)
         self.slow_connections.pop(conn.id, None)
         monitor = self.monitor
         monitor.verified.discard(conn.id)

@@ -13,7 +13,7 @@ Ctrl-C: two NATS servers routed to each other (tests/peers/natsserver.py, Debian
 ``nats-server``, installed by ``bash tests/peers/install.sh``), and three ``python -m gateway
 serve --config-dir DIR`` processes, each with its own ``gateway.conf`` and store: ``single``
 (no ``cluster`` line: the gateway as it runs without a cluster) and the nodes ``n1`` and
-``n2`` (``cluster = nats://...`` of NATS server 1 and 2 respectively, ``cluster_name =
+``n2`` (``cluster = nats://...`` of NATS server 1 and 2 respectively, ``cluster_replicas = 2``, ``cluster_name =
 bench``, ``node_id``). Each gateway has an MQTT listener of its own and an admin listener
 (``http://``); the two nodes also share one more MQTT port, which a node of a cluster opens
 with ``SO_REUSEPORT``, so that the kernel spreads the connections made to it over both.
@@ -338,7 +338,8 @@ def start_gateway(name: str, workdir: Path, cluster: str | None = None,
     if shared_port is not None:
         lines.append(f"listen = mqtt://{HOST}:{shared_port}")
     if cluster is not None:
-        lines += [f"cluster = {cluster}", f"cluster_name = {CLUSTER_NAME}", f"node_id = {name}"]
+        lines += [f"cluster = {cluster}", f"cluster_name = {CLUSTER_NAME}", f"node_id = {name}",
+                  "cluster_replicas = 2"]  # two NATS servers
     (conf / "gateway.conf").write_text("\n".join(lines) + "\n")
     (conf / "topics.conf").write_text(">\n")  # any topic may be created
     (conf / "queues.conf").write_text(">\n")

@@ -622,3 +622,39 @@ def test_a_transport_runs_on_one_node_and_moves_when_that_one_dies(tmp_path, nat
                 consumer.close()
             for p in both:
                 p.stop()
+
+
+def test_a_jms_client_id_is_connected_once_in_the_cluster(nodes):
+    first = StompQueueClient(nodes[0].port("stomp"), client_id="app-9")
+    try:
+        def refused_on_node_2() -> bool:
+            errors: list[str] = []
+
+            class Listener(stomp.ConnectionListener):
+                def on_error(self, frame: Any) -> None:
+                    errors.append(frame.headers.get("message", "") + frame.body)
+
+            c = stomp.Connection12([("127.0.0.1", nodes[1].port("stomp"))],
+                                   reconnect_attempts_max=1)
+            c.set_listener("", Listener())
+            try:
+                c.connect(wait=True, headers={"client-id": "app-9"})
+            except Exception:  # noqa: BLE001 - stomp.py's ConnectFailedException
+                pass
+            if c.is_connected():
+                c.disconnect()
+                return False  # node 2 has not heard of the claim yet: try again
+            return any("already connected" in e for e in errors)
+
+        wait_for(refused_on_node_2, timeout=30, what="node 2 refusing client id app-9")
+    finally:
+        first.close()
+    # once it left, the client id may connect anywhere
+    def accepted_on_node_2() -> bool:
+        try:
+            StompQueueClient(nodes[1].port("stomp"), client_id="app-9").close()
+            return True
+        except Exception:  # noqa: BLE001 - the departure not heard yet
+            return False
+
+    wait_for(accepted_on_node_2, timeout=30, what="app-9 accepted on node 2")
