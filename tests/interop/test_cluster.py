@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -658,3 +659,38 @@ def test_a_jms_client_id_is_connected_once_in_the_cluster(nodes):
             return False
 
     wait_for(accepted_on_node_2, timeout=30, what="app-9 accepted on node 2")
+
+
+def test_a_will_is_published_once_in_the_cluster(nodes):
+    from peers.mosquitto import find_command
+
+    watchers = [MqttClient(p.port("mqtt")) for p in nodes[1:]]
+    device = None
+    try:
+        for w in watchers:
+            w.subscribe("plant/+/status")
+        probe_from = MqttClient(nodes[0].port("mqtt"))
+        try:
+            wait_routed(lambda b: probe_from.publish("plant/probe/status", b),
+                        [lambda w=w: w.payloads(b"probe") for w in watchers],
+                        "interest of nodes 2 and 3 at node 1")
+        finally:
+            probe_from.close()
+        device = subprocess.Popen(
+            [find_command("mosquitto_sub"), "-h", "127.0.0.1", "-p", str(nodes[0].port("mqtt")),
+             "-i", "dev-will", "-t", "plant/dev/cmd", "--will-topic", "plant/dev/status",
+             "--will-payload", "offline", "--will-qos", "1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: "dev-will" in [r["client_id"] for r in admin_get(
+            nodes[0].port("http"), "/api/v1/connections")], timeout=30, what="the device")
+        device.kill()  # no DISCONNECT: the will goes out
+        device.wait(10)
+        for w in watchers:
+            wait_for(lambda w=w: w.payloads(b"offline"), timeout=30, what="the will")
+        time.sleep(1)  # a second copy, were there one, would have come by now
+        assert [w.payloads(b"offline") for w in watchers] == [[b"offline"], [b"offline"]]
+    finally:
+        if device is not None and device.poll() is None:
+            device.kill()
+        for w in watchers:
+            w.close()
