@@ -417,6 +417,30 @@ class ClusterLink:
         """Every node of the cluster as heard (``GET /api/v1/cluster``, ``/metrics``)."""
         return self.members.rows() if self.members is not None else []
 
+    async def store_view(self) -> dict[str, Any]:
+        """What JetStream keeps for the whole cluster (``GET /api/v1/cluster/store``):
+        each queue's messages (waiting or delivered and not yet acknowledged, on any node)
+        and each durable subscription's (to deliver, and delivered unacknowledged)."""
+        feeds = self.feeds
+        if feeds is None:
+            return {"queues": [], "durables": []}
+        prefix = feeds.queue_prefix
+        info = await feeds.js.stream_info(feeds.queue_stream, subjects_filter=prefix + ">")
+        queues = [{"name": subject_name[len(prefix):], "messages": n}
+                  for subject_name, n in sorted((info.state.subjects or {}).items())]
+        durables = []
+        offset = 0
+        while True:  # 256 a page
+            page = await feeds.js.consumers_info(feeds.topic_stream, offset=offset)
+            for ci in page:
+                durables.append({"key": ci.config.description, "pending": ci.num_pending or 0,
+                                 "unacknowledged": ci.num_ack_pending or 0})
+            if len(page) < 256:
+                break
+            offset += len(page)
+        durables.sort(key=lambda d: str(d["key"]))
+        return {"queues": queues, "durables": durables}
+
     def _info_source(self) -> dict[str, Any]:
         return {"cluster": self.info()}
 

@@ -46,6 +46,10 @@ creates, changes and deletes (TIBCO EMS User's Guide, "Command Listing"), as RES
 ``GET /api/v1/config``                          the server's parameters [view-server]
 ``GET /api/v1/cluster``                         a cluster node's view of every node: up or
                                                 not, its figures (404 alone) [view-server]
+``GET /api/v1/cluster/store``                   what JetStream keeps for the whole cluster:
+                                                each queue's messages, each durable's pending
+                                                and unacknowledged (404 alone, 503 without
+                                                JetStream) [view-server]
 ==============================================  ================================================
 
 Every change that EMS saves to its files (destinations, users, groups, ACL) is written back to
@@ -382,6 +386,20 @@ def manage_routes(broker: Any) -> list[web.RouteDef]:
                              404)
         return web.json_response({"cluster": link.cluster_name, "node_id": link.node_id,
                                   "nodes": link.nodes()})
+
+    @routes.get("/api/v1/cluster/store")
+    @needs(Need("view-server"))
+    @handle
+    async def show_cluster_store(_: web.Request) -> web.Response:
+        link = broker.cluster
+        if link is None:
+            raise BadRequest("this gateway is not a node of a cluster (gateway.conf: cluster)",
+                             404)
+        try:
+            view = await link.store_view()
+        except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
+            raise BadRequest(f"JetStream did not answer: {exc}", 503) from None
+        return web.json_response(view)
 
     @routes.get("/api/v1/config")
     @needs(Need("view-server"))

@@ -323,6 +323,10 @@ def test_a_queue_is_one_queue_across_nodes(nodes):
                  what="every probe")
         for c in consumers:
             c.got.clear()
+        # what waits in the queue is the cluster's, seen from any node
+        wait_for(lambda: {q["name"]: q["messages"] for q in admin_get(
+            nodes[2].port("http"), "/api/v1/cluster/store")["queues"]}.get("jobs", 0) == 0,
+            timeout=30, what="the probes acknowledged")
         sent = [f"job {i}" for i in range(300)]
         for body in sent:
             sender.send("/queue/jobs", body)  # confirmed: JetStream has it
@@ -488,6 +492,9 @@ def test_a_durable_subscription_resumes_on_another_node(nodes):
         for body in sent:
             sender.send("/topic/prices.eur", body)  # confirmed: kept in JetStream
         assert cluster_info(nodes[1])["feeds"]["stored"] >= 50
+        kept = admin_get(nodes[2].port("http"), "/api/v1/cluster/store")["durables"]
+        assert [d["key"] for d in kept] == ["sub:app-1:prices"]
+        assert kept[0]["pending"] + kept[0]["unacknowledged"] >= 50
         again = StompQueueClient(nodes[2].port("stomp"), client_id="app-1")
         try:
             again.consume("/topic/prices.>", durable)
