@@ -165,7 +165,8 @@ def _operation(r: Route) -> dict[str, Any]:
         responses[str(status)] = {
             "description": {400: "bad request", 401: "no or bad credentials",
                             403: "not permitted", 404: "no such name", 409: "conflict",
-                            413: "body too large"}[status],
+                            413: "body too large",
+                            503: "a service it needs did not answer"}[status],
             "content": {"application/json": {"schema": ERROR}}}
     op: dict[str, Any] = {"summary": r.summary, "description": r.summary + "." + need,
                           "responses": responses}
