@@ -14,9 +14,10 @@ the leases nobody holds, so a transport whose node died runs again elsewhere wit
 servers out of reach) stops the transport before another node may have started it.
 
 What a transport spools for export is a durable subscription, kept by JetStream
-(:mod:`cluster.feeds`), so the node that takes it over sends what was waiting; imports
-carry their trace id and destination as JetStream's message id, so a far side's resend of
-what the node that died had imported is dropped (:meth:`cluster.feeds.Feeds.publish`).
+(:mod:`cluster.feeds`), so the node that takes it over sends what was waiting; imports to
+queues and for durable subscriptions carry their trace id and destination as JetStream's
+message id, so a far side's resend of what the node that died had imported is dropped there
+(:meth:`cluster.feeds.Feeds.publish`).
 """
 
 from __future__ import annotations

@@ -701,3 +701,46 @@ def test_a_will_is_published_once_in_the_cluster(nodes):
             device.kill()
         for w in watchers:
             w.close()
+
+
+def test_what_a_transport_spooled_goes_out_from_the_node_that_takes_it_over(tmp_path,
+                                                                             nats_cluster):
+    from adminapi import admin_post
+    from peers.mosquitto import start_mosquitto
+
+    with start_mosquitto(tmp_path / "mosq") as mosq:
+        files = {"transports": f"[far]\ntype = mqtt\nurl = mqtt://127.0.0.1:{mosq.port}\n"
+                               "qos = 1\nreconnect_min = 100msec\nreconnect_max = 500msec\n",
+                 "topics": 'out.> export="far"\n>\n'}
+        extra = "mqtt_transports = enabled\ncluster_ack_wait = 3 sec\n"
+        both = [node(tmp_path, nats_cluster, i, extra=extra, **files) for i in (1, 2)]
+        far = MqttClient(mosq.port)
+        try:
+            far.subscribe("out/#")
+
+            def states() -> list[str]:
+                return [next(t["state"] for t in admin_get(p.port("http"), "/api/v1/transports")
+                             if t["name"] == "far") for p in both]
+
+            wait_for(lambda: sorted(states()) == ["standby", "up"], timeout=30,
+                     what="the transport up on one node")
+            holder = both[states().index("up")]
+            other = both[1 - both.index(holder)]
+            publisher = MqttClient(other.port("mqtt"))
+            try:
+                # exported by the holder, published on the other node
+                wait_routed(lambda b: publisher.publish("out/probe", b),
+                            [lambda: far.payloads(b"probe")], "an export across nodes")
+                admin_post(holder.port("http"), "/api/v1/transports/far/stop")
+                spooled = [f"spooled {i}".encode() for i in range(10)]
+                for body in spooled:
+                    publisher.publish("out/b", body)  # QoS 1: kept for the export's spool
+                holder.kill()
+                wait_for(lambda: far.payloads(b"spooled") == spooled, timeout=60,
+                         what="the spool sent by the node that took the transport over")
+            finally:
+                publisher.close()
+        finally:
+            far.close()
+            for p in both:
+                p.stop()
