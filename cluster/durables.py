@@ -17,82 +17,42 @@ milliseconds on a LAN): a persistent message published here meanwhile is not kep
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from cluster.buckets import WatchedBucket
 from gateway import subject
-from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
     from nats.js.client import JetStreamContext
-    from nats.js.kv import KeyValue
 
 log = logging.getLogger("cluster")
 
-WATCH_READY = 10.0  # seconds to read the bucket in full at start
 MATCH_CACHE = 10_000  # topics whose answer is remembered (cleared when a durable changes)
 
 
-class DurableIndex:
+class DurableIndex(WatchedBucket):
     """Every durable subscription's pattern in the cluster: see the module docstring."""
 
+    description = "the gateway cluster's durable subscriptions"
+
     def __init__(self, js: JetStreamContext, cluster_name: str, replicas: int) -> None:
-        self.js = js
-        self.bucket = f"GW_{cluster_name}_DURABLES"
-        self.replicas = replicas
-        self.kv: KeyValue | None = None
+        super().__init__(js, f"GW_{cluster_name}_DURABLES", replicas)
         self.patterns: dict[str, tuple[str, bool]] = {}  # consumer name -> (pattern, parent)
         self.cache: dict[str, bool] = {}
-        self.watcher: Any = None
-        self.task: asyncio.Task[None] | None = None
-        self.ready = asyncio.Event()
 
-    async def start(self) -> None:
-        try:
+    def changed(self, key: str, value: bytes | None) -> None:
+        if value is None:
+            self.patterns.pop(key, None)
+        else:
             try:
-                self.kv = await self.js.key_value(self.bucket)
-            except Exception:  # noqa: BLE001 - nats-py's "not found" varies by version
-                self.kv = await self.js.create_key_value(
-                    bucket=self.bucket, history=1, replicas=self.replicas,
-                    description="the gateway cluster's durable subscriptions")
-            self.watcher = await self.kv.watchall()
-        except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
-            raise GatewayError(f"JetStream cannot keep the bucket {self.bucket} with "
-                               f"{self.replicas} replicas: {exc}") from None
-        self.task = asyncio.ensure_future(self._watch())
-        try:
-            await asyncio.wait_for(self.ready.wait(), WATCH_READY)
-        except TimeoutError:
-            raise GatewayError(f"JetStream did not give the bucket {self.bucket} in "
-                               f"{WATCH_READY:g} s") from None
-
-    async def close(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-        if self.watcher is not None:
-            try:
-                await self.watcher.stop()
-            except Exception:  # noqa: BLE001 - the connection may be gone
-                pass
-
-    async def _watch(self) -> None:
-        async for entry in self.watcher:
-            if entry is None:  # what the bucket held at start has all come
-                self.ready.set()
-                continue
-            if entry.operation in ("DEL", "PURGE") or not entry.value:
-                self.patterns.pop(entry.key, None)
-            else:
-                try:
-                    note = json.loads(entry.value)
-                    self.patterns[entry.key] = (str(note["pattern"]), bool(note["parent"]))
-                except (ValueError, KeyError, TypeError):
-                    log.warning("unreadable durable subscription %s in %s", entry.key,
-                                self.bucket)
-                    continue
-            self.cache.clear()
+                note = json.loads(value)
+                self.patterns[key] = (str(note["pattern"]), bool(note["parent"]))
+            except (ValueError, KeyError, TypeError):
+                log.warning("unreadable durable subscription %s in %s", key, self.bucket)
+                return
+        self.cache.clear()
 
     # -- this node's durables ---------------------------------------------------------------
 

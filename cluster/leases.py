@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from nats.js.errors import KeyWrongLastSequenceError
 
-from gateway.errors import GatewayError
+from cluster.buckets import open_bucket
 
 if TYPE_CHECKING:
     from nats.js.client import JetStreamContext
@@ -71,16 +71,9 @@ class Leases:
         self.lock = asyncio.Lock()  # one round at a time
 
     async def start(self) -> None:
-        try:
-            try:
-                self.kv = await self.js.key_value(self.bucket)
-            except Exception:  # noqa: BLE001 - nats-py's "not found" varies by version
-                self.kv = await self.js.create_key_value(
-                    bucket=self.bucket, history=1, replicas=self.replicas, ttl=LEASE_TTL,
-                    description="what one node of the gateway cluster runs at a time")
-        except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
-            raise GatewayError(f"JetStream cannot keep the bucket {self.bucket} with "
-                               f"{self.replicas} replicas: {exc}") from None
+        self.kv = await open_bucket(self.js, self.bucket, self.replicas,
+                                    "what one node of the gateway cluster runs at a time",
+                                    ttl=LEASE_TTL)
         self.task = asyncio.ensure_future(self._run())
 
     def hold(self, name: str, acquired: Callable[[], Any], lost: Callable[[], Any]) -> None:

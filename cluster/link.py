@@ -245,13 +245,17 @@ class ClusterLink:
     # -- JMS client ids (one connection per client id in the cluster) ---------------------
 
     def claim_client(self, client_id: str, connected: bool) -> None:
-        """A JMS client id connected here (or left): recorded for the other nodes (a
-        departure only while the record is this node's)."""
-        mine = self.node_id.encode()
-        if connected:
-            self.share_record(CLIENTS_NS, client_id, mine)
-        elif self.shared_record(CLIENTS_NS, client_id) == mine:
-            self.share_record(CLIENTS_NS, client_id, None)
+        """A JMS client id connected here (or left): recorded for the other nodes, unless
+        another node's record of it is there (and then not deleted either)."""
+        records = self.records
+        if records is None:
+            return
+        if connected:  # a claim: a node that connected it first keeps it, while it is up
+            held = self.shared_record(CLIENTS_NS, client_id)
+            records.claim(CLIENTS_NS, client_id, self.node_id.encode(),
+                          overwrite=held is not None and self.client_node(client_id) is None)
+        else:
+            records.unclaim(CLIENTS_NS, client_id)
 
     def client_node(self, client_id: str) -> str | None:
         """The live node, another than this one, where ``client_id`` is connected, if any

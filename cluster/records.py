@@ -21,91 +21,58 @@ import asyncio
 import base64
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from gateway.errors import GatewayError
+from cluster.buckets import WatchedBucket
 
 if TYPE_CHECKING:
     from nats.js.client import JetStreamContext
-    from nats.js.kv import KeyValue
 
 log = logging.getLogger("cluster")
-
-WATCH_READY = 10.0  # seconds to read the bucket in full at start
 
 # a change another node made: (namespace, key, value or None when deleted)
 Listener = Callable[[str, str, bytes | None], None]
 
 
-class SharedRecords:
+class SharedRecords(WatchedBucket):
     """The bucket, this node's copy of it, and what goes to it in order."""
+
+    description = "the gateway cluster's shared records"
 
     def __init__(self, js: JetStreamContext, cluster_name: str, replicas: int,
                  node_id: str, listener: Listener) -> None:
-        self.js = js
-        self.bucket = f"GW_{cluster_name}_RECORDS"
-        self.replicas = replicas
+        super().__init__(js, f"GW_{cluster_name}_RECORDS", replicas)
         self.node = node_id.encode()
         self.listener = listener
-        self.kv: KeyValue | None = None
         self.copy: dict[str, dict[str, bytes]] = {}  # namespace -> key -> value
-        self.watcher: Any = None
-        self.task: asyncio.Task[None] | None = None
-        self.ready = asyncio.Event()
-        self.outbox: list[tuple[str, bytes | None]] = []
+        # what goes to the bucket, in order: (put | delete | create | take | release, key,
+        # value)
+        self.outbox: list[tuple[str, str, bytes | None]] = []
         self.sending: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        try:
-            try:
-                self.kv = await self.js.key_value(self.bucket)
-            except Exception:  # noqa: BLE001 - nats-py's "not found" varies by version
-                self.kv = await self.js.create_key_value(
-                    bucket=self.bucket, history=1, replicas=self.replicas,
-                    description="the gateway cluster's shared records")
-            self.watcher = await self.kv.watchall()
-        except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
-            raise GatewayError(f"JetStream cannot keep the bucket {self.bucket} with "
-                               f"{self.replicas} replicas: {exc}") from None
-        self.task = asyncio.ensure_future(self._watch())
-        try:
-            await asyncio.wait_for(self.ready.wait(), WATCH_READY)
-        except TimeoutError:
-            raise GatewayError(f"JetStream did not give the bucket {self.bucket} in "
-                               f"{WATCH_READY:g} s") from None
+        self.claims: dict[str, int] = {}  # bucket key -> revision of this node's claim
 
     async def close(self) -> None:
         if self.sending is not None:
             await asyncio.wait([self.sending], timeout=5)
-        if self.task is not None:
-            self.task.cancel()
-        if self.watcher is not None:
-            try:
-                await self.watcher.stop()
-            except Exception:  # noqa: BLE001 - the connection may be gone
-                pass
+        await super().close()
 
     # -- in -----------------------------------------------------------------------------
 
-    async def _watch(self) -> None:
-        async for entry in self.watcher:
-            if entry is None:  # what the bucket held at start has all come
-                self.ready.set()
-                continue
-            ns, _, encoded = entry.key.rpartition("/")
-            try:
-                key = base64.urlsafe_b64decode(encoded.encode()).decode()
-            except ValueError:
-                continue
-            records = self.copy.setdefault(ns, {})
-            if entry.operation in ("DEL", "PURGE") or not entry.value:
-                if records.pop(key, None) is not None:
-                    self._tell(ns, key, None)
-                continue
-            node, _, value = bytes(entry.value).partition(b"\n")
-            records[key] = value
-            if node != self.node:
-                self._tell(ns, key, value)
+    def changed(self, key: str, value: bytes | None) -> None:
+        ns, _, encoded = key.rpartition("/")
+        try:
+            name = base64.urlsafe_b64decode(encoded.encode()).decode()
+        except ValueError:
+            return
+        records = self.copy.setdefault(ns, {})
+        if value is None:
+            if records.pop(name, None) is not None:
+                self._tell(ns, name, None)
+            return
+        node, _, data = value.partition(b"\n")
+        records[name] = data
+        if node != self.node:
+            self._tell(ns, name, data)
 
     def _tell(self, ns: str, key: str, value: bytes | None) -> None:
         try:
@@ -125,8 +92,26 @@ class SharedRecords:
             records.pop(key, None)
         else:
             records[key] = value
-        name = f"{ns}/{base64.urlsafe_b64encode(key.encode()).decode()}"
-        self.outbox.append((name, None if value is None else self.node + b"\n" + value))
+        if value is None:
+            self._queue(("delete", self._name(ns, key), None))
+        else:
+            self._queue(("put", self._name(ns, key), self.node + b"\n" + value))
+
+    def claim(self, ns: str, key: str, value: bytes, *, overwrite: bool = False) -> None:
+        """Write a record only if there is none (a claim: the first node wins, a later one
+        changes nothing), or over one (``overwrite``: the claim of a node that is gone);
+        :meth:`unclaim` deletes it only while it is still this node's."""
+        how = "take" if overwrite else "create"
+        self._queue((how, self._name(ns, key), self.node + b"\n" + value))
+
+    def unclaim(self, ns: str, key: str) -> None:
+        self._queue(("release", self._name(ns, key), None))
+
+    def _name(self, ns: str, key: str) -> str:
+        return f"{ns}/{base64.urlsafe_b64encode(key.encode()).decode()}"
+
+    def _queue(self, op: tuple[str, str, bytes | None]) -> None:
+        self.outbox.append(op)
         if self.sending is None:
             self.sending = asyncio.ensure_future(self._send())
 
@@ -134,15 +119,28 @@ class SharedRecords:
         try:
             while self.outbox:
                 batch, self.outbox = self.outbox, []
-                for name, value in batch:
+                for how, name, value in batch:
                     if self.kv is None:
                         break
                     try:
-                        if value is None:
-                            await self.kv.delete(name)
-                        else:
-                            await self.kv.put(name, value)
+                        await self._write(how, name, value)
                     except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
-                        log.warning("cannot share record %s: %s", name, exc)
+                        log.debug("record %s not %s: %s", name, how, exc)
         finally:
             self.sending = None
+
+    async def _write(self, how: str, name: str, value: bytes | None) -> None:
+        kv = self.kv
+        assert kv is not None
+        if how == "put" and value is not None:
+            await kv.put(name, value)
+        elif how == "delete":
+            await kv.delete(name)
+        elif how == "create" and value is not None:
+            self.claims[name] = await kv.create(name, value)
+        elif how == "take" and value is not None:
+            self.claims[name] = await kv.put(name, value)
+        elif how == "release":
+            revision = self.claims.pop(name, None)
+            if revision is not None:  # only what this node wrote, if unchanged since
+                await kv.delete(name, last=revision)

@@ -93,6 +93,14 @@ class BadRequest(Exception):
         self.status = status
 
 
+def cluster_link(broker: Any) -> Any:
+    """The node's cluster link (cluster.link.ClusterLink); 404 for a gateway alone."""
+    link = broker.cluster
+    if link is None:
+        raise BadRequest("this gateway is not a node of a cluster (gateway.conf: cluster)", 404)
+    return link
+
+
 # -- listing -------------------------------------------------------------------------------
 
 
@@ -380,10 +388,7 @@ def manage_routes(broker: Any) -> list[web.RouteDef]:
     @needs(Need("view-server"))
     @handle
     async def show_cluster(_: web.Request) -> web.Response:
-        link = broker.cluster
-        if link is None:
-            raise BadRequest("this gateway is not a node of a cluster (gateway.conf: cluster)",
-                             404)
+        link = cluster_link(broker)
         return web.json_response({"cluster": link.cluster_name, "node_id": link.node_id,
                                   "nodes": link.nodes()})
 
@@ -391,10 +396,7 @@ def manage_routes(broker: Any) -> list[web.RouteDef]:
     @needs(Need("view-server"))
     @handle
     async def show_cluster_store(_: web.Request) -> web.Response:
-        link = broker.cluster
-        if link is None:
-            raise BadRequest("this gateway is not a node of a cluster (gateway.conf: cluster)",
-                             404)
+        link = cluster_link(broker)
         try:
             view = await link.store_view()
         except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds

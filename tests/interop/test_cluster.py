@@ -587,26 +587,37 @@ def test_an_mqtt_session_resumes_on_another_node_and_retained_messages_are_every
         publisher.close()
 
 
+def far_nodes(tmp: Path, nats: NatsCluster, port: int, options: str = "",
+              **files: str) -> list[ServeProcess]:
+    """Nodes 1 and 2, each with transport ``far`` to the MQTT broker on ``port``."""
+    files["transports"] = (f"[far]\ntype = mqtt\nurl = mqtt://127.0.0.1:{port}\n{options}"
+                           "reconnect_min = 100msec\nreconnect_max = 500msec\n")
+    extra = "mqtt_transports = enabled\ncluster_ack_wait = 3 sec\n"
+    return [node(tmp, nats, i, extra=extra, **files) for i in (1, 2)]
+
+
+def transport_state(p: ServeProcess, name: str = "far") -> str:
+    return str(next(t["state"] for t in admin_get(p.port("http"), "/api/v1/transports")
+                    if t["name"] == name))
+
+
+def holder_and_other(both: list[ServeProcess]) -> tuple[ServeProcess, ServeProcess]:
+    """The node running transport ``far`` and the other, once one runs it."""
+    wait_for(lambda: sorted(transport_state(p) for p in both) == ["standby", "up"],
+             timeout=30, what="the transport up on one node, on standby on the other")
+    holder = next(p for p in both if transport_state(p) == "up")
+    return holder, next(p for p in both if p is not holder)
+
+
 def test_a_transport_runs_on_one_node_and_moves_when_that_one_dies(tmp_path, nats_cluster):
     from peers.mosquitto import start_mosquitto
 
     with start_mosquitto(tmp_path / "mosq") as mosq:
-        files = {"transports": f"[far]\ntype = mqtt\nurl = mqtt://127.0.0.1:{mosq.port}\n"
-                               "reconnect_min = 100msec\nreconnect_max = 500msec\n",
-                 "queues": 'orders import="far"\n>\n'}
-        extra = "mqtt_transports = enabled\ncluster_ack_wait = 3 sec\n"
-        both = [node(tmp_path, nats_cluster, i, extra=extra, **files) for i in (1, 2)]
+        both = far_nodes(tmp_path, nats_cluster, mosq.port, queues='orders import="far"\n>\n')
         far = MqttClient(mosq.port)
         consumer = None
         try:
-            def states() -> list[str]:
-                return [next(t["state"] for t in admin_get(p.port("http"), "/api/v1/transports")
-                             if t["name"] == "far") for p in both]
-
-            wait_for(lambda: sorted(states()) == ["standby", "up"], timeout=30,
-                     what="the transport up on one node, on standby on the other")
-            holder = both[states().index("up")]
-            other = both[1 - both.index(holder)]
+            holder, other = holder_and_other(both)
             consumer = StompQueueClient(other.port("stomp"))
             consumer.consume("/queue/orders")
             first = [f"order {i}".encode() for i in range(10)]
@@ -615,10 +626,8 @@ def test_a_transport_runs_on_one_node_and_moves_when_that_one_dies(tmp_path, nat
             wait_for(lambda: len(consumer.bodies()) >= 10, timeout=30,
                      what="imports on one node consumed on the other")
             holder.kill()  # SIGKILL: its lease expires, the other node takes it
-            wait_for(lambda: next(t["state"] for t in admin_get(other.port("http"),
-                                                                "/api/v1/transports")
-                                  if t["name"] == "far") == "up",
-                     timeout=60, what="the transport up on the other node")
+            wait_for(lambda: transport_state(other) == "up", timeout=60,
+                     what="the transport up on the other node")
             then = [f"order {i}".encode() for i in range(10, 20)]
             for body in then:
                 far.publish("orders", body)
@@ -709,23 +718,12 @@ def test_what_a_transport_spooled_goes_out_from_the_node_that_takes_it_over(tmp_
     from peers.mosquitto import start_mosquitto
 
     with start_mosquitto(tmp_path / "mosq") as mosq:
-        files = {"transports": f"[far]\ntype = mqtt\nurl = mqtt://127.0.0.1:{mosq.port}\n"
-                               "qos = 1\nreconnect_min = 100msec\nreconnect_max = 500msec\n",
-                 "topics": 'out.> export="far"\n>\n'}
-        extra = "mqtt_transports = enabled\ncluster_ack_wait = 3 sec\n"
-        both = [node(tmp_path, nats_cluster, i, extra=extra, **files) for i in (1, 2)]
+        both = far_nodes(tmp_path, nats_cluster, mosq.port, "qos = 1\n",
+                         topics='out.> export="far"\n>\n')
         far = MqttClient(mosq.port)
         try:
             far.subscribe("out/#")
-
-            def states() -> list[str]:
-                return [next(t["state"] for t in admin_get(p.port("http"), "/api/v1/transports")
-                             if t["name"] == "far") for p in both]
-
-            wait_for(lambda: sorted(states()) == ["standby", "up"], timeout=30,
-                     what="the transport up on one node")
-            holder = both[states().index("up")]
-            other = both[1 - both.index(holder)]
+            holder, other = holder_and_other(both)
             publisher = MqttClient(other.port("mqtt"))
             try:
                 # exported by the holder, published on the other node
