@@ -109,6 +109,10 @@ class ClusterLink:
         self.tasks: list[asyncio.Task[None]] = []  # sends and notices under way
         self.op_task: asyncio.Task[None] | None = None
         self.closing = False
+        self.arriving = False  # a message from another node is being published here
+        self.wanted: dict[str, bool] = {}  # topic -> wanted_elsewhere's answer
+        self.wanted_version = -1
+        self.remote: set[str] = set()
         self.stats = {"forwarded": 0, "received": 0, "duplicates": 0, "undecodable": 0,
                       "publish_errors": 0}
 
@@ -405,17 +409,44 @@ class ClusterLink:
         if len(seen) > SEEN_WINDOW:
             seen.popitem(last=False)
         self.stats["received"] += 1
+        self.arriving = True
         try:
             self.session.send(msg)
         except GatewayError as exc:
             log.info("%s from the cluster not delivered here: %s", mid, exc)
+        finally:
+            self.arriving = False
 
     def _figures(self) -> dict[str, Any]:
-        """What this node's heartbeats carry (cluster.members)."""
+        """What this node's heartbeats carry (cluster.members): its figures, and the
+        patterns it subscribes to in NATS (see :meth:`wanted_elsewhere`)."""
         info = self.broker.info()
         out = {k: info.get(k, 0) for k in FIGURES}
         out["link"] = dict(self.stats)
+        out["cover"] = sorted(self.cover)
         return out
+
+    def wanted_elsewhere(self, topic: str) -> bool:
+        """Whether a message to ``topic`` that no subscriber of this node took may have
+        one on another node, so that this node must not log it dropped for want of
+        subscribers: it came from another node (that one decides), or another node's
+        heartbeat names a pattern that matches it (as of its last heartbeat)."""
+        if self.arriving:
+            return True
+        members = self.members
+        if members is None:
+            return False
+        if members.version != self.wanted_version:  # the answers are remembered until
+            self.wanted_version = members.version  # a node's cover changes
+            self.wanted.clear()
+            self.remote = members.remote_patterns()
+        answer = self.wanted.get(topic)
+        if answer is None:
+            answer = any(subject.matches(p, topic) for p in self.remote)
+            if len(self.wanted) >= SEEN_WINDOW:
+                self.wanted.clear()
+            self.wanted[topic] = answer
+        return answer
 
     def nodes(self) -> list[dict[str, Any]]:
         """Every node of the cluster as heard (``GET /api/v1/cluster``, ``/metrics``)."""

@@ -39,6 +39,7 @@ class Members:
         self.figures = figures
         self.clock = clock
         self.nodes: dict[str, tuple[float, dict[str, Any]]] = {}  # id -> (heard at, beat)
+        self.version = 0  # counts the changes of the nodes' covers and up-ness
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -76,7 +77,21 @@ class Members:
         except (ValueError, KeyError, TypeError):
             log.warning("unreadable heartbeat on %s", msg.subject)
             return
+        old = self.nodes.get(node)
+        if old is None or (old[1].get("up"), old[1].get("cover")) != (beat.get("up"),
+                                                                      beat.get("cover")):
+            self.version += 1  # what remote_patterns says has changed
         self.nodes[node] = (self.clock(), beat)
+
+    def remote_patterns(self) -> set[str]:
+        """The patterns the other nodes that are up subscribe to in NATS, as their last
+        heartbeats said."""
+        now = self.clock()
+        out: set[str] = set()
+        for heard, beat in self.nodes.values():
+            if beat.get("up") and now - heard <= HEARTBEAT * MISSED:
+                out.update(str(p) for p in beat.get("cover", ()))
+        return out
 
     def rows(self) -> list[dict[str, Any]]:
         """Every node heard of (this one included), by id: ``up`` and ``last_seen``

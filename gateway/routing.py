@@ -88,7 +88,10 @@ def route_topic(broker: Broker, topic: Topic, msg: Message,
     topic.stats_bytes_in += msg.size
     subs = broker.subs.match(topic.name)
     if not subs:
-        if broker.log_enabled:
+        # On a cluster node, only when no node has a subscriber either (cluster.link): the
+        # cluster is one gateway to the delivery log
+        if broker.log_enabled and (broker.cluster is None
+                                   or not broker.cluster.wanted_elsewhere(topic.name)):
             broker.dlog.record("drop", msg, topic.dest_text, None, 0, "no_subscribers")
         return None
     props = topic.props

@@ -190,10 +190,30 @@ def test_a_node_receives_only_what_it_has_subscribers_for(nodes):
         sub2.subscribe("wanted/#")
         wait_routed(lambda b: publisher.publish("wanted/probe", b),
                     [lambda: sub2.payloads(b"probe")], "interest of node 2 at node 1")
+        # node 1 knows node 2's cover from its heartbeats (for its delivery log)
+        wait_for(lambda: any("wanted.>" in row.get("cover", ()) for row in admin_get(
+            nodes[0].port("http"), "/api/v1/cluster")["nodes"]), timeout=30,
+            what="node 2's cover heard by node 1")
         for i in range(20):
             publisher.publish("unwanted/x", b"u%d" % i)
             publisher.publish("wanted/x", b"w%d" % i)
         wait_for(lambda: len(sub2.payloads(b"w")) == 20, timeout=30, what="20 wanted")
+        # node 1 logs as dropped, for want of subscribers, what no node wanted, and not
+        # what node 2 delivered: the cluster is one gateway to the reconciliation
+        logs = nodes[0].config_dir / "data" / "delivery-log"
+
+        def drops() -> dict[str, int]:
+            out: dict[str, int] = {}
+            for f in logs.glob("dlog-*.jsonl"):
+                for line in f.read_text().splitlines():
+                    r = json.loads(line)
+                    if r["event"] == "drop" and r["reason"] == "no_subscribers":
+                        out[r["dest"]] = out.get(r["dest"], 0) + 1
+            return out
+
+        wait_for(lambda: drops().get("topic:unwanted.x") == 20, timeout=30,
+                 what="the unwanted messages logged dropped")
+        assert "topic:wanted.x" not in drops()
         assert cluster_info(nodes[0])["forwarded"] >= 40
         node2, node3 = cluster_info(nodes[1]), cluster_info(nodes[2])
         assert node2["subscriptions"] == ["wanted.>"]
