@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from cluster.buckets import WatchedBucket
@@ -41,18 +42,23 @@ class DurableIndex(WatchedBucket):
         super().__init__(js, f"GW_{cluster_name}_DURABLES", replicas)
         self.patterns: dict[str, tuple[str, bool]] = {}  # consumer name -> (pattern, parent)
         self.cache: dict[str, bool] = {}
+        # told of each change, by any node: (consumer name, (pattern, parent) or None)
+        self.listener: Callable[[str, tuple[str, bool] | None], None] | None = None
 
     def changed(self, key: str, value: bytes | None) -> None:
+        entry: tuple[str, bool] | None = None
         if value is None:
             self.patterns.pop(key, None)
         else:
             try:
                 note = json.loads(value)
-                self.patterns[key] = (str(note["pattern"]), bool(note["parent"]))
+                entry = self.patterns[key] = (str(note["pattern"]), bool(note["parent"]))
             except (ValueError, KeyError, TypeError):
                 log.warning("unreadable durable subscription %s in %s", key, self.bucket)
                 return
         self.cache.clear()
+        if self.listener is not None:
+            self.listener(key, entry)
 
     # -- this node's durables ---------------------------------------------------------------
 

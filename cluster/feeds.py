@@ -92,6 +92,7 @@ class Feeds:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.durables = DurableIndex(self.js, cluster_name, replicas)
+        self.durables.listener = self._durable_changed
         self.queue_stream = f"GW_{cluster_name}_QUEUES"
         self.queue_prefix = f"gw.{cluster_name}.q."
         self.topic_stream = f"GW_{cluster_name}_TOPICS"
@@ -188,6 +189,20 @@ class Feeds:
         self.send(("bind", f))
         self.send(("record", f.consumer))
         return f
+
+    def _durable_changed(self, consumer: str, entry: tuple[str, bool] | None) -> None:
+        """A durable subscription ended, or was made again with another pattern, on some
+        node: a copy of it here that no consumer uses is stale, and this node lets go of
+        it (without touching what JetStream keeps), so that its subscriber, if it comes
+        back here, gets the cluster's."""
+        feed = self.by_consumer.get(consumer)
+        if not isinstance(feed, DurableFeed) or feed.consumers:
+            return
+        if entry is not None and entry == (feed.pattern, feed.parent_match):
+            return
+        del self.by_consumer[consumer]
+        feed.ended = True
+        self.broker.release_durable(feed.key)
 
     def forget_durable(self, key: str) -> None:
         """Durable subscription ``key``, which this node does not hold, ends for good (an

@@ -762,3 +762,58 @@ def test_what_a_transport_spooled_goes_out_from_the_node_that_takes_it_over(tmp_
             far.close()
             for p in both:
                 p.stop()
+
+
+def test_an_amqp_durable_subscription_resumes_on_another_node_and_ends_there(nodes):
+    from proton import Message as AmqpMessage
+    from proton.reactor import DurableSubscription
+
+    def subscribe(p: ServeProcess) -> Any:
+        conn = amqp_connect(p.port("amqp"), container_id="app-5")
+        return conn, conn.create_receiver("topic://alerts.>", name="alerts", credit=50,
+                                          options=DurableSubscription())
+
+    def take(receiver: Any) -> str | None:
+        try:
+            m = receiver.receive(timeout=0.05)
+        except Exception:  # noqa: BLE001 - proton's Timeout: nothing yet
+            return None
+        receiver.accept()
+        return text(m.body)
+
+    conn, receiver = subscribe(nodes[0])
+    sender_conn = amqp_connect(nodes[1].port("amqp"))
+    sender = sender_conn.create_sender("topic://alerts.fire")
+    try:
+        n = 0
+
+        def probe() -> bool:  # until node 2 keeps messages for the durable subscription
+            nonlocal n
+            n += 1
+            sender.send(AmqpMessage(body=f"probe {n}", durable=True))
+            return take(receiver) is not None
+
+        wait_for(probe, timeout=60, what="a probe kept for the durable subscription")
+        while take(receiver) is not None:  # the probes in flight
+            pass
+        receiver.link.detach()  # detach, not close: the subscription stays
+        conn.close()
+        sent = [f"alert {i}" for i in range(10)]
+        for body in sent:
+            sender.send(AmqpMessage(body=body, durable=True))
+        conn, receiver = subscribe(nodes[2])
+        got: list[str] = []
+        wait_for(lambda: (got.append(b) if (b := take(receiver)) is not None else None)
+                 or len([g for g in got if g.startswith("alert")]) >= 10,
+                 timeout=60, what="the alerts kept, on node 3")
+        assert [g for g in got if g.startswith("alert")] == sent
+        receiver.close()  # detach with closed = true: the subscription ends, cluster-wide
+        wait_for(lambda: not admin_get(nodes[0].port("http"), "/api/v1/cluster/store")
+                 ["durables"], timeout=30, what="the durable gone from JetStream")
+        # and node 1 let go of its copy (its subscriber had left it there)
+        wait_for(lambda: not [d for d in admin_get(nodes[0].port("http"), "/api/v1/durables")
+                              if d["name"] == "alerts"], timeout=30,
+                 what="node 1's copy gone")
+    finally:
+        conn.close()
+        sender_conn.close()
