@@ -75,6 +75,7 @@ SEEN_WINDOW = 10_000  # message ids remembered to drop a second copy
 CONNECT_TIMEOUT = 5.0  # seconds for each attempt to reach a NATS server
 RECONNECT_WAIT = 0.5  # seconds between reconnection attempts (nats-py's reconnect_time_wait)
 CLOSE_WAIT = 5.0  # seconds a closing link waits for the sends under way
+STORE_POLL = 5.0  # seconds between reads of what JetStream keeps (for /metrics)
 CLIENTS_NS = "clients.jms"  # shared records: JMS client id -> the node it is connected to
 JOIN_TIMEOUT = 10.0  # seconds for the first connection, at start, before giving up
 PING_INTERVAL = 2.0  # seconds between pings to the NATS server (a silent one is lost after
@@ -110,6 +111,9 @@ class ClusterLink:
         self.op_task: asyncio.Task[None] | None = None
         self.closing = False
         self.arriving = False  # a message from another node is being published here
+        # what JetStream keeps for the cluster, as of the last poll (store_view), for /metrics
+        self.store_figures: dict[str, Any] | None = None
+        self.poller: asyncio.Task[None] | None = None
         self.wanted: dict[str, bool] = {}  # topic -> wanted_elsewhere's answer
         self.wanted_version = -1
         self.remote: set[str] = set()
@@ -149,6 +153,7 @@ class ClusterLink:
         await self.nc.subscribe(f"gw.{self.cluster_name}.clients.*", cb=self._client_elsewhere)
         self.broker.cluster = self
         self.broker.info_sources.append(self._info_source)
+        self.poller = asyncio.ensure_future(self._poll_store())
         log.info("node %s joined through %s", self.node_id, ", ".join(self.servers))
 
     async def close(self) -> None:
@@ -171,7 +176,7 @@ class ClusterLink:
             await asyncio.wait(self.tasks, timeout=CLOSE_WAIT)
         if self.outbox and self.nc is not None and self.nc.is_connected:
             await self._send()
-        for t in [*self.tasks, self.op_task]:
+        for t in [*self.tasks, self.op_task, self.poller]:
             if t is not None and not t.done():
                 t.cancel()
                 try:
@@ -451,6 +456,15 @@ class ClusterLink:
     def nodes(self) -> list[dict[str, Any]]:
         """Every node of the cluster as heard (``GET /api/v1/cluster``, ``/metrics``)."""
         return self.members.rows() if self.members is not None else []
+
+    async def _poll_store(self) -> None:
+        """Keep :attr:`store_figures` (what ``/metrics`` shows of JetStream) fresh."""
+        while True:
+            try:
+                self.store_figures = await self.store_view()
+            except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
+                log.debug("cannot read what JetStream keeps: %s", exc)
+            await asyncio.sleep(STORE_POLL)
 
     async def store_view(self) -> dict[str, Any]:
         """What JetStream keeps for the whole cluster (``GET /api/v1/cluster/store``):

@@ -114,6 +114,15 @@ A node of a cluster, label ``node`` (every node, from the heartbeats this one he
 ``gateway_cluster_node_message_memory_bytes``  memory it charges for messages held
 =============================================  =========================================================
 
+What JetStream keeps for the whole cluster, as read every 5 s (``GET /api/v1/cluster/store``),
+bounded by ``metrics_max_destinations`` as the destinations are:
+
+=============================================  =========================================================
+``gateway_cluster_queue_messages``             a queue's messages, label ``queue``
+``gateway_cluster_durable_messages``           a durable subscription's, to deliver and unacknowledged,
+                                               label ``subscription`` (its key)
+=============================================  =========================================================
+
 The delivery log and the broker:
 
 =============================================  =========================================================
@@ -212,6 +221,17 @@ def bounded(series: dict[str, Figures], limit: int) -> dict[str, Figures]:
         other = out[OTHER] = Figures()
         for f in rest:
             other.add(f)
+    return out
+
+
+def _bounded_counts(counts: dict[str, int], limit: int) -> list[tuple[str, int]]:
+    """``counts`` by name, the names after the first ``limit`` (0: no limit) added up in
+    ``_other``."""
+    names = sorted(counts)
+    kept = names[:limit] if limit else names
+    out = [(n, counts[n]) for n in kept]
+    if len(kept) < len(names):
+        out.append((OTHER, sum(counts[n] for n in names[len(kept):])))
     return out
 
 
@@ -410,6 +430,24 @@ class GatewayCollector(Collector):
             for field, family in families.items():
                 family.add_metric([node], float(row.get(field) or 0))
         yield from families.values()
+        view = link.store_figures  # what JetStream keeps for the whole cluster
+        if view is None:
+            return
+        queues = GaugeMetricFamily("gateway_cluster_queue_messages",
+                                   "messages JetStream keeps for the queue, delivered or not, "
+                                   "on every node", labels=["queue"])
+        for name, n in _bounded_counts({q["name"]: q["messages"] for q in view["queues"]},
+                                       self.max_destinations):
+            queues.add_metric([name], float(n))
+        yield queues
+        pending = GaugeMetricFamily("gateway_cluster_durable_messages",
+                                    "messages JetStream keeps for the durable subscription, "
+                                    "to deliver and delivered unacknowledged",
+                                    labels=["subscription"])
+        for key, n in _bounded_counts({d["key"]: d["pending"] + d["unacknowledged"]
+                                       for d in view["durables"]}, self.max_destinations):
+            pending.add_metric([key], float(n))
+        yield pending
 
     def _server(self) -> Iterator[Metric]:
         broker = self.broker

@@ -515,6 +515,14 @@ def test_a_durable_subscription_resumes_on_another_node(nodes):
         kept = admin_get(nodes[2].port("http"), "/api/v1/cluster/store")["durables"]
         assert [d["key"] for d in kept] == ["sub:app-1:prices"]
         assert kept[0]["pending"] + kept[0]["unacknowledged"] >= 50
+
+        def in_metrics() -> float:  # /metrics of any node, as read every few seconds
+            page = admin_text(nodes[0].port("http"), "/metrics")
+            return next((s.value for f in text_string_to_metric_families(page)
+                         if f.name == "gateway_cluster_durable_messages" for s in f.samples
+                         if s.labels["subscription"] == "sub:app-1:prices"), 0.0)
+
+        wait_for(lambda: in_metrics() >= 50, timeout=30, what="the durable's backlog in /metrics")
         again = StompQueueClient(nodes[2].port("stomp"), client_id="app-1")
         try:
             again.consume("/topic/prices.>", durable)
