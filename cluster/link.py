@@ -75,6 +75,7 @@ SEEN_WINDOW = 10_000  # message ids remembered to drop a second copy
 CONNECT_TIMEOUT = 5.0  # seconds for each attempt to reach a NATS server
 RECONNECT_WAIT = 0.5  # seconds between reconnection attempts (nats-py's reconnect_time_wait)
 CLOSE_WAIT = 5.0  # seconds a closing link waits for the sends under way
+VIEW_WAIT = 2.0  # seconds a view of every node waits for the nodes' answers
 STORE_POLL = 5.0  # seconds between reads of what JetStream keeps (for /metrics)
 CLIENTS_NS = "clients.jms"  # shared records: JMS client id -> the node it is connected to
 JOIN_TIMEOUT = 10.0  # seconds for the first connection, at start, before giving up
@@ -151,6 +152,7 @@ class ClusterLink:
         self.members = Members(self.nc, self.cluster_name, self.node_id, self._figures)
         await self.members.start()
         await self.nc.subscribe(f"gw.{self.cluster_name}.clients.*", cb=self._client_elsewhere)
+        await self.nc.subscribe(f"gw.{self.cluster_name}.views.*", cb=self._view_asked)
         self.broker.cluster = self
         self.broker.info_sources.append(self._info_source)
         self.poller = asyncio.ensure_future(self._poll_store())
@@ -456,6 +458,48 @@ class ClusterLink:
     def nodes(self) -> list[dict[str, Any]]:
         """Every node of the cluster as heard (``GET /api/v1/cluster``, ``/metrics``)."""
         return self.members.rows() if self.members is not None else []
+
+    # -- views of every node (GET /api/v1/cluster/connections) ---------------------------
+
+    async def _view_asked(self, nmsg: Msg) -> None:
+        view = self.broker.local_views.get(nmsg.subject.rsplit(".", 1)[-1])
+        if view is None or not nmsg.reply:
+            return
+        body = json.dumps({"node_id": self.node_id, "rows": view()}, default=str).encode()
+        await self._publish_plain(nmsg.reply, body)
+
+    async def gather(self, name: str) -> dict[str, list[Any]]:
+        """View ``name`` of every node that is up, by node id: this node's own, and each
+        other's answer to a request on ``gw.<cluster>.views.<name>`` (those that did not
+        answer within :data:`VIEW_WAIT` are left out)."""
+        view = self.broker.local_views.get(name)
+        out: dict[str, list[Any]] = {self.node_id: view() if view is not None else []}
+        others = {row["node_id"] for row in self.nodes() if row.get("up")} - {self.node_id}
+        nc = self.nc
+        if not others or nc is None:
+            return out
+        inbox = nc.new_inbox()
+        done = asyncio.Event()
+
+        async def answered(nmsg: Msg) -> None:
+            try:
+                note = json.loads(nmsg.data)
+                out[str(note["node_id"])] = list(note["rows"])
+            except (ValueError, KeyError, TypeError):
+                return
+            if others <= set(out):
+                done.set()
+
+        sub = await nc.subscribe(inbox, cb=answered)
+        try:
+            await nc.publish(f"gw.{self.cluster_name}.views.{name}", b"", reply=inbox)
+            try:
+                await asyncio.wait_for(done.wait(), VIEW_WAIT)
+            except TimeoutError:
+                pass
+        finally:
+            await sub.unsubscribe()
+        return out
 
     async def _poll_store(self) -> None:
         """Keep :attr:`store_figures` (what ``/metrics`` shows of JetStream) fresh."""

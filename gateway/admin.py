@@ -276,9 +276,7 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
                     rows.append(flow.row())
         return rows
 
-    @routes.get("/api/v1/connections")
-    @needs(VIEW_CONNECTION)
-    async def connections(request: web.Request) -> web.Response:
+    def connection_rows() -> list[dict[str, Any]]:
         output = {r["connection"]: r for r in client_rows() if r["connection"]}
         rows = []
         for c in broker.connections.values():
@@ -289,7 +287,15 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
                 row["buffered"] = out["buffered"]
                 row["slow"] = out["slow"]
             rows.append(row)
-        return page(request, rows, key="id")
+        return rows
+
+    # what a cluster's other nodes may ask of this one (GET /api/v1/cluster/connections)
+    broker.local_views["connections"] = connection_rows
+
+    @routes.get("/api/v1/connections")
+    @needs(VIEW_CONNECTION)
+    async def connections(request: web.Request) -> web.Response:
+        return page(request, connection_rows(), key="id")
 
     @routes.get("/api/v1/clients")
     @needs(VIEW_CONNECTION)

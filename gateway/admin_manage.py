@@ -46,6 +46,9 @@ creates, changes and deletes (TIBCO EMS User's Guide, "Command Listing"), as RES
 ``GET /api/v1/config``                          the server's parameters [view-server]
 ``GET /api/v1/cluster``                         a cluster node's view of every node: up or
                                                 not, its figures (404 alone) [view-server]
+``GET /api/v1/cluster/connections``             every node's connections, each row with its
+                                                ``node_id`` (a node that does not answer in
+                                                2 s is left out) [view-connection]
 ``GET /api/v1/cluster/store``                   what JetStream keeps for the whole cluster:
                                                 each queue's messages, each durable's pending
                                                 and unacknowledged (404 alone, 503 without
@@ -391,6 +394,15 @@ def manage_routes(broker: Any) -> list[web.RouteDef]:
         link = cluster_link(broker)
         return web.json_response({"cluster": link.cluster_name, "node_id": link.node_id,
                                   "nodes": link.nodes()})
+
+    @routes.get("/api/v1/cluster/connections")
+    @needs(Need("view-connection"))
+    @handle
+    async def show_cluster_connections(request: web.Request) -> web.Response:
+        link = cluster_link(broker)
+        rows = [{**row, "node_id": node} for node, node_rows in
+                sorted((await link.gather("connections")).items()) for row in node_rows]
+        return page(request, rows, key="id")
 
     @routes.get("/api/v1/cluster/store")
     @needs(Need("view-server"))

@@ -96,6 +96,8 @@ def _routes() -> list[Route]:
         Route("GET", "/api/v1/config", "show config: gateway.conf's parameters", "view-server"),
         Route("GET", "/api/v1/cluster", "every node of the cluster, as this node hears them",
               "view-server", errors=(404,)),
+        Route("GET", "/api/v1/cluster/connections", "every node's connections",
+              "view-connection", ROWS, query=PAGE, errors=(400, 404)),
         Route("GET", "/api/v1/cluster/store", "what JetStream keeps for the whole cluster: "
               "queues and durable subscriptions", "view-server", errors=(404, 503)),
         Route("GET", "/api/v1/store", "the store's group-commit statistics", "view-server"),

@@ -170,6 +170,8 @@ class Broker(BrokerMemory):
         # what each namespace of shared records tells of other nodes' changes (see
         # watch_shared)
         self.shared_watchers: dict[str, list[Callable[[str, bytes | None], Any]]] = {}
+        # views of this node another node of a cluster may ask for (cluster.link), by name
+        self.local_views: dict[str, Callable[[], Any]] = {}
         self.closed = False
         # The monitor topics (gateway.monitor); ``message_monitors`` counts the subscriptions
         # to message-monitoring topics, which the publish path reads first.

@@ -53,6 +53,7 @@ class Core(Protocol):
     adapter_servers: dict[str, Any]  # each adapter's shared state, by protocol name
     info_sources: list[Callable[[], dict[str, Any]]]  # figures added to the server's info
     cluster: Any  # this node's cluster link (cluster.link.ClusterLink), or None
+    local_views: dict[str, Callable[[], Any]]  # what other nodes may ask of this one
 
     def now(self) -> int: ...
 

@@ -275,6 +275,10 @@ def test_any_node_shows_every_node(nodes):
 
         wait_for(lambda: up_in_metrics() == {"n1": 1.0, "n2": 1.0, "n3": 1.0}, timeout=30,
                  what="node 2's metrics showing every node up")
+        # every node's connections, from any node
+        rows = admin_get(nodes[0].port("http"), "/api/v1/cluster/connections")
+        assert {r["node_id"] for r in rows if r["protocol"] == "mqtt"} == {"n3"}
+        assert {r["node_id"] for r in rows} == {"n1", "n2", "n3"}  # the links at least
         nodes[2].stop()
         wait_for(lambda: not view()["n3"]["up"], timeout=30, what="n3 shown down")
     finally:
