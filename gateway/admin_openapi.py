@@ -163,13 +163,17 @@ def _operation(r: Route) -> dict[str, Any]:
     content = ({"text/plain": {"schema": {"type": "string"}}} if r.text
                else {"application/json": {"schema": r.result}})
     responses: dict[str, Any] = {str(r.ok): {"description": "done", "content": content}}
-    for status in sorted({*r.errors, 401, 403, *((400, 413) if r.body else ())}):
+    # 417: an Expect header other than 100-continue, on any route (RFC 9110 §10.1.1)
+    for status in sorted({*r.errors, 401, 403, 417, *((400, 413) if r.body else ())}):
         responses[str(status)] = {
             "description": {400: "bad request", 401: "no or bad credentials",
                             403: "not permitted", 404: "no such name", 409: "conflict",
                             413: "body too large",
+                            417: "an expectation (Expect) other than 100-continue",
                             503: "a service it needs did not answer"}[status],
-            "content": {"application/json": {"schema": ERROR}}}
+            # the HTTP server's own answer to an Expect header is plain text
+            "content": ({"text/plain": {"schema": {"type": "string"}}} if status == 417
+                        else {"application/json": {"schema": ERROR}})}
     op: dict[str, Any] = {"summary": r.summary, "description": r.summary + "." + need,
                           "responses": responses}
     params = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
