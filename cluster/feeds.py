@@ -59,6 +59,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from cluster.durables import DurableIndex
+from cluster.ordered import Ordered
 from gateway.errors import GatewayError, MessageFormatError, UnavailableError
 from gateway.message import PROP_IMPORTED, DeliveryMode, Message
 from gateway.serial import decode_message, encode_message
@@ -115,8 +116,7 @@ class Feeds:
         # what goes to NATS, in order, by one task a loop turn: ("pub", subject, payload,
         # headers, reply), (how, JetStream message) to acknowledge, NAK or terminate, and
         # ("bind" | "drop", feed) to make or delete a JetStream consumer
-        self.outbox: list[tuple[Any, ...]] = []
-        self.sending: asyncio.Task[None] | None = None
+        self.outbox = Ordered(self._handle)
         self.renewer: asyncio.Task[None] | None = None
         self.stats = {"queued": 0, "stored": 0, "pulled": 0, "acked": 0, "returned": 0}
 
@@ -162,8 +162,7 @@ class Feeds:
         self.broker.feed_durables(None)
         if self.renewer is not None:
             self.renewer.cancel()
-        if self.sending is not None:  # acknowledgements under way go out first
-            await asyncio.wait([self.sending], timeout=PUB_ACK_WAIT)
+        await self.outbox.flush(PUB_ACK_WAIT)  # acknowledgements under way go out first
         await self.durables.close()
         for fut, *_ in self.waiting.values():
             if not fut.done():
@@ -229,31 +228,23 @@ class Feeds:
             self.send(("nak", jm))  # for a feed that ended meanwhile
 
     def send(self, item: tuple[Any, ...]) -> None:
-        self.outbox.append(item)
-        if self.sending is None:
-            self.sending = asyncio.ensure_future(self._drain())
+        self.outbox.put(item)
 
-    async def _drain(self) -> None:
-        """Everything queued to NATS, in order."""
-        try:
-            while self.outbox:
-                batch, self.outbox = self.outbox, []
-                for item in batch:
-                    what = item[0]
-                    if what == "pub":
-                        await self._publish(*item[1:])
-                    elif what == "bind":
-                        await item[1].bind()
-                    elif what == "drop":
-                        await self._delete_consumer(item[1].stream, item[1].consumer)
-                    elif what == "forget":
-                        await self._delete_consumer(item[1], item[2])
-                    elif what == "record":
-                        await self.durables.put(item[1])
-                    else:
-                        await _settle(item[1], what)
-        finally:
-            self.sending = None
+    async def _handle(self, item: tuple[Any, ...]) -> None:
+        """One item queued to NATS (see ``outbox``)."""
+        what = item[0]
+        if what == "pub":
+            await self._publish(*item[1:])
+        elif what == "bind":
+            await item[1].bind()
+        elif what == "drop":
+            await self._delete_consumer(item[1].stream, item[1].consumer)
+        elif what == "forget":
+            await self._delete_consumer(item[1], item[2])
+        elif what == "record":
+            await self.durables.put(item[1])
+        else:
+            await _settle(item[1], what)
 
     async def _delete_consumer(self, stream: str, consumer: str) -> None:
         try:

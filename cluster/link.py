@@ -112,6 +112,7 @@ class ClusterLink:
         self.op_task: asyncio.Task[None] | None = None
         self.closing = False
         self.arriving = False  # a message from another node is being published here
+        self.claimed: set[str] = set()  # JMS client ids connected here (claim_client)
         # what JetStream keeps for the cluster, as of the last poll (store_view), for /metrics
         self.store_figures: dict[str, Any] | None = None
         self.poller: asyncio.Task[None] | None = None
@@ -155,6 +156,7 @@ class ClusterLink:
         await self.nc.subscribe(f"gw.{self.cluster_name}.views.*", cb=self._view_asked)
         self.broker.cluster = self
         self.broker.info_sources.append(self._info_source)
+        self.broker.watch_shared(CLIENTS_NS, self._claim_changed)
         self.poller = asyncio.ensure_future(self._poll_store())
         log.info("node %s joined through %s", self.node_id, ", ".join(self.servers))
 
@@ -262,11 +264,19 @@ class ClusterLink:
         if records is None:
             return
         if connected:  # a claim: a node that connected it first keeps it, while it is up
+            self.claimed.add(client_id)
             held = self.shared_record(CLIENTS_NS, client_id)
             records.claim(CLIENTS_NS, client_id, self.node_id.encode(),
                           overwrite=held is not None and self.client_node(client_id) is None)
         else:
+            self.claimed.discard(client_id)
             records.unclaim(CLIENTS_NS, client_id)
+
+    def _claim_changed(self, client_id: str, value: bytes | None) -> None:
+        """Another node's claim went: if this node has that client id connected (it came
+        to both at once, and the other claimed first), it claims it now."""
+        if value is None and client_id in self.claimed and self.records is not None:
+            self.records.claim(CLIENTS_NS, client_id, self.node_id.encode())
 
     def client_node(self, client_id: str) -> str | None:
         """The live node, another than this one, where ``client_id`` is connected, if any

@@ -17,13 +17,13 @@ a node knows its own changes when they come back.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from cluster.buckets import WatchedBucket
+from cluster.ordered import Ordered
 
 if TYPE_CHECKING:
     from nats.js.client import JetStreamContext
@@ -47,13 +47,11 @@ class SharedRecords(WatchedBucket):
         self.copy: dict[str, dict[str, bytes]] = {}  # namespace -> key -> value
         # what goes to the bucket, in order: (put | delete | create | take | release, key,
         # value)
-        self.outbox: list[tuple[str, str, bytes | None]] = []
-        self.sending: asyncio.Task[None] | None = None
+        self.outbox = Ordered(self._write)
         self.claims: dict[str, int] = {}  # bucket key -> revision of this node's claim
 
     async def close(self) -> None:
-        if self.sending is not None:
-            await asyncio.wait([self.sending], timeout=5)
+        await self.outbox.flush(5.0)
         await super().close()
 
     # -- in -----------------------------------------------------------------------------
@@ -111,27 +109,20 @@ class SharedRecords(WatchedBucket):
         return f"{ns}/{base64.urlsafe_b64encode(key.encode()).decode()}"
 
     def _queue(self, op: tuple[str, str, bytes | None]) -> None:
-        self.outbox.append(op)
-        if self.sending is None:
-            self.sending = asyncio.ensure_future(self._send())
+        self.outbox.put(op)
 
-    async def _send(self) -> None:
+    async def _write(self, op: tuple[str, str, bytes | None]) -> None:
+        """One write queued (see ``outbox``); a failed one is only logged."""
+        how, name, value = op
         try:
-            while self.outbox:
-                batch, self.outbox = self.outbox, []
-                for how, name, value in batch:
-                    if self.kv is None:
-                        break
-                    try:
-                        await self._write(how, name, value)
-                    except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
-                        log.debug("record %s not %s: %s", name, how, exc)
-        finally:
-            self.sending = None
+            await self._apply(how, name, value)
+        except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
+            log.debug("record %s not %s: %s", name, how, exc)
 
-    async def _write(self, how: str, name: str, value: bytes | None) -> None:
+    async def _apply(self, how: str, name: str, value: bytes | None) -> None:
         kv = self.kv
-        assert kv is not None
+        if kv is None:
+            return
         if how == "put" and value is not None:
             await kv.put(name, value)
         elif how == "delete":

@@ -116,9 +116,7 @@ class MqttServer:
                 continue
             session.restored = flights.pop(cid, {})
             for sub in session.subs.values():  # the store kept the queue: bound it again
-                durable = self.broker.durable(
-                    f"sub:mqtt:mqtt/{sub.share}/{sub.pattern}" if sub.share is not None
-                    else f"sub:{cid}:mqtt:{sub.filter}")
+                durable = self.broker.durable(session.durable_key(sub))
                 if durable is not None:
                     session.bound(durable, sub.options.qos)
             self.sessions[cid] = session
@@ -198,12 +196,8 @@ class MqttServer:
             session.core = None
         for rec in session.subs.values():
             rec.consumer = None
-            self.broker.release_durable(
-                f"sub:mqtt:mqtt/{rec.share}/{rec.pattern}" if rec.share is not None
-                else f"sub:{session.client_id}:mqtt:{rec.filter}")
-        for pid in [*session.outgoing, *session.restored]:
-            if pid in session.restored or session.outgoing[pid].saved:
-                session.forget_inflight(pid)
+            self.broker.release_durable(session.durable_key(rec))
+        session.forget_all_inflight()
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         store = self.broker.store

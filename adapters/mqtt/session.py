@@ -674,15 +674,25 @@ class MqttSession:
         for rec in list(self.subs.values()):
             self.unsubscribe(rec, drop=True)
         self.subs.clear()
+        self.forget_all_inflight()
+        if self.core is not None:
+            self.core.close()
+            self.core = None
+        self.server.forget(self)
+
+    def forget_all_inflight(self) -> None:
+        """Delete the in-flight records this session wrote to the store, and forget them."""
         for pid in [*self.outgoing, *self.restored]:
             if pid in self.restored or self.outgoing[pid].saved:
                 self.forget_inflight(pid)
         self.outgoing.clear()
         self.restored.clear()
-        if self.core is not None:
-            self.core.close()
-            self.core = None
-        self.server.forget(self)
+
+    def durable_key(self, rec: SubRecord) -> str:
+        """The core's key of the durable subscription behind ``rec``."""
+        if rec.share is not None:
+            return f"sub:mqtt:mqtt/{rec.share}/{rec.pattern}"
+        return f"sub:{self.client_id}:mqtt:{rec.filter}"
 
     def record(self) -> dict[str, Any]:
         """What is written to the store for a persistent session."""
