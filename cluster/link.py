@@ -153,7 +153,9 @@ class ClusterLink:
         self.members = Members(self.nc, self.cluster_name, self.node_id, self._figures)
         await self.members.start()
         await self.nc.subscribe(f"gw.{self.cluster_name}.clients.*", cb=self._client_elsewhere)
-        await self.nc.subscribe(f"gw.{self.cluster_name}.views.*", cb=self._view_asked)
+        await self.nc.subscribe(f"gw.{self.cluster_name}.views.*", cb=self._asked)
+        await self.nc.subscribe(f"gw.{self.cluster_name}.actions.*", cb=self._asked)
+        self.broker.local_actions["purge-queue"] = self._purge_here
         self.broker.cluster = self
         self.broker.info_sources.append(self._info_source)
         self.broker.watch_shared(CLIENTS_NS, self._claim_changed)
@@ -469,13 +471,21 @@ class ClusterLink:
         """Every node of the cluster as heard (``GET /api/v1/cluster``, ``/metrics``)."""
         return self.members.rows() if self.members is not None else []
 
-    # -- views of every node (GET /api/v1/cluster/connections) ---------------------------
+    # -- views of every node, and actions on every node ---------------------------------
 
-    async def _view_asked(self, nmsg: Msg) -> None:
-        view = self.broker.local_views.get(nmsg.subject.rsplit(".", 1)[-1])
-        if view is None or not nmsg.reply:
+    async def _asked(self, nmsg: Msg) -> None:
+        """Answer another node's request for a view (``gw.<cluster>.views.<name>``) or an
+        action (``gw.<cluster>.actions.<name>``, its argument the payload)."""
+        kind, name = nmsg.subject.split(".")[-2:]
+        if not nmsg.reply:
             return
-        body = json.dumps({"node_id": self.node_id, "rows": view()}, default=str).encode()
+        if kind == "views":
+            view = self.broker.local_views.get(name)
+            result = view() if view is not None else None
+        else:
+            action = self.broker.local_actions.get(name)
+            result = action(nmsg.data.decode()) if action is not None else None
+        body = json.dumps({"node_id": self.node_id, "result": result}, default=str).encode()
         await self._publish_plain(nmsg.reply, body)
 
     async def gather(self, name: str) -> dict[str, list[Any]]:
@@ -483,7 +493,18 @@ class ClusterLink:
         other's answer to a request on ``gw.<cluster>.views.<name>`` (those that did not
         answer within :data:`VIEW_WAIT` are left out)."""
         view = self.broker.local_views.get(name)
-        out: dict[str, list[Any]] = {self.node_id: view() if view is not None else []}
+        out = await self._ask_all(f"views.{name}", b"", view() if view is not None else [])
+        return {node: list(rows or ()) for node, rows in out.items()}
+
+    async def everywhere(self, name: str, arg: str) -> dict[str, Any]:
+        """Run action ``name`` of :attr:`Core.local_actions` with ``arg`` on every node that
+        is up (this one first), and give each one's result by node id (a node that did not
+        answer within :data:`VIEW_WAIT` is left out; one without the action gives None)."""
+        local = self.broker.local_actions[name](arg)
+        return await self._ask_all(f"actions.{name}", arg.encode(), local)
+
+    async def _ask_all(self, what: str, payload: bytes, local: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {self.node_id: local}
         others = {row["node_id"] for row in self.nodes() if row.get("up")} - {self.node_id}
         nc = self.nc
         if not others or nc is None:
@@ -494,7 +515,7 @@ class ClusterLink:
         async def answered(nmsg: Msg) -> None:
             try:
                 note = json.loads(nmsg.data)
-                out[str(note["node_id"])] = list(note["rows"])
+                out[str(note["node_id"])] = note["result"]
             except (ValueError, KeyError, TypeError):
                 return
             if others <= set(out):
@@ -502,7 +523,7 @@ class ClusterLink:
 
         sub = await nc.subscribe(inbox, cb=answered)
         try:
-            await nc.publish(f"gw.{self.cluster_name}.views.{name}", b"", reply=inbox)
+            await nc.publish(f"gw.{self.cluster_name}.{what}", payload, reply=inbox)
             try:
                 await asyncio.wait_for(done.wait(), VIEW_WAIT)
             except TimeoutError:
@@ -510,6 +531,29 @@ class ClusterLink:
         finally:
             await sub.unsubscribe()
         return out
+
+    async def purge_queue(self, name: str) -> int | None:
+        """Admin ``purge queue`` on a cluster node: the queue's messages go from JetStream
+        and from every node that holds some; how many (None: no node knows the queue and
+        JetStream kept nothing of it). As on a gateway alone, what consumers hold
+        (delivered, not yet acknowledged) stays theirs."""
+        stored = await self.feeds.purge_queue(name) if self.feeds is not None else 0
+        nodes = [n for n in (await self.everywhere("purge-queue", name)).values()
+                 if n is not None]
+        if not stored and not nodes:
+            return None
+        # JetStream's count has every message of a queue it keeps, those the nodes hold
+        # too (held until acknowledged); a queue it does not keep (a temporary one) was
+        # only on its node.
+        in_flight = sum(int(n["in_flight"]) for n in nodes)
+        return max(stored - in_flight, sum(int(n["purged"]) for n in nodes))
+
+    def _purge_here(self, name: str) -> dict[str, int] | None:
+        q = self.broker.queues.get(name)
+        if q is None:
+            return None
+        in_flight = int(q.info()["in_flight"])  # delivered, not acknowledged: they stay
+        return {"purged": self.broker.purge_queue(name), "in_flight": in_flight}
 
     async def _poll_store(self) -> None:
         """Keep :attr:`store_figures` (what ``/metrics`` shows of JetStream) fresh."""

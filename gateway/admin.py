@@ -49,7 +49,10 @@ route, 400 malformed body, 413 body past 64 KB, 405 wrong method.
                                             queued for them and dropped, per subscription
                                             [view-connection]
 ``POST /api/v1/queues/{name}/purge``        ``purge queue name`` [purge-destination, or
-                                            ``purge`` on the queue in acl.conf]
+                                            ``purge`` on the queue in acl.conf]; on a
+                                            cluster's node, the queue's messages in
+                                            JetStream and on every node (503: JetStream
+                                            did not answer)
 ``GET /api/v1/transports``                  ``show transports``: state, counters, bindings
                                             [view-server]
 ``GET /api/v1/log``                         the log's levels: ``{"level": "info",
@@ -220,9 +223,7 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
                     logger or "the gateway", body["level"].lower())
         return web.json_response(levels())
 
-    @routes.get("/api/v1/queues")
-    @needs(VIEW_DESTINATION)
-    async def queues(request: web.Request) -> web.Response:
+    def queue_rows() -> list[dict[str, Any]]:
         rows = []
         for q in broker.queues.values():
             row = q.info()
@@ -236,11 +237,9 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
             if name not in broker.queues:
                 rows.append({"name": name, "static": True, "temporary": False,
                              "properties": _props(table.resolve(name)), **IDLE_QUEUE})
-        return page(request, rows)
+        return rows
 
-    @routes.get("/api/v1/topics")
-    @needs(VIEW_DESTINATION)
-    async def topics(request: web.Request) -> web.Response:
+    def topic_rows() -> list[dict[str, Any]]:
         rows = []
         for t in broker.topics.values():
             subs = broker.subs.match(t.name) if not t.name.startswith("$") else ()
@@ -258,12 +257,25 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
                              "subscriptions": len(subs), "total_in": 0,
                              "properties": _props(table.resolve(name)),
                              "pending": sum(s.npending for s in subs)})
-        return page(request, rows)
+        return rows
+
+    def durable_rows() -> list[dict[str, Any]]:
+        return [s.info() for s in broker.durables.values()]
+
+    @routes.get("/api/v1/queues")
+    @needs(VIEW_DESTINATION)
+    async def queues(request: web.Request) -> web.Response:
+        return page(request, queue_rows())
+
+    @routes.get("/api/v1/topics")
+    @needs(VIEW_DESTINATION)
+    async def topics(request: web.Request) -> web.Response:
+        return page(request, topic_rows())
 
     @routes.get("/api/v1/durables")
     @needs(VIEW_DURABLE)
     async def durables(request: web.Request) -> web.Response:
-        return page(request, [s.info() for s in broker.durables.values()])
+        return page(request, durable_rows())
 
     def client_rows() -> list[dict[str, Any]]:
         # Each adapter connection's WriteFlow (adapters.listener), by duck typing: the core
@@ -289,8 +301,9 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
             rows.append(row)
         return rows
 
-    # what a cluster's other nodes may ask of this one (GET /api/v1/cluster/connections)
-    broker.local_views["connections"] = connection_rows
+    # what a cluster's other nodes may ask of this one (GET /api/v1/cluster/<view>)
+    broker.local_views.update(connections=connection_rows, queues=queue_rows,
+                              topics=topic_rows, durables=durable_rows)
 
     @routes.get("/api/v1/connections")
     @needs(VIEW_CONNECTION)
@@ -305,11 +318,16 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
             rows = [r for r in rows if r["slow"]]
         return web.json_response(rows)
 
+    def session_rows() -> list[dict[str, Any]]:
+        mqtt = broker.adapter_servers.get("mqtt")
+        return mqtt.session_rows() if mqtt is not None else []  # type: ignore[no-any-return]
+
+    broker.local_views["sessions"] = session_rows
+
     @routes.get("/api/v1/sessions")
     @needs(VIEW_CONNECTION)
     async def sessions(_: web.Request) -> web.Response:
-        mqtt = broker.adapter_servers.get("mqtt")
-        return web.json_response(mqtt.session_rows() if mqtt is not None else [])
+        return web.json_response(session_rows())
 
     @routes.get("/api/v1/store")
     @needs(VIEW_SERVER)
@@ -319,8 +337,18 @@ def make_app(broker: Any, clock: Callable[[], float] = time.monotonic) -> web.Ap
     @routes.post("/api/v1/queues/{name}/purge")
     @needs(PURGE_QUEUE)
     async def purge(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        link = broker.cluster
+        if link is not None:  # the queue is the cluster's: purged in JetStream and on
+            try:              # every node
+                n = await link.purge_queue(name)
+            except GatewayError as exc:
+                return json_error(503, str(exc))
+            if n is None:
+                return json_error(404, f"no queue named {name!r} on any node")
+            return web.json_response({"purged": n})
         try:
-            n = broker.purge_queue(request.match_info["name"])
+            n = broker.purge_queue(name)
         except GatewayError as exc:
             return json_error(404, str(exc))
         return web.json_response({"purged": n})

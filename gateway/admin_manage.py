@@ -49,6 +49,11 @@ creates, changes and deletes (TIBCO EMS User's Guide, "Command Listing"), as RES
 ``GET /api/v1/cluster/connections``             every node's connections, each row with its
                                                 ``node_id`` (a node that does not answer in
                                                 2 s is left out) [view-connection]
+``GET /api/v1/cluster/queues``, ``/topics``,     every node's rows of ``/api/v1/queues``,
+``/durables``, ``/sessions``                     ``/topics``, ``/durables``, ``/sessions``,
+                                                each with its ``node_id``, as above
+                                                [view-destination, view-durable,
+                                                view-connection]
 ``GET /api/v1/cluster/store``                   what JetStream keeps for the whole cluster:
                                                 each queue's messages, each durable's pending
                                                 and unacknowledged (404 alone, 503 without
@@ -94,6 +99,14 @@ class BadRequest(Exception):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+
+# the per-node list views a cluster's node gathers from every node: view, permission, key
+CLUSTER_VIEWS = (("connections", "view-connection", "id"),
+                 ("queues", "view-destination", "name"),
+                 ("topics", "view-destination", "name"),
+                 ("durables", "view-durable", "name"),
+                 ("sessions", "view-connection", "client_id"))
 
 
 def cluster_link(broker: Any) -> Any:
@@ -395,14 +408,8 @@ def manage_routes(broker: Any) -> list[web.RouteDef]:
         return web.json_response({"cluster": link.cluster_name, "node_id": link.node_id,
                                   "nodes": link.nodes()})
 
-    @routes.get("/api/v1/cluster/connections")
-    @needs(Need("view-connection"))
-    @handle
-    async def show_cluster_connections(request: web.Request) -> web.Response:
-        link = cluster_link(broker)
-        rows = [{**row, "node_id": node} for node, node_rows in
-                sorted((await link.gather("connections")).items()) for row in node_rows]
-        return page(request, rows, key="id")
+    for view, need, key in CLUSTER_VIEWS:
+        _cluster_view_route(routes, broker, view, need, key, handle)
 
     @routes.get("/api/v1/cluster/store")
     @needs(Need("view-server"))
@@ -421,6 +428,21 @@ def manage_routes(broker: Any) -> list[web.RouteDef]:
         return web.json_response(config_view(broker.config))
 
     return list(routes)  # type: ignore[arg-type]
+
+
+def _cluster_view_route(routes: web.RouteTableDef, broker: Any, view: str, need: str,
+                        key: str, handle: Callable[[Any], Any]) -> None:
+    """``GET /api/v1/cluster/<view>``: the rows of ``GET /api/v1/<view>`` of every node that
+    is up, each with its ``node_id``, asked for over NATS (ClusterLink.gather)."""
+
+    async def show_cluster_view(request: web.Request) -> web.Response:
+        link = cluster_link(broker)
+        rows = [{**row, "node_id": node} for node, node_rows in
+                sorted((await link.gather(view)).items()) for row in node_rows]
+        return page(request, rows, key=key)
+
+    show_cluster_view.__name__ = f"show_cluster_{view}"
+    routes.get(f"/api/v1/cluster/{view}")(needs(Need(need))(handle(show_cluster_view)))
 
 
 def config_view(config: Any) -> dict[str, Any]:

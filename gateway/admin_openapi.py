@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.admin_manage import CLUSTER_VIEWS
+
 OBJ: dict[str, Any] = {"type": "object"}
 ROWS: dict[str, Any] = {"type": "array", "items": OBJ}
 ERROR: dict[str, Any] = {"type": "object", "required": ["error"],
@@ -84,7 +86,7 @@ def _routes() -> list[Route]:
             Route("DELETE", base + "/{name}", f"delete {kind}", "delete-destination",
                   errors=(404, 409)),
             Route("POST", base + "/{name}/purge", f"purge {kind}", "purge-destination",
-                  errors=(404,)),
+                  errors=(404, 503) if kind == "queue" else (404,)),
         ]
     return dest + [
         Route("POST", "/api/v1/tokens", "a bearer token for the Basic credentials given", "",
@@ -96,8 +98,8 @@ def _routes() -> list[Route]:
         Route("GET", "/api/v1/config", "show config: gateway.conf's parameters", "view-server"),
         Route("GET", "/api/v1/cluster", "every node of the cluster, as this node hears them",
               "view-server", errors=(404,)),
-        Route("GET", "/api/v1/cluster/connections", "every node's connections",
-              "view-connection", ROWS, query=PAGE, errors=(400, 404)),
+        *(Route("GET", f"/api/v1/cluster/{view}", f"every node's {view}", need, ROWS,
+                query=PAGE, errors=(400, 404)) for view, need, _ in CLUSTER_VIEWS),
         Route("GET", "/api/v1/cluster/store", "what JetStream keeps for the whole cluster: "
               "queues and durable subscriptions", "view-server", errors=(404, 503)),
         Route("GET", "/api/v1/store", "the store's group-commit statistics", "view-server"),

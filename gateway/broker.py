@@ -172,6 +172,7 @@ class Broker(BrokerMemory):
         self.shared_watchers: dict[str, list[Callable[[str, bytes | None], Any]]] = {}
         # views of this node another node of a cluster may ask for (cluster.link), by name
         self.local_views: dict[str, Callable[[], Any]] = {}
+        self.local_actions: dict[str, Callable[[str], Any]] = {}
         self.closed = False
         # The monitor topics (gateway.monitor); ``message_monitors`` counts the subscriptions
         # to message-monitoring topics, which the publish path reads first.

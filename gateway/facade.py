@@ -54,6 +54,8 @@ class Core(Protocol):
     info_sources: list[Callable[[], dict[str, Any]]]  # figures added to the server's info
     cluster: Any  # this node's cluster link (cluster.link.ClusterLink), or None
     local_views: dict[str, Callable[[], Any]]  # what other nodes may ask of this one
+    local_actions: dict[str, Callable[[str], Any]]  # what other nodes may have this one do
+    queues: dict[str, Any]  # the live queues by name (gateway.endpoint.QueueEndpoint)
 
     def now(self) -> int: ...
 
@@ -93,6 +95,8 @@ class Core(Protocol):
     def forget_durable(self, key: str) -> None: ...
 
     def release_durable(self, key: str) -> None: ...
+
+    def purge_queue(self, name: str) -> int: ...
 
     def share_record(self, ns: str, key: str, value: bytes | None) -> None: ...
 

@@ -19,7 +19,7 @@ from typing import Any
 import paho.mqtt.client as paho
 import pytest
 import stomp
-from adminapi import admin_get, admin_text
+from adminapi import admin_get, admin_post, admin_text
 from amqpclient import connect as amqp_connect
 from clusternodes import StompQueueClient, cluster_info, node
 from corehelp import write_config
@@ -829,3 +829,48 @@ def test_an_amqp_durable_subscription_resumes_on_another_node_and_ends_there(nod
     finally:
         conn.close()
         sender_conn.close()
+
+
+def test_any_node_shows_every_nodes_destinations_and_purges_a_queue_cluster_wide(nodes):
+    sender = StompQueueClient(nodes[0].port("stomp"))
+    holder = StompQueueClient(nodes[1].port("stomp"), hold=True)  # acknowledges nothing
+    try:
+        holder.consume("/queue/purged", {"prefetch-count": "5"})
+        sent = [f"m{i}" for i in range(40)]
+        for body in sent:
+            sender.send("/queue/purged", body)
+        wait_for(lambda: holder.bodies(), timeout=30, what="node 2 holding some")
+
+        def stored() -> int:
+            view = admin_get(nodes[2].port("http"), "/api/v1/cluster/store")
+            return int({q["name"]: q["messages"] for q in view["queues"]}.get("purged", 0))
+
+        wait_for(lambda: stored() == 40, timeout=30, what="JetStream keeping the 40")
+        # node 3 has no queue of that name: its view of the cluster's has nodes 1 and 2's
+        rows = admin_get(nodes[2].port("http"), "/api/v1/cluster/queues?q=purged")
+        assert {r["node_id"] for r in rows} == {"n1", "n2"}
+        assert {r["node_id"]: r["consumers"] for r in rows} == {"n1": 0, "n2": 1}
+        wait_for(lambda: len(holder.bodies()) == 5, timeout=30, what="node 2 holding 5")
+        assert {r["node_id"]: r["in_flight"] for r in rows}["n2"] == 5
+        assert all(r["node_id"] in ("n1", "n2", "n3") for r in admin_get(
+            nodes[0].port("http"), "/api/v1/cluster/topics"))
+        # purged from node 3: in JetStream, and on node 2 but for what its consumer holds
+        assert admin_post(nodes[2].port("http"), "/api/v1/queues/purged/purge") == (
+            200, {"purged": 35})
+        wait_for(lambda: stored() == 0, timeout=30, what="nothing left in JetStream")
+        n2 = {r["node_id"]: r for r in admin_get(
+            nodes[0].port("http"), "/api/v1/cluster/queues?q=purged")}["n2"]
+        assert n2["pending"] == 0 and n2["in_flight"] == 5
+        # the queue goes on: what is sent now is delivered, and nothing purged comes back
+        with holder.cond:
+            holder.hold = False
+            for _, headers in holder.got:
+                holder.conn.ack(headers["ack"])
+        sender.send("/queue/purged", "after")
+        wait_for(lambda: "after" in holder.bodies(), timeout=30, what="a message after the purge")
+        time.sleep(1)
+        assert holder.bodies() == sent[:5] + ["after"]
+        assert admin_post(nodes[2].port("http"), "/api/v1/queues/nowhere/purge")[0] == 404
+    finally:
+        for c in (sender, holder):
+            c.close()
