@@ -29,14 +29,24 @@ How topics cross nodes. For a cluster named ``C``:
   messages to one topic in the order they were published (what JMS and MQTT promise);
   messages of one producer to two topics may arrive interleaved differently.
 
-A client id is one client in the cluster: a node where an MQTT client connects tells the
-others on ``gw.C.clients.mqtt``, and a node with a connection of that client id takes it over
-as a second CONNECT would on one node (DISCONNECT 0x8E, "Session taken over", MQTT 5.0
-3.1.4, [MQTT-3.1.4-3]); its will is published there, once.
+A client id is one client in the cluster. A CONNECT that resumes an MQTT session another
+node holds (the shared session record names it) waits for that node to hand it over
+(:meth:`ClusterLink.hand_over`, a request on ``gw.C.handover.<node>``): that node takes over
+its connection as a second CONNECT would on one node (DISCONNECT 0x8E, "Session taken over",
+MQTT 5.0 3.1.4, [MQTT-3.1.4-3]), publishes its will there, once, and answers with the
+session's state, what it had in flight included. A node where an MQTT client connects also
+tells the others on ``gw.C.clients.mqtt``, and one with a connection of that client id takes
+it over. A JMS client id is claimed in the shared records (``clients.jms``): one connection
+in the cluster.
 
-What a node receives is delivered as the local broker delivers: persistent messages to its
-durable subscriptions are stored in its own store. A message in flight through NATS when a
-node dies is lost to the nodes that had not received it (NATS core delivers at most once).
+What a node receives from another is delivered as the local broker delivers; persistent
+messages for durable subscriptions and queues come from JetStream (:mod:`cluster.feeds`).
+A non-persistent message in flight through NATS when a node dies is lost to the nodes that
+had not received it (NATS core delivers at most once).
+
+Views and actions: a node answers requests on ``gw.C.views.<name>`` with its
+:attr:`Core.local_views` (the admin API's per-node rows) and on ``gw.C.actions.<name>`` by
+running :attr:`Core.local_actions` (a queue's purge on every node).
 
 The link runs on the gateway's loop; nats-py's calls are coroutines, so what the broker's
 synchronous publish path hands over (:meth:`ClusterLink.forward`) is queued and published
@@ -78,6 +88,7 @@ CLOSE_WAIT = 5.0  # seconds a closing link waits for the sends under way
 VIEW_WAIT = 2.0  # seconds a view of every node waits for the nodes' answers
 STORE_POLL = 5.0  # seconds between reads of what JetStream keeps (for /metrics)
 CLIENTS_NS = "clients.jms"  # shared records: JMS client id -> the node it is connected to
+HANDOVER_WAIT = 3.0  # seconds a CONNECT waits for the node that held the session to let go
 JOIN_TIMEOUT = 10.0  # seconds for the first connection, at start, before giving up
 PING_INTERVAL = 2.0  # seconds between pings to the NATS server (a silent one is lost after
 MAX_PINGS_OUT = 2    # this many unanswered)
@@ -155,6 +166,8 @@ class ClusterLink:
         await self.nc.subscribe(f"gw.{self.cluster_name}.clients.*", cb=self._client_elsewhere)
         await self.nc.subscribe(f"gw.{self.cluster_name}.views.*", cb=self._asked)
         await self.nc.subscribe(f"gw.{self.cluster_name}.actions.*", cb=self._asked)
+        await self.nc.subscribe(f"gw.{self.cluster_name}.handover.{self.node_id}",
+                                cb=self._handover_asked)
         self.broker.local_actions["purge-queue"] = self._purge_here
         self.broker.cluster = self
         self.broker.info_sources.append(self._info_source)
@@ -326,6 +339,39 @@ class ClusterLink:
             self.sending = False
 
     # -- clients: one connection per client id in the cluster ------------------------------
+
+    async def hand_over(self, protocol: str, client_id: str, node: str) -> bytes | None:
+        """Ask node ``node`` for its session of ``client_id``, which a client resumes here:
+        it closes the client's connection there (a takeover), writes the session's state,
+        in-flight exchanges included, to the shared records and lets go of it; its answer
+        is that state. None when ``node`` is not up, or did not answer within
+        :data:`HANDOVER_WAIT`, or holds no such session."""
+        up = {row["node_id"] for row in self.nodes() if row.get("up")}
+        nc = self.nc
+        if node not in up or node == self.node_id or nc is None or not nc.is_connected:
+            return None
+        body = json.dumps({"protocol": protocol, "client_id": client_id,
+                           "to": self.node_id}).encode()
+        try:
+            reply = await nc.request(f"gw.{self.cluster_name}.handover.{node}", body,
+                                     timeout=HANDOVER_WAIT)
+        except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
+            log.warning("node %s did not hand over the session of %s: %s", node, client_id,
+                        exc)
+            return None
+        return reply.data or None
+
+    async def _handover_asked(self, nmsg: Msg) -> None:
+        try:
+            note = json.loads(nmsg.data)
+            protocol, client_id, to = str(note["protocol"]), str(note["client_id"]), \
+                str(note["to"])
+        except (ValueError, KeyError, TypeError):
+            return
+        server = self.broker.adapter_servers.get(protocol)
+        record = server.hand_over(client_id, to) if server is not None else None
+        if nmsg.reply:
+            await self._publish_plain(nmsg.reply, record or b"")
 
     def client_arrived(self, protocol: str, client_id: str) -> None:
         """A client connected here: tell the other nodes, which take over theirs."""

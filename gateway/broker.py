@@ -1026,6 +1026,18 @@ class Broker(BrokerMemory):
         """Every record of ``ns`` the cluster shares (empty alone)."""
         return self.cluster.shared_records(ns) if self.cluster is not None else {}
 
+    def node_id(self) -> str | None:
+        """This gateway's node id in its cluster (None alone)."""
+        return self.cluster.node_id if self.cluster is not None else None  # type: ignore[no-any-return]
+
+    async def hand_over(self, protocol: str, client_id: str, node: str) -> bytes | None:
+        """Have cluster node ``node`` let go of its session of ``client_id`` (``protocol``'s
+        adapter) for this node, and give its state (None: not a cluster node, ``node`` is
+        down or did not answer, or holds no such session)."""
+        if self.cluster is None:
+            return None
+        return await self.cluster.hand_over(protocol, client_id, node)  # type: ignore[no-any-return]
+
     def watch_shared(self, ns: str, listener: Callable[[str, bytes | None], Any]) -> None:
         """Call ``listener(key, value)`` when another node of the cluster changes a record
         of ``ns`` (``value`` None: deleted)."""

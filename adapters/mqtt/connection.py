@@ -139,17 +139,31 @@ class MqttConnection:
         self.pause_reading: Callable[[], None] | None = None
         self.resume_reading: Callable[[], None] | None = None
         self.held_qos0 = 0  # QoS 0 publishes whose core future is pending
+        # Packets after a CONNECT that waits for a cluster node's handover (_connect_later).
+        self.stash: list[Any] | None = None
+        self.handover: Any = None  # that wait's task
 
     # -- input ------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
         self.last_rx = self.server.loop.time()
+        self._dispatch(data, ())
+
+    def _dispatch(self, data: bytes, packets: Any) -> None:
+        """Handle the packets in ``data`` (or ``packets``, already parsed) in order; while a
+        CONNECT waits for another cluster node to hand its session over, what comes after
+        it waits in :attr:`stash`."""
         codec = self.codec
         try:
-            codec.receive_data(data)
-            for packet in codec.events_received():
+            if data:
+                codec.receive_data(data)
+                packets = codec.events_received()
+            for packet in packets:
                 if self.state is State.CLOSED:
                     return
+                if self.stash is not None:
+                    self.stash.append(packet)
+                    continue
                 if type(packet) not in ALLOWED[self.state]:
                     if isinstance(packet, Connect):
                         raise MqttRemoteProtocolError("second CONNECT [MQTT-3.1.0-2]",
@@ -401,7 +415,35 @@ class MqttConnection:
         # mqtt_max_inflight_messages (0 = as many as there are packet ids).
         receive_max = (int(props.get("receive_maximum", 65535)) if self.level >= MQTT_5
                        else server.max_inflight)
+        args = (p, cid, assigned, persistent, expiry, receive_max)
+        holder = server.holder(cid)
+        if holder is not None:  # another node of the cluster holds the session: first it
+            self.stash = []     # hands it over, with what it has in flight
+            if self.pause_reading is not None:
+                self.pause_reading()
+            self.handover = server.loop.create_task(self._connect_later(holder, args))
+            return
         server.adopt(cid)  # on a cluster node, the cluster's session of this client id
+        self._open_session(*args)
+
+    async def _connect_later(self, holder: str, args: tuple[Any, ...]) -> None:
+        server = self.server
+        handed = await server.broker.hand_over("mqtt", args[1], holder)
+        self.handover = None
+        stash, self.stash = self.stash, None
+        if self.state is not State.AWAIT_CONNECT:  # the client went meanwhile
+            return
+        server.adopt(args[1], handed)
+        self._open_session(*args)
+        if self.resume_reading is not None and not self.held_qos0:
+            self.resume_reading()
+        if stash:
+            self._dispatch(b"", stash)
+
+    def _open_session(self, p: Connect, cid: str, assigned: str | None, persistent: bool,
+                      expiry: int, receive_max: int) -> None:
+        server = self.server
+        props = p.properties
         # Take over an existing connection with this client id ([MQTT-3.1.4-3]).
         session = server.sessions.get(cid)
         if session is not None and session.conn is not None:

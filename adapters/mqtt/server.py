@@ -152,12 +152,27 @@ class MqttServer:
         session.stored = True
         return session, rec
 
-    def adopt(self, cid: str) -> None:
+    def holder(self, cid: str) -> str | None:
+        """On a cluster node: the node that holds the session of ``cid``, when another one
+        does (as the shared records say), which hands it over (:meth:`hand_over`) before a
+        CONNECT here is answered."""
+        me = self.broker.node_id()
+        shared = self.broker.shared_record(SESSION_NS, cid) if me is not None else None
+        if shared is None:
+            return None
+        try:
+            node = json.loads(shared).get("node")
+        except (ValueError, AttributeError):
+            return None
+        return str(node) if node and node != me else None
+
+    def adopt(self, cid: str, handed: bytes | None = None) -> None:
         """Before a CONNECT of ``cid`` is answered on a cluster node: make this node's
-        session of that client id the cluster's. A session another node saved since this
-        one last had it (or one this node never had) replaces what is here; its durable
-        subscriptions are the cluster's, and resume here."""
-        shared = self.broker.shared_record(SESSION_NS, cid)
+        session of that client id the cluster's. The record the node that held it handed
+        over (``handed``), else one another node saved since this one last had it (or one
+        this node never had), replaces what is here; its durable subscriptions are the
+        cluster's, and resume here."""
+        shared = handed or self.broker.shared_record(SESSION_NS, cid)
         if shared is None:
             return
         local = self.sessions.get(cid)
@@ -166,18 +181,44 @@ class MqttServer:
                 return
             self.release(local)
         try:
-            session, _ = self._session_from_record(cid, shared)
+            session, rec = self._session_from_record(cid, shared)
+            session.take_inflight(rec.get("inflight") or {})
         except (ValueError, KeyError, TypeError, InvalidDestinationError) as exc:
             log.warning("mqtt %s: unreadable shared session record: %s", cid, exc)
             return
         self.sessions[cid] = session
 
+    def hand_over(self, cid: str, node: str) -> bytes | None:
+        """Cluster node ``node`` asks for the session of ``cid``, whose client connected
+        there: its connection here, if any, is taken over ([MQTT-3.1.4-3]), its state
+        written to the shared records for ``node`` and given as the answer, and the session
+        let go of (None: this node holds no persistent session of ``cid``)."""
+        session = self.sessions.get(cid)
+        if session is not None and session.conn is not None:
+            session.conn.disconnect(ReasonCode.SESSION_TAKEN_OVER,
+                                    "session taken over on another node")
+            session = self.sessions.get(cid)  # a persistent one outlives its connection
+        if session is None or session.conn is not None:
+            return None
+        record = session.handover_record(node)
+        self.broker.share_record(SESSION_NS, cid, record)
+        self.release(session)
+        return record
+
     def _session_elsewhere(self, cid: str, record: bytes | None) -> None:
         """Another node saved (or ended) the session of ``cid``: its client is there, so
-        this node's copy, if its client is not connected here, is let go."""
+        this node's copy, if its client is not connected here, is let go (not when the
+        record names this node: a session handed over to this one)."""
         session = self.sessions.get(cid)
-        if session is not None and session.conn is None:
-            self.release(session)
+        if session is None or session.conn is not None:
+            return
+        if record is not None:
+            try:
+                if json.loads(record).get("node") == self.broker.node_id():
+                    return
+            except (ValueError, AttributeError):
+                pass
+        self.release(session)
 
     def release(self, session: MqttSession) -> None:
         """Let go of ``session`` on this node without ending it: its client resumed it on

@@ -20,6 +20,9 @@ Interval > 0) and owns:
 * the incoming QoS 2 ids awaiting PUBREL, so a re-sent PUBLISH is not published twice
   ([MQTT-4.3.3-10]: exactly once).
 
+On a cluster node, what is in flight moves with the session when another node takes it
+(:meth:`MqttSession.handover_record`, :meth:`MqttSession.take_inflight`).
+
 Overlapping subscriptions (several of a session matching one message) get one PUBLISH
 between them: :mod:`adapters.mqtt.overlap`.
 
@@ -145,6 +148,10 @@ class MqttSession:
         self.resend_queue: deque[int] = deque()
         # In-flight records read from the store at start-up: pid → (store id, released, filter).
         self.restored: dict[int, tuple[int, bool, str]] = {}
+        # A session another node of a cluster handed over: the packet ids its unacknowledged
+        # PUBLISHes had there, by message id. They come back from JetStream and are sent
+        # with those ids and DUP, as a resumed session must ([MQTT-4.4.0-1]).
+        self.resend_as: dict[str, int] = {}
         # Overlapping subscriptions: merges by id() of the message, and by its store id when it
         # has one; subs_version changes whenever self.subs does, so SubRecord.overlaps is
         # computed again.
@@ -298,8 +305,8 @@ class MqttSession:
             if conn.send_publish(topic, out.payload, 0, retain, None, props) is None:
                 self.drop_too_large(msg, None)
             return
-        pid = self.allocate_pid()
-        data = conn.send_publish(topic, out.payload, qos, retain, pid, props)
+        pid, dup = self.pid_for(msg)
+        data = conn.send_publish(topic, out.payload, qos, retain, pid, props, dup=dup)
         if data is None:  # too large for the client: dropped as the spec requires
             self.drop_too_large(msg, d)
             return
@@ -341,8 +348,8 @@ class MqttSession:
                 self.core_session.ack(d)
                 conn.send_publish(topic, out.payload, 0, retain, None, props)
             else:
-                pid = self.allocate_pid()
-                data = conn.send_publish(topic, out.payload, qos, retain, pid, props)
+                pid, dup = self.pid_for(msg)
+                data = conn.send_publish(topic, out.payload, qos, retain, pid, props, dup=dup)
                 if data is None:  # too large for the client: dropped as the spec requires
                     self.core_session.ack(d)
                 else:
@@ -530,10 +537,20 @@ class MqttSession:
 
     def allocate_pid(self) -> int:
         pid = self.next_pid
-        while pid in self.outgoing:
+        reserved = self.resend_as.values() if self.resend_as else ()
+        while pid in self.outgoing or pid in reserved:
             pid = pid % 65535 + 1
         self.next_pid = pid % 65535 + 1
         return pid
+
+    def pid_for(self, msg: Message) -> tuple[int, bool]:
+        """The packet id of a PUBLISH of ``msg``, and whether it is sent again (DUP): the
+        id it had on the node this session was handed over from, else a new one."""
+        if self.resend_as:
+            pid = self.resend_as.pop(msg.message_id or "", None)
+            if pid is not None and pid not in self.outgoing:
+                return pid, True
+        return self.allocate_pid(), False
 
     def acked(self, pid: int) -> bool:
         """PUBACK or PUBCOMP: the exchange for ``pid`` is over."""
@@ -694,9 +711,11 @@ class MqttSession:
             return f"sub:mqtt:mqtt/{rec.share}/{rec.pattern}"
         return f"sub:{self.client_id}:mqtt:{rec.filter}"
 
-    def record(self) -> dict[str, Any]:
-        """What is written to the store for a persistent session."""
+    def record(self, node: str | None = None) -> dict[str, Any]:
+        """What is written to the store for a persistent session; on a cluster node, with
+        the node that holds it (``node``, else this one)."""
         return {
+            "node": node or self.server.broker.node_id(),
             "level": self.level,
             "expiry": self.expiry,
             "left": self.left,
@@ -706,6 +725,32 @@ class MqttSession:
                 for r in self.subs.values()
             ],
         }
+
+    def handover_record(self, node: str) -> bytes:
+        """The session's record for cluster node ``node``, which its client resumes it on,
+        with what is in flight: the QoS 2 packet ids received and not yet released
+        (``in``), and each unacknowledged PUBLISH or PUBREL sent (``out``: packet id,
+        PUBREL sent, message id)."""
+        record = self.record(node)
+        record["inflight"] = {
+            "in": sorted(self.incoming_qos2),
+            "out": [[f.pid, f.released,
+                     f.delivery.msg.message_id or "" if f.delivery is not None else ""]
+                    for f in self.outgoing.values()],
+        }
+        return json.dumps(record).encode()
+
+    def take_inflight(self, inflight: dict[str, Any]) -> None:
+        """What a session handed over by another node had in flight (handover_record):
+        PUBREL is sent again for what the client had received, the PUBLISHes come back
+        from JetStream with their packet ids (:meth:`pid_for`)."""
+        self.incoming_qos2.update(int(pid) for pid in inflight.get("in", ()))
+        for pid, released, message_id in inflight.get("out", ()):
+            if released:
+                f = self.outgoing[int(pid)] = OutFlight(int(pid), None, b"")
+                f.released = True
+            elif message_id:
+                self.resend_as[str(message_id)] = int(pid)
 
     def save(self) -> None:
         """Write the session record while the session is persistent; delete it once a
