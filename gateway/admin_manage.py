@@ -62,7 +62,9 @@ creates, changes and deletes (TIBCO EMS User's Guide, "Command Listing"), as RES
 
 Every change that EMS saves to its files (destinations, users, groups, ACL) is written back to
 the configuration directory (:mod:`gateway.config.writeback`); each change is logged with the
-user who made it and announced on ``$sys.monitor.admin.change`` (:func:`admin_changed`).
+user who made it and announced on ``$sys.monitor.admin.change`` (:func:`admin_changed`). On a
+cluster's node those changes are the cluster's: every node makes them, and writes them to
+its own files (:mod:`gateway.admin_shared`); deleting a queue also purges it in JetStream.
 """
 
 from __future__ import annotations
@@ -79,12 +81,11 @@ from aiohttp import web
 
 from gateway import monitor, subject
 from gateway.admin_auth import USER_KEY, Need, json_error, needs
+from gateway.admin_shared import bound, drop_destination, save, share
 from gateway.backlog import with_bodies
-from gateway.config import writeback
 from gateway.config.security import ADMIN_GROUP, ADMIN_USER
 from gateway.errors import GatewayError
-from gateway.message import BodyKind, DeliveryMode, Destination, Message
-from gateway.routing import is_simple
+from gateway.message import BodyKind, DeliveryMode, Message
 
 log = logging.getLogger("gateway.admin")
 
@@ -243,35 +244,6 @@ def admin_changed(broker: Any, request: web.Request, action: str, target_object:
                 f" ({value})" if value else "")
     monitor.admin_change(broker, user, action, target_object, target_name, value=value,
                          hostname=request.remote or "")
-
-
-def save(broker: Any, what: str) -> None:
-    """Write ``what`` back to the configuration directory (see gateway.config.writeback);
-    a failure is logged: the change holds until the gateway stops."""
-    config = broker.config
-    if config.embedded:
-        return
-    try:
-        writeback.save(config, what)
-    except OSError as exc:
-        log.error("admin: cannot write %s back to %s: %s", what, config.dir, exc)
-
-
-def refresh(broker: Any, kind: str, pattern: str) -> None:
-    """Give the live destinations a changed entry governs their new properties."""
-    table = broker.config.table(kind)
-    live = broker.topics if kind == "topic" else broker.queues
-    for name, dest in list(live.items()):
-        if name != pattern and not subject.matches(pattern, name):
-            continue
-        props = table.resolve(name)
-        if props is None:
-            continue
-        dest.props = props
-        if kind == "queue":
-            dest.exclusive = bool(props.exclusive)
-            dest.flow_limit = props.flow_control_bytes if broker.flow_control else 0
-        dest.simple = is_simple(props)
 
 
 def manage_routes(broker: Any) -> list[web.RouteDef]:
@@ -495,12 +467,9 @@ def _destination_routes(routes: web.RouteTableDef, broker: Any, kind: str,
         return out
 
     def changed(request: web.Request, action: str, name: str, detail: str = "") -> None:
-        entry = table.get(name)
-        m = broker.transports
-        if entry is not None and m is not None:
-            m.bind_entry(kind, entry)
-        refresh(broker, kind, name)
+        bound(broker, kind, name)
         save(broker, kind)
+        share(broker, kind, name)
         admin_changed(broker, request, action, kind, name, detail)
 
     async def show(request: web.Request) -> web.Response:
@@ -560,20 +529,14 @@ def _destination_routes(routes: web.RouteTableDef, broker: Any, kind: str,
             raise BadRequest(f"no {kind} named {name!r}", 404)
         if kind == "queue" and dest is not None and dest.consumers:
             raise BadRequest(f"queue {name!r} has {len(dest.consumers)} consumer(s)", 409)
-        if entry is not None:
-            table.remove(name)
-            save(broker, kind)
-        if dest is not None and dest.owner is None:
-            if kind == "queue":
-                broker.delete_queue(name)
-            elif table.resolve(name) is None:
-                broker.topics.pop(name, None)
-            else:
-                refresh(broker, kind, name)
-        if broker.monitor.watchers:
-            broker.monitor.destination_event(
-                Destination.queue(name) if kind == "queue" else Destination.topic(name),
-                "delete", "admin")
+        link = broker.cluster
+        if kind == "queue" and link is not None:  # the cluster's queue: its messages go
+            try:                                    # from JetStream and every node
+                await link.purge_queue(name)
+            except GatewayError as exc:
+                raise BadRequest(str(exc), 503) from None
+        drop_destination(broker, kind, name)
+        share(broker, kind, name)
         admin_changed(broker, request, "delete", kind, name)
         return web.json_response({"deleted": name})
 
@@ -638,6 +601,7 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
         except ValueError as exc:
             raise BadRequest(str(exc), 409 if "exists" in str(exc) else 400) from None
         save(broker, "users")
+        share(broker, "user", u.name)
         admin_changed(broker, request, "create", "user", u.name)
         return web.json_response(user_row(u), status=201)
 
@@ -658,6 +622,7 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
         u = security().change_user(name, password=body.get("password"),
                                    description=body.get("description"))
         save(broker, "users")
+        share(broker, "user", name)
         admin_changed(broker, request, "modify", "user", name,
                       "password" if "password" in body else "description")
         return web.json_response(user_row(u))
@@ -672,6 +637,7 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
         security().remove_user(name)
         save(broker, "users")
         save(broker, "groups")
+        share(broker, "user", name)
         admin_changed(broker, request, "delete", "user", name)
         return web.json_response({"deleted": name})
 
@@ -690,6 +656,7 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
         except ValueError as exc:
             raise BadRequest(str(exc), 409 if "exists" in str(exc) else 400) from None
         save(broker, "groups")
+        share(broker, "group", g.name)
         admin_changed(broker, request, "create", "group", g.name)
         return web.json_response(group_row(g), status=201)
 
@@ -708,6 +675,7 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
             raise BadRequest("the predefined group $admin cannot be deleted", 409)
         security().remove_group(g.name)
         save(broker, "groups")
+        share(broker, "group", g.name)
         admin_changed(broker, request, "delete", "group", g.name)
         return web.json_response({"deleted": g.name})
 
@@ -721,6 +689,7 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
         members = [*g.members, member] if add else [m for m in g.members if m != member]
         g = security().set_members(g.name, members)
         save(broker, "groups")
+        share(broker, "group", g.name)
         admin_changed(broker, request, "add" if add else "remove", "group", g.name, member)
         return web.json_response(group_row(g))
 
@@ -765,6 +734,9 @@ def _security_routes(routes: web.RouteTableDef, broker: Any,
         if not found:
             raise BadRequest("no such permission is granted directly", 404)
         save(broker, "acl")
+        group = not body.get("user")
+        share(broker, "acl", f"{kind}:{body.get('name') or ''}",
+              str(body.get("group") if group else body.get("user")), group)
         who = f"user={body['user']}" if body.get("user") else f"group={body.get('group')}"
         target = "admin" if kind == "admin" else f"{kind} {body.get('name')}"
         admin_changed(broker, request, "grant" if grant else "revoke", "permissions", target,

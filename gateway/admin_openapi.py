@@ -84,7 +84,7 @@ def _routes() -> list[Route]:
             Route("POST", base + "/{name}/removeprop", f"removeprop {kind}",
                   "modify-destination", OBJ, PROPERTIES_BODY, errors=(400, 404)),
             Route("DELETE", base + "/{name}", f"delete {kind}", "delete-destination",
-                  errors=(404, 409)),
+                  errors=(404, 409, 503) if kind == "queue" else (404, 409)),
             Route("POST", base + "/{name}/purge", f"purge {kind}", "purge-destination",
                   errors=(404, 503) if kind == "queue" else (404,)),
         ]

@@ -21,7 +21,7 @@ import signal
 import uuid
 from typing import Any
 
-from gateway import registry
+from gateway import admin_shared, registry
 from gateway.broker import Broker
 from gateway.config import Config, load_config
 from gateway.dlog import DeliveryLog
@@ -81,6 +81,7 @@ class Gateway:
                 # before the listeners open, so the first client's messages reach every node.
                 start_cluster = registry.import_string(registry.CLUSTER)
                 self.cluster = await start_cluster(self.broker)
+                admin_shared.install(self.broker)  # the cluster's configuration changes
             # HTTP last, so the adapters' WebSocket endpoints are registered before it starts.
             for spec in sorted(gw.listen, key=lambda s: s.scheme in ("http", "https")):
                 try:

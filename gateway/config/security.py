@@ -438,6 +438,17 @@ class Security:
         self._auth_ok = {k: v for k, v in self._auth_ok.items() if k[0] != name}
         return user
 
+    def put_user(self, name: str, stored: str, description: str = "") -> User:
+        """Define or redefine user ``name`` with a password already in its stored form
+        (another cluster node's change, see gateway.admin_shared). ValueError for a bad
+        name."""
+        _check_name(name, "user")
+        old = self.users.get(name)
+        user = User(name, stored, description, old.line if old is not None else None)
+        self.users[name] = user
+        self._auth_ok = {k: v for k, v in self._auth_ok.items() if k[0] != name}
+        return user
+
     def remove_user(self, name: str) -> None:
         """``delete user``: also out of every group; KeyError for an unknown user."""
         del self.users[name]

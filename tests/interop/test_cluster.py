@@ -19,7 +19,7 @@ from typing import Any
 import paho.mqtt.client as paho
 import pytest
 import stomp
-from adminapi import admin_get, admin_post, admin_text
+from adminapi import admin_call, admin_get, admin_post, admin_text
 from amqpclient import connect as amqp_connect
 from clusternodes import StompQueueClient, cluster_info, node
 from corehelp import write_config
@@ -972,3 +972,50 @@ def test_an_mqtt_session_moved_to_another_node_keeps_its_qos2_exchanges(nodes):
         for c in (watcher, publisher, local):
             c.close()
         first.close()
+
+
+def test_admin_changes_on_one_node_are_made_on_every_node(tmp_path, nats_cluster, nodes):
+    def status(p: ServeProcess, path: str, user: str = "carol", password: str = "pw") -> int:
+        return admin_call(p.port("http"), "GET", path, user=user, password=password)[0]
+
+    def everywhere(check: Any, what: str, among: list[ServeProcess] = nodes) -> None:
+        for p in among:
+            wait_for(lambda p=p: check(p), timeout=30, what=f"{what} on {p.config_dir.name}")
+
+    # a queue defined on node 1 is defined on every node, and in each one's queues.conf
+    assert admin_post(nodes[0].port("http"), "/api/v1/queues",
+                      {"name": "orders", "properties": "maxmsgs=10"})[0] == 201
+    everywhere(lambda p: "maxmsgs=10" in admin_call(p.port("http"), "GET",
+                                                     "/api/v1/queues/orders")[1].get(
+        "own_properties", ""), "the queue defined")
+    assert all("orders" in (p.config_dir / "queues.conf").read_text() for p in nodes)
+    # a user made on node 2 logs in on node 3 (403: known, not permitted), then a group
+    # with her made on node 3 has her on node 1
+    assert admin_post(nodes[1].port("http"), "/api/v1/users",
+                      {"name": "carol", "password": "pw"})[0] == 201
+    everywhere(lambda p: status(p, "/api/v1/server") == 403, "carol known")
+    assert status(nodes[2], "/api/v1/server", password="wrong") == 401
+    assert admin_post(nodes[2].port("http"), "/api/v1/groups", {"name": "ops"})[0] == 201
+    assert admin_call(nodes[2].port("http"), "PUT", "/api/v1/groups/ops/members/carol")[0] == 200
+    everywhere(lambda p: {g["name"]: g["members"] for g in admin_get(
+        p.port("http"), "/api/v1/groups")}.get("ops") == ["carol"], "group ops with carol")
+    # a permission granted on node 1 holds on node 2; revoked on node 3, it is gone on 1
+    assert admin_post(nodes[0].port("http"), "/api/v1/acl/grant", {
+        "kind": "admin", "group": "ops", "permissions": ["view-server"]})[0] == 200
+    everywhere(lambda p: status(p, "/api/v1/server") == 200, "carol's view-server")
+    # a node that was down when a change was made has it when it comes back
+    nodes[2].stop()
+    assert admin_post(nodes[0].port("http"), "/api/v1/topics",
+                      {"name": "alerts", "properties": "maxbytes=1KB"})[0] == 201
+    assert admin_post(nodes[1].port("http"), "/api/v1/acl/revoke", {
+        "kind": "admin", "group": "ops", "permissions": ["view-server"]})[0] == 200
+    nodes[2] = node(tmp_path, nats_cluster, 3)  # its own files as they were at first
+    everywhere(lambda p: status(p, "/api/v1/server") == 403, "the revocation")
+    assert admin_get(nodes[2].port("http"), "/api/v1/topics/alerts")["defined"]
+    assert "alerts" in (nodes[2].config_dir / "topics.conf").read_text()
+    assert status(nodes[2], "/api/v1/server") == 403  # carol and ops came back too
+    # a queue deleted on node 2 goes everywhere, definition and file line
+    assert admin_call(nodes[1].port("http"), "DELETE", "/api/v1/queues/orders")[0] == 200
+    everywhere(lambda p: admin_call(p.port("http"), "GET", "/api/v1/queues/orders")[0] == 404,
+               "the queue deleted")
+    assert not any("orders" in (p.config_dir / "queues.conf").read_text() for p in nodes)
