@@ -1019,3 +1019,46 @@ def test_admin_changes_on_one_node_are_made_on_every_node(tmp_path, nats_cluster
     everywhere(lambda p: admin_call(p.port("http"), "GET", "/api/v1/queues/orders")[0] == 404,
                "the queue deleted")
     assert not any("orders" in (p.config_dir / "queues.conf").read_text() for p in nodes)
+
+
+def test_a_resend_imported_again_after_a_transport_moved_is_dropped_by_jetstream(
+        tmp_path, nats_cluster):
+    from paho.mqtt.enums import MQTTProtocolVersion
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+    from peers.mosquitto import start_mosquitto
+
+    def send(client: paho.Client, body: bytes, trace_id: str) -> None:
+        """As another gateway sends over MQTT 5: the trace id as ``gw-trace-id``."""
+        props = Properties(PacketTypes.PUBLISH)
+        props.UserProperty = [("gw-trace-id", trace_id)]
+        client.publish("orders", body, 1, properties=props).wait_for_publish(10)
+
+    with start_mosquitto(tmp_path / "mosq") as mosq:
+        both = far_nodes(tmp_path, nats_cluster, mosq.port, "protocol_version = 5\n",
+                         queues='orders import="far"\n>\n')
+        far = paho.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+        far.connect("127.0.0.1", mosq.port)
+        far.loop_start()
+        consumer = None
+        try:
+            holder, other = holder_and_other(both)
+            consumer = StompQueueClient(other.port("stomp"))
+            consumer.consume("/queue/orders")
+            send(far, b"first", "trace-1")
+            wait_for(lambda: consumer.bodies() == ["first"], timeout=30, what="the first copy")
+            holder.kill()  # the node that imported it dies, its duplicate window with it
+            wait_for(lambda: transport_state(other) == "up", timeout=60,
+                     what="the transport up on the other node")
+            send(far, b"first", "trace-1")  # the far side's resend: the same trace id
+            send(far, b"second", "trace-2")
+            wait_for(lambda: "second" in consumer.bodies(), timeout=60, what="the second")
+            time.sleep(1)
+            assert consumer.bodies() == ["first", "second"]  # the resend dropped
+        finally:
+            far.disconnect()
+            far.loop_stop()
+            if consumer is not None:
+                consumer.close()
+            for p in both:
+                p.stop()
