@@ -41,8 +41,11 @@ server:
   acknowledged it (the acknowledgement lost with a connection or a leader) is acknowledged
   again, not delivered.
 
-Not kept cluster-wide (the README says so): a queue's ``maxmsgs`` / ``maxbytes`` and
-``exclusive`` apply to each node's share; browsing shows what this node holds.
+An exclusive queue is pulled by one node at a time: the one that holds its lease
+(:mod:`cluster.leases`, :meth:`QueueFeed.consumers_changed`).
+
+Not kept cluster-wide (the README says so): a queue's ``maxmsgs`` / ``maxbytes`` apply to each
+node's share; browsing shows what this node holds.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from cluster.durables import DurableIndex
+from cluster.leases import Leases
 from cluster.ordered import Ordered
 from gateway.errors import GatewayError, MessageFormatError, UnavailableError
 from gateway.message import PROP_IMPORTED, DeliveryMode, Message
@@ -118,6 +122,7 @@ class Feeds:
         # ("bind" | "drop", feed) to make or delete a JetStream consumer
         self.outbox = Ordered(self._handle)
         self.renewer: asyncio.Task[None] | None = None
+        self.leases: Leases | None = None  # an exclusive queue's consumer node holds one
         self.stats = {"queued": 0, "stored": 0, "pulled": 0, "acked": 0, "returned": 0}
 
     async def start(self) -> None:
@@ -394,6 +399,7 @@ class Feed:
         self.request = 0  # requests made
         self.consumers = 0
         self.returning = False
+        self.waiting_lease = False  # an exclusive queue's: another node pulls, not this one
 
     # -- what the endpoint calls (gateway.endpoint, Endpoint.feed) ------------------------
 
@@ -493,7 +499,8 @@ class Feed:
 
     def _ask(self) -> None:
         """Ask JetStream for what the local consumers can take, if no request is out."""
-        if not self.bound or self.asked or not self.consumers or self.ended:
+        if not self.bound or self.asked or not self.consumers or self.ended or (
+                self.waiting_lease):
             return
         if self.hold_until and self.feeds.broker.loop.time() < self.hold_until:
             return
@@ -562,6 +569,33 @@ class QueueFeed(Feed):
         self.subject = feeds.queue_prefix + name
         super().__init__(feeds, "queue:" + name, feeds.queue_stream, [self.subject],
                          deliver_new=False)
+        self.name = name
+        self.lease = "queue/" + name
+        self.leasing = False  # this node holds, or tries to take, the exclusive queue's lease
+
+    def consumers_changed(self, n: int) -> None:
+        """An exclusive queue (EMS's ``exclusive``: every message to one consumer while it
+        is there) is pulled by one node at a time, the holder of lease ``queue/<name>``,
+        whose first consumer gets every message; a node whose consumers are all gone gives
+        the lease up, and a node with consumers takes it."""
+        leases = self.feeds.leases
+        q = self.feeds.broker.queues.get(self.name)
+        if leases is not None and q is not None and q.exclusive:
+            if n and not self.leasing:
+                self.leasing = self.waiting_lease = True
+                leases.hold(self.lease, self._lease_taken, self._lease_lost)
+            elif not n and self.leasing:
+                self.leasing = self.waiting_lease = False
+                leases.release(self.lease)
+        super().consumers_changed(n)
+
+    def _lease_taken(self) -> None:
+        self.waiting_lease = False
+        self._ask()
+
+    def _lease_lost(self) -> None:
+        self.waiting_lease = True
+        self.give_back()
 
     def enqueue(self, msg: Message) -> asyncio.Future[None] | None:
         """A producer's message to the queue (``Broker.publish``)."""

@@ -1,4 +1,5 @@
-"""Leases: what one node of a cluster does at a time (a transport), kept in JetStream.
+"""Leases: what one node of a cluster does at a time (a transport, an exclusive queue's
+consumer), kept in JetStream.
 
 A transport connects the gateway to one outside system as one client (one MQTT client id,
 one AMQP container, one STOMP subscription): two nodes running it would import everything
@@ -85,6 +86,22 @@ class Leases:
         if self.task is not None and not self.task.done():
             asyncio.ensure_future(self._round())
 
+    def release(self, name: str) -> None:
+        """Stop holding lease ``name`` (or trying to): its key goes, and another node takes
+        it at its next round."""
+        lease = self.leases.pop(name, None)
+        if lease is not None and lease.revision:
+            revision, lease.revision = lease.revision, 0
+            asyncio.ensure_future(self._delete(lease.name, revision))
+
+    async def _delete(self, key: str, revision: int) -> None:
+        if self.kv is None:
+            return
+        try:
+            await self.kv.delete(key, last=revision)
+        except Exception as exc:  # noqa: BLE001 - renewed meanwhile, or NATS away
+            log.debug("cannot give up lease %s: %s", key, exc)
+
     def holds(self, name: str) -> bool:
         """Whether this node holds lease ``name`` now."""
         lease = self.leases.get(name)
@@ -116,14 +133,18 @@ class Leases:
         kv = self.kv
         if kv is None:
             return
-        for lease in list(self.leases.values()):
+        for name, lease in list(self.leases.items()):
             now = self.loop.time()
             try:
                 if lease.revision:
                     lease.revision = await kv.update(lease.name, self.node, last=lease.revision)
                     lease.renewed = now
                 else:
-                    lease.revision = await kv.create(lease.name, self.node)
+                    revision = await kv.create(lease.name, self.node)
+                    if self.leases.get(name) is not lease:  # released meanwhile
+                        await self._delete(lease.name, revision)
+                        continue
+                    lease.revision = revision
                     lease.renewed = now
                     log.info("this node runs %s now", lease.name)
                     lease.acquired()

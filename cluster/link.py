@@ -154,6 +154,7 @@ class ClusterLink:
         self.leases = Leases(self.feeds.js, self.cluster_name, self.replicas, self.node_id,
                              self.broker.loop)
         await self.leases.start()
+        self.feeds.leases = self.leases
         self.conn = self.broker.connect(client_id=None, kind="CLUSTER", protocol="cluster",
                                         address=f"cluster:{self.node_id}", authenticated=True)
         self.session = self.conn.session()

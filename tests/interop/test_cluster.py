@@ -1062,3 +1062,36 @@ def test_a_resend_imported_again_after_a_transport_moved_is_dropped_by_jetstream
                 consumer.close()
             for p in both:
                 p.stop()
+
+
+def test_an_exclusive_queue_has_one_consumer_in_the_cluster(tmp_path, nats_cluster):
+    both = [node(tmp_path, nats_cluster, i, queues="jobs exclusive\n>\n") for i in (1, 2)]
+    consumers: list[StompQueueClient] = []
+    sender = None
+    try:
+        consumers = [StompQueueClient(p.port("stomp")) for p in both]
+        for c in consumers:
+            c.consume("/queue/jobs")
+        sender = StompQueueClient(both[0].port("stomp"))
+        first = [f"job {i}" for i in range(30)]
+        for body in first:
+            sender.send("/queue/jobs", body)
+        wait_for(lambda: sum(len(c.bodies()) for c in consumers) == 30, timeout=60,
+                 what="30 jobs")
+        time.sleep(1)
+        owner = next(c for c in consumers if c.bodies())
+        assert owner.bodies() == first  # every one to one consumer, in order
+        standby = next(c for c in consumers if c is not owner)
+        assert standby.bodies() == []
+        owner.close()  # its node lets the queue go; the other node's consumer takes it
+        then = [f"job {i}" for i in range(30, 40)]
+        for body in then:
+            sender.send("/queue/jobs", body)
+        wait_for(lambda: len(standby.bodies()) == 10, timeout=60,
+                 what="the standby consumer taking over")
+        assert standby.bodies() == then
+    finally:
+        for c in [*consumers, *([sender] if sender else [])]:
+            c.close()
+        for p in both:
+            p.stop()
