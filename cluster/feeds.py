@@ -44,8 +44,10 @@ server:
 An exclusive queue is pulled by one node at a time: the one that holds its lease
 (:mod:`cluster.leases`, :meth:`QueueFeed.consumers_changed`).
 
-Not kept cluster-wide (the README says so): a queue's ``maxmsgs`` / ``maxbytes`` apply to each
-node's share; browsing shows what this node holds.
+The admin API browses a queue in JetStream (:meth:`Feeds.browse_queue`). Not kept
+cluster-wide (the README says so): a queue's ``maxmsgs`` / ``maxbytes`` and
+``overflowPolicy`` (a producer's message goes to JetStream, not through the local queue's
+limits), and a JMS QueueBrowser (AMQP, STOMP) sees what its node holds.
 """
 
 from __future__ import annotations
@@ -276,6 +278,29 @@ class Feeds:
             raise UnavailableError(f"JetStream did not purge queue {name!r}: "
                                    f"{answer['error'].get('description', answer['error'])}")
         return int(answer.get("purged", 0))
+
+    async def browse_queue(self, name: str, limit: int) -> list[Message]:
+        """The first ``limit`` messages JetStream keeps for queue ``name``, in the queue's
+        order, not consumed: those waiting, and those delivered and not yet acknowledged on
+        any node (JetStream's message get, next by subject)."""
+        subject_name = self.queue_prefix + name
+        out: list[Message] = []
+        seq = 1
+        try:
+            while len(out) < limit:
+                try:
+                    raw = await self.js.get_msg(self.queue_stream, seq=seq,
+                                                subject=subject_name, next=True)
+                except NotFoundError:
+                    break
+                seq = (raw.seq or seq) + 1
+                try:
+                    out.append(decode_message(raw.data or b""))
+                except MessageFormatError as exc:
+                    log.warning("queue %s: an undecodable message: %s", name, exc)
+        except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
+            raise UnavailableError(f"JetStream did not answer: {exc}") from None
+        return out
 
     # -- producers ------------------------------------------------------------------------
 

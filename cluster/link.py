@@ -595,6 +595,10 @@ class ClusterLink:
         in_flight = sum(int(n["in_flight"]) for n in nodes)
         return max(stored - in_flight, sum(int(n["purged"]) for n in nodes))
 
+    async def browse_queue(self, name: str, limit: int) -> list[Message]:
+        """Admin browse on a cluster node: see :meth:`cluster.feeds.Feeds.browse_queue`."""
+        return await self.feeds.browse_queue(name, limit) if self.feeds is not None else []
+
     def _purge_here(self, name: str) -> dict[str, int] | None:
         q = self.broker.queues.get(name)
         if q is None:

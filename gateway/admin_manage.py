@@ -274,15 +274,26 @@ def manage_routes(broker: Any) -> list[web.RouteDef]:
     @needs(Need("view-message"))
     @handle
     async def browse(request: web.Request) -> web.Response:
-        q = broker.queues.get(request.match_info["name"])
-        if q is None:
-            raise BadRequest(f"no queue named {request.match_info['name']!r}", 404)
+        name = request.match_info["name"]
+        q = broker.queues.get(name)
         try:
             limit = int(request.query.get("limit", BROWSE_DEFAULT))
         except ValueError:
             raise BadRequest("limit must be an integer") from None
         if not 0 < limit <= BROWSE_MAX:
             raise BadRequest(f"limit must be 1 to {BROWSE_MAX}")
+        link = broker.cluster
+        if link is not None and (q is None or q.feed is not None):
+            try:  # the cluster's queue, as JetStream keeps it
+                msgs = await link.browse_queue(name, limit)
+            except GatewayError as exc:
+                raise BadRequest(str(exc), 503) from None
+            if q is None and not msgs:
+                raise BadRequest(f"no queue named {name!r} on this node, and none in "
+                                 "JetStream", 404)
+            return web.json_response([message_row(m) for m in msgs])
+        if q is None:
+            raise BadRequest(f"no queue named {name!r}", 404)
         msgs = with_bodies(q, q.iter_pending()[:limit])
         return web.json_response([message_row(m) for m in msgs])
 

@@ -107,7 +107,7 @@ def _routes() -> list[Route]:
         Route("PUT", "/api/v1/log", "set a log level", "change-server", OBJ, LOG_BODY,
               errors=(400,)),
         Route("GET", "/api/v1/queues/{name}/messages", "browse a queue (not consumed)",
-              "view-message", ROWS, query=("limit",), errors=(400, 404)),
+              "view-message", ROWS, query=("limit",), errors=(400, 404, 503)),
         Route("GET", "/api/v1/durables", "show durables", "view-durable", ROWS, query=PAGE,
               errors=(400,)),
         Route("POST", "/api/v1/durables/{name}/purge", "purge durable", "purge-durable",

@@ -6,6 +6,7 @@ receives from NATS only the subjects it has a subscriber for; two nodes share a 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -861,6 +862,13 @@ def test_any_node_shows_every_nodes_destinations_and_purges_a_queue_cluster_wide
         assert (rows["n2"]["consumers"], rows["n2"]["in_flight"]) == (1, 5)
         assert all(r["node_id"] in ("n1", "n2", "n3") for r in admin_get(
             nodes[0].port("http"), "/api/v1/cluster/topics"))
+        # browsed from node 3, which holds none: what JetStream keeps, in order
+        browsed = admin_get(nodes[2].port("http"), "/api/v1/queues/purged/messages?limit=1000")
+        assert [base64.b64decode(m["body"]).decode() for m in browsed] == sent
+        assert len(admin_get(nodes[2].port("http"),
+                             "/api/v1/queues/purged/messages?limit=10")) == 10
+        assert admin_call(nodes[2].port("http"), "GET",
+                          "/api/v1/queues/nowhere/messages")[0] == 404
         # purged from node 3: in JetStream, and on node 2 but for what its consumer holds
         assert admin_post(nodes[2].port("http"), "/api/v1/queues/purged/purge") == (
             200, {"purged": 35})
