@@ -6,12 +6,16 @@ subscriber may come back on any node and finds what was published meanwhile. Wha
 holds is kept by JetStream, not by the nodes, so it outlives any one node and any one NATS
 server:
 
-* **Streams.** ``GW_<cluster>_QUEUES`` on ``gw.<cluster>.q.>``, with work-queue retention (a
-  message goes when it is acknowledged), and ``GW_<cluster>_TOPICS`` on ``gw.<cluster>.p.>``,
-  with interest retention (a message stays until every durable subscription it matches has
-  acknowledged it; one that matches none is not kept). Both on file storage with
+* **Streams.** Each queue ``Q`` is a stream of its own, ``GW_<cluster>_Q_<digest of Q>`` on
+  ``gw.<cluster>.q.Q``, with work-queue retention (a message goes when it is acknowledged) and
+  the queue's limits: ``maxmsgs`` and ``maxbytes`` as the stream's, its ``overflowPolicy`` as
+  what the stream discards when full (new messages, refused to their producer, or with
+  ``discardOld`` the oldest), changed when the queue's definition is (as a RabbitMQ quorum
+  queue is a Raft group of its own). ``GW_<cluster>_TOPICS`` on ``gw.<cluster>.p.>`` has
+  interest retention (a message stays until every durable subscription it matches has
+  acknowledged it; one that matches none is not kept). All on file storage with
   :attr:`GatewaySettings.cluster_replicas` copies (NATS documentation, "JetStream",
-  "Streams": retention policies, replicas).
+  "Streams": retention policies, limits, discard policy, replicas).
 * **Producers.** A message to queue ``Q`` goes to ``gw.<cluster>.q.Q``; a persistent message to
   topic ``T`` that a durable subscription somewhere in the cluster matches
   (:mod:`cluster.durables`) goes to ``gw.<cluster>.p.T`` as well as to the nodes' live
@@ -21,7 +25,8 @@ server:
   only when JetStream has acknowledged it (its ``PubAck``: written on a majority of the
   replicas), and is sent again every :data:`PUB_RETRY` until then (a lost acknowledgement, a
   stream electing its leader); a non-persistent one is sent and not waited for (JMS allows
-  its loss when something fails).
+  its loss when something fails), but for one to a queue with limits, whose producer learns
+  that the queue is full as on one gateway.
 * **Consumers.** One durable JetStream consumer per queue and per durable subscription (its
   name a digest of the endpoint's key, which may hold characters JetStream's names may not),
   shared by every node: a queue's filtered on its subject, a durable subscription's on its
@@ -44,10 +49,8 @@ server:
 An exclusive queue is pulled by one node at a time: the one that holds its lease
 (:mod:`cluster.leases`, :meth:`QueueFeed.consumers_changed`).
 
-The admin API browses a queue in JetStream (:meth:`Feeds.browse_queue`). Not kept
-cluster-wide (the README says so): a queue's ``maxmsgs`` / ``maxbytes`` and
-``overflowPolicy`` (a producer's message goes to JetStream, not through the local queue's
-limits), and a JMS QueueBrowser (AMQP, STOMP) sees what its node holds.
+The admin API browses a queue in JetStream (:meth:`Feeds.browse_queue`); a JMS QueueBrowser
+(AMQP, STOMP) sees what its node holds.
 """
 
 from __future__ import annotations
@@ -61,12 +64,18 @@ from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
 from nats.js import api
-from nats.js.errors import NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from cluster.durables import DurableIndex
 from cluster.leases import Leases
 from cluster.ordered import Ordered
-from gateway.errors import GatewayError, MessageFormatError, UnavailableError
+from gateway import subject
+from gateway.errors import (
+    GatewayError,
+    LimitExceededError,
+    MessageFormatError,
+    UnavailableError,
+)
 from gateway.message import PROP_IMPORTED, DeliveryMode, Message
 from gateway.serial import decode_message, encode_message
 
@@ -87,6 +96,7 @@ PUB_RETRY = 1.0  # seconds between sends of a persistent message JetStream has n
 ACKED_WINDOW = 10_000  # ids of messages acknowledged here, remembered (see Feed._take)
 RETRY_WAIT = 0.5  # seconds before trying again what JetStream refused
 LOST_WAIT = 0.5  # seconds past a pull request's expiry before it counts as lost
+STREAM_NOT_FOUND = 10059  # JetStream's error code for an unknown stream
 
 
 class Feeds:
@@ -100,7 +110,7 @@ class Feeds:
         self.js: JetStreamContext = nc.jetstream()
         self.durables = DurableIndex(self.js, cluster_name, replicas)
         self.durables.listener = self._durable_changed
-        self.queue_stream = f"GW_{cluster_name}_QUEUES"
+        self.queue_stream_prefix = f"GW_{cluster_name}_Q_"
         self.queue_prefix = f"gw.{cluster_name}.q."
         self.topic_stream = f"GW_{cluster_name}_TOPICS"
         self.topic_prefix = f"gw.{cluster_name}.p."
@@ -128,28 +138,18 @@ class Feeds:
         self.stats = {"queued": 0, "stored": 0, "pulled": 0, "acked": 0, "returned": 0}
 
     async def start(self) -> None:
-        queues = api.StreamConfig(
-            name=self.queue_stream, subjects=[self.queue_prefix + ">"],
-            retention=api.RetentionPolicy.WORK_QUEUE, storage=api.StorageType.FILE,
-            num_replicas=self.replicas, description="the gateway cluster's queues")
         topics = api.StreamConfig(
             name=self.topic_stream, subjects=[self.topic_prefix + ">"],
             retention=api.RetentionPolicy.INTEREST, storage=api.StorageType.FILE,
             num_replicas=self.replicas,
             description="the gateway cluster's persistent topic messages for durable "
                         "subscriptions")
-        for config in (queues, topics):
-            try:
-                try:
-                    await self.js.stream_info(config.name or "")
-                except NotFoundError:
-                    await self.js.add_stream(config)
-                else:
-                    await self.js.update_stream(config)
-            except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
-                raise GatewayError(
-                    f"JetStream cannot keep the stream {config.name} with {self.replicas} "
-                    f"replicas (cluster_replicas in gateway.conf): {exc}") from None
+        try:
+            await make_stream(self.js, topics)
+        except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
+            raise GatewayError(
+                f"JetStream cannot keep the stream {topics.name} with {self.replicas} "
+                f"replicas (cluster_replicas in gateway.conf): {exc}") from None
         await self.durables.start()
         # Both inboxes are subscribed to at once and for good: a pull request is dropped
         # by a JetStream server that has not yet heard of interest in its reply subject.
@@ -177,12 +177,38 @@ class Feeds:
         self.waiting.clear()
 
     def queue_feed(self, name: str) -> QueueFeed:
-        """The feed of queue ``name`` (what ``Core.feed_queues`` asks for)."""
+        """The feed of queue ``name`` (what ``Core.feed_queues`` asks for); its stream is
+        made (or brought to the queue's limits) before anything is sent to it."""
         f = self.queues.get(name)
         if f is None:
             f = self.queues[name] = QueueFeed(self, name)
             self.by_consumer[f.consumer] = f
+            f.ask_stream()
         return f
+
+    def queue_stream(self, name: str) -> str:
+        """Queue ``name``'s stream: its name a digest, as JetStream's names may not hold
+        every character a queue's may."""
+        return self.queue_stream_prefix + hashlib.sha256(name.encode()).hexdigest()[:32]
+
+    def queue_changed(self, pattern: str) -> None:
+        """The definition that ``pattern`` names changed (the admin API, on any node):
+        the streams of the queues it governs take their new limits."""
+        for name, f in self.queues.items():
+            if name == pattern or subject.matches(pattern, name):
+                f.ask_stream()
+
+    async def queue_streams(self) -> list[api.StreamInfo]:
+        """Every queue's stream, as JetStream has it now."""
+        out: list[api.StreamInfo] = []
+        offset = 0
+        while True:  # 256 a page
+            page = await self.js.streams_info(offset=offset)
+            out.extend(i for i in page if (i.config.name or "").startswith(
+                self.queue_stream_prefix))
+            if len(page) < 256:
+                return out
+            offset += len(page)
 
     def durable_feed(self, key: str, pattern: str, parent_match: bool) -> DurableFeed:
         """The feed of durable subscription ``key`` (what ``Core.feed_durables`` asks
@@ -244,6 +270,8 @@ class Feeds:
             await self._publish(*item[1:])
         elif what == "bind":
             await item[1].bind()
+        elif what == "stream":
+            await item[1].make_stream()
         elif what == "drop":
             await self._delete_consumer(item[1].stream, item[1].consumer)
         elif what == "forget":
@@ -265,15 +293,16 @@ class Feeds:
     async def purge_queue(self, name: str) -> int:
         """Purge queue ``name``'s messages from JetStream, wherever they are (waiting, or
         held by a node); how many there were. A request of JetStream's API
-        (``$JS.API.STREAM.PURGE``, with a subject filter) rather than nats-py's
-        ``purge_stream``, which does not give the count."""
+        (``$JS.API.STREAM.PURGE``) rather than nats-py's ``purge_stream``, which does not
+        give the count."""
         try:
-            reply = await self.nc.request(
-                f"$JS.API.STREAM.PURGE.{self.queue_stream}",
-                json.dumps({"filter": self.queue_prefix + name}).encode(), timeout=PUB_ACK_WAIT)
+            reply = await self.nc.request(f"$JS.API.STREAM.PURGE.{self.queue_stream(name)}",
+                                          b"", timeout=PUB_ACK_WAIT)
         except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
             raise UnavailableError(f"JetStream did not answer: {exc}") from None
         answer = json.loads(reply.data)
+        if "error" in answer and answer["error"].get("err_code") == STREAM_NOT_FOUND:
+            return 0  # never used on any node
         if "error" in answer:
             raise UnavailableError(f"JetStream did not purge queue {name!r}: "
                                    f"{answer['error'].get('description', answer['error'])}")
@@ -284,14 +313,15 @@ class Feeds:
         order, not consumed: those waiting, and those delivered and not yet acknowledged on
         any node (JetStream's message get, next by subject)."""
         subject_name = self.queue_prefix + name
+        stream = self.queue_stream(name)
         out: list[Message] = []
         seq = 1
         try:
             while len(out) < limit:
                 try:
-                    raw = await self.js.get_msg(self.queue_stream, seq=seq,
-                                                subject=subject_name, next=True)
-                except NotFoundError:
+                    raw = await self.js.get_msg(stream, seq=seq, subject=subject_name,
+                                                next=True)
+                except NotFoundError:  # no more, or no such stream
                     break
                 seq = (raw.seq or seq) + 1
                 try:
@@ -304,9 +334,10 @@ class Feeds:
 
     # -- producers ------------------------------------------------------------------------
 
-    def publish(self, subject_name: str, msg: Message) -> asyncio.Future[None] | None:
-        """Send ``msg`` to JetStream on ``subject_name``; for a persistent one, what its
-        producer's confirmation waits for."""
+    def publish(self, subject_name: str, msg: Message, *, confirm: bool = False,
+                ) -> asyncio.Future[None] | None:
+        """Send ``msg`` to JetStream on ``subject_name``; for a persistent one (or any, with
+        ``confirm``), what its producer's confirmation waits for."""
         try:
             payload = encode_message(msg)
         except MessageFormatError as exc:
@@ -321,7 +352,7 @@ class Feeds:
         else:
             msg_id = msg.message_id or ""
         headers = {"Nats-Msg-Id": msg_id}
-        if msg.delivery_mode != DeliveryMode.PERSISTENT:
+        if msg.delivery_mode != DeliveryMode.PERSISTENT and not confirm:
             self.send(("pub", subject_name, payload, headers, ""))
             return None
         self.seq += 1
@@ -371,7 +402,11 @@ class Feeds:
         if "error" in answer:
             err = answer["error"]
             text = err.get("description", err) if isinstance(err, dict) else err
-            error = UnavailableError(f"JetStream refused the message: {text}")
+            if "maximum messages" in str(text) or "maximum bytes" in str(text):
+                # a queue's stream at its limits (maxmsgs, maxbytes) with discard new
+                error = LimitExceededError(f"the queue is full: {text}")
+            else:
+                error = UnavailableError(f"JetStream refused the message: {text}")
         self._settle(nmsg.subject, error)
 
     def _settle(self, reply: str, error: GatewayError | None) -> None:
@@ -592,8 +627,11 @@ class QueueFeed(Feed):
 
     def __init__(self, feeds: Feeds, name: str) -> None:
         self.subject = feeds.queue_prefix + name
-        super().__init__(feeds, "queue:" + name, feeds.queue_stream, [self.subject],
+        super().__init__(feeds, "queue:" + name, feeds.queue_stream(name), [self.subject],
                          deliver_new=False)
+        self.limited = False  # the queue has maxmsgs or maxbytes: every message confirmed
+        self.stream_made = False  # JetStream said so; until then a message or a bind asks
+        self.stream_asked = False  # a "stream" item is queued
         self.name = name
         self.lease = "queue/" + name
         self.leasing = False  # this node holds, or tries to take, the exclusive queue's lease
@@ -622,10 +660,45 @@ class QueueFeed(Feed):
         self.waiting_lease = True
         self.give_back()
 
+    async def make_stream(self) -> None:
+        """Make the queue's stream, or give it the queue's limits now (see the module
+        docstring); a failure is logged, and the producers' messages are refused until
+        JetStream has the stream."""
+        feeds = self.feeds
+        self.stream_asked = False
+        props = feeds.broker.config.queues.resolve(self.name)
+        maxmsgs = props.maxmsgs if props is not None else 0
+        maxbytes = props.maxbytes if props is not None else 0
+        discard_old = props is not None and props.overflow_policy.name == "DISCARD_OLD"
+        self.limited = bool(maxmsgs or maxbytes)
+        config = api.StreamConfig(
+            name=self.stream, subjects=[self.subject], description=f"queue {self.name}",
+            retention=api.RetentionPolicy.WORK_QUEUE, storage=api.StorageType.FILE,
+            num_replicas=feeds.replicas, max_msgs=maxmsgs or -1, max_bytes=maxbytes or -1,
+            discard=api.DiscardPolicy.OLD if discard_old else api.DiscardPolicy.NEW)
+        try:
+            await make_stream(feeds.js, config)
+            self.stream_made = True
+        except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
+            log.warning("queue %s: JetStream cannot keep its stream %s: %s", self.name,
+                        self.stream, exc)
+
+    def ask_stream(self) -> None:
+        self.stream_asked = True
+        self.feeds.send(("stream", self))
+
+    async def bind(self) -> None:
+        if not self.stream_made:
+            await self.make_stream()
+        await super().bind()
+
     def enqueue(self, msg: Message) -> asyncio.Future[None] | None:
         """A producer's message to the queue (``Broker.publish``)."""
-        self.feeds.stats["queued"] += 1
-        return self.feeds.publish(self.subject, msg)
+        feeds = self.feeds
+        feeds.stats["queued"] += 1
+        if not self.stream_made and not self.stream_asked:  # (NATS was out of reach):
+            self.ask_stream()                                # asked again, first
+        return feeds.publish(self.subject, msg, confirm=self.limited)
 
     def dropped(self) -> None:  # a queue is never dropped by its feed's endpoint
         pass
@@ -652,6 +725,19 @@ class DurableFeed(Feed):
         if feeds.by_consumer.get(self.consumer) is self:
             del feeds.by_consumer[self.consumer]
         feeds.send(("drop", self))
+
+
+async def make_stream(js: JetStreamContext, config: api.StreamConfig) -> None:
+    """Make stream ``config.name``, or bring the one there to ``config`` (its limits)."""
+    try:
+        await js.stream_info(config.name or "")
+    except NotFoundError:
+        try:
+            await js.add_stream(config)
+            return
+        except BadRequestError:  # made meanwhile by another node
+            pass
+    await js.update_stream(config)
 
 
 def _stream_seq(jm: Msg) -> int:

@@ -595,6 +595,11 @@ class ClusterLink:
         in_flight = sum(int(n["in_flight"]) for n in nodes)
         return max(stored - in_flight, sum(int(n["purged"]) for n in nodes))
 
+    def queue_changed(self, pattern: str) -> None:
+        """A queue's definition changed: see :meth:`cluster.feeds.Feeds.queue_changed`."""
+        if self.feeds is not None:
+            self.feeds.queue_changed(pattern)
+
     async def browse_queue(self, name: str, limit: int) -> list[Message]:
         """Admin browse on a cluster node: see :meth:`cluster.feeds.Feeds.browse_queue`."""
         return await self.feeds.browse_queue(name, limit) if self.feeds is not None else []
@@ -623,9 +628,10 @@ class ClusterLink:
         if feeds is None:
             return {"queues": [], "durables": []}
         prefix = feeds.queue_prefix
-        info = await feeds.js.stream_info(feeds.queue_stream, subjects_filter=prefix + ">")
-        queues = [{"name": subject_name[len(prefix):], "messages": n}
-                  for subject_name, n in sorted((info.state.subjects or {}).items())]
+        queues = sorted(({"name": (info.config.subjects or [prefix])[0][len(prefix):],
+                          "messages": info.state.messages}
+                         for info in await feeds.queue_streams()),
+                        key=lambda q: str(q["name"]))
         durables = []
         offset = 0
         while True:  # 256 a page

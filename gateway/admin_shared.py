@@ -163,6 +163,8 @@ def bound(broker: Any, kind: str, name: str) -> None:
     if entry is not None and m is not None:
         m.bind_entry(kind, entry)
     refresh(broker, kind, name)
+    if kind == "queue" and broker.cluster is not None:  # the queues' streams' limits
+        broker.cluster.queue_changed(name)
 
 
 def drop_destination(broker: Any, kind: str, name: str) -> None:
@@ -173,6 +175,8 @@ def drop_destination(broker: Any, kind: str, name: str) -> None:
     if table.get(name) is not None:
         table.remove(name)
         save(broker, kind)
+        if kind == "queue" and broker.cluster is not None:
+            broker.cluster.queue_changed(name)
     dest = live.get(name)
     if dest is not None and dest.owner is None:
         if kind == "queue" and dest.consumers:

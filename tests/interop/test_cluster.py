@@ -1103,3 +1103,56 @@ def test_an_exclusive_queue_has_one_consumer_in_the_cluster(tmp_path, nats_clust
             c.close()
         for p in both:
             p.stop()
+
+
+def test_a_queues_limits_hold_across_nodes(tmp_path, nats_cluster):
+    queues = "capped maxmsgs=5\nring maxmsgs=3,overflowPolicy=discardOld\n>\n"
+    nodes3 = [node(tmp_path, nats_cluster, i, queues=queues) for i in (1, 2, 3)]
+
+    def sent(p: ServeProcess, dest: str, body: str) -> bool:
+        """Whether a persistent message sent on node ``p`` was taken (a RECEIPT, not an
+        ERROR, which closes the connection)."""
+        c = StompQueueClient(p.port("stomp"))
+        try:
+            c.send(dest, body)
+            return not c.errors
+        finally:
+            c.close()
+
+    consumer = None
+    try:
+        assert all(sent(nodes3[0], "/queue/capped", f"c{i}") for i in range(5))
+        assert not sent(nodes3[1], "/queue/capped", "c5")  # full, as seen from any node
+        assert not sent(nodes3[0], "/queue/capped", "c5")
+        def stored(name: str) -> int:
+            view = admin_get(nodes3[2].port("http"), "/api/v1/cluster/store")
+            return int({q["name"]: q["messages"] for q in view["queues"]}.get(name, 0))
+
+        consumer = StompQueueClient(nodes3[2].port("stomp"))
+        consumer.consume("/queue/capped", {"prefetch-count": "1"})
+        wait_for(lambda: len(consumer.acked) >= 2, timeout=30, what="two consumed")
+        room = len(consumer.stop_acking())
+        consumer.close()
+        consumer = None
+        wait_for(lambda: stored("capped") == 5 - room, timeout=30, what="the room made")
+        for i in range(room):
+            assert sent(nodes3[i % 2], "/queue/capped", f"c{5 + i}")
+        assert not sent(nodes3[1], "/queue/capped", "one too many")
+        # the limit changed on one node is the stream's, for every node
+        assert admin_post(nodes3[0].port("http"), "/api/v1/queues/capped",
+                          {"properties": "maxmsgs=7"})[0] == 200
+        wait_for(lambda: sent(nodes3[2], "/queue/capped", "more 1"), timeout=30,
+                 what="the new limit")
+        assert sent(nodes3[1], "/queue/capped", "more 2")
+        assert not sent(nodes3[0], "/queue/capped", "more 3")
+        # discardOld: the oldest go to make room
+        for i in range(6):
+            assert sent(nodes3[i % 3], "/queue/ring", f"r{i}")
+        kept = admin_get(nodes3[1].port("http"), "/api/v1/queues/ring/messages")
+        assert [base64.b64decode(m["body"]).decode() for m in kept] == ["r3", "r4", "r5"]
+        assert (stored("capped"), stored("ring")) == (7, 3)
+    finally:
+        if consumer is not None:
+            consumer.close()
+        for p in nodes3:
+            p.stop()
