@@ -1156,3 +1156,74 @@ def test_a_queues_limits_hold_across_nodes(tmp_path, nats_cluster):
             consumer.close()
         for p in nodes3:
             p.stop()
+
+
+def test_a_durable_subscriber_whose_node_is_killed_resumes_elsewhere_without_loss(
+        tmp_path, nats_cluster):
+    extra = "cluster_ack_wait = 2 sec\n"
+    n1, n2, n3 = (node(tmp_path, nats_cluster, i, extra=extra) for i in (1, 2, 3))
+    durable = {"activemq.subscriptionName": "ticks"}
+    first = StompQueueClient(n2.port("stomp"), client_id="app-7")
+    sender = StompQueueClient(n1.port("stomp"))
+    again = None
+    try:
+        first.consume("/topic/ticks", durable)
+        n = 0
+
+        def probe() -> bool:  # until node 1 knows of the durable subscription
+            nonlocal n
+            n += 1
+            sender.send("/topic/ticks", f"probe {n}")
+            return any(b.startswith("probe") for b in first.bodies())
+
+        wait_for(probe, timeout=60, what="a probe kept for the durable")
+
+        def kept() -> int:  # what JetStream keeps for the durable, delivered or not
+            rows = admin_get(n3.port("http"), "/api/v1/cluster/store")["durables"]
+            return sum(d["pending"] + d["unacknowledged"] for d in rows
+                       if d["key"] == "sub:app-7:ticks")
+
+        wait_for(lambda: kept() == 0, timeout=30, what="the probes acknowledged")
+        sent = [f"tick {i}" for i in range(60)]
+        for body in sent[:30]:
+            sender.send("/topic/ticks", body)  # confirmed: JetStream has it
+        wait_for(lambda: sum(b.startswith("tick") for b in first.bodies()) >= 10, timeout=30,
+                 what="ticks on node 2")
+        acked = {b for b in first.stop_acking() if b.startswith("tick")}
+        received = {b for b in first.bodies() if b.startswith("tick")}
+        # the acknowledgements node 2 took have reached JetStream (they go a moment after)
+        wait_for(lambda: kept() == 30 - len(acked), timeout=30,
+                 what="node 2's acknowledgements in JetStream")
+        n2.kill()  # SIGKILL: what it held unacknowledged comes again, what was acked never
+        for body in sent[30:]:
+            sender.send("/topic/ticks", body)
+
+        def resumed() -> bool:  # node 3 takes the client id once node 2 is known gone
+            nonlocal again
+            try:
+                c = StompQueueClient(n3.port("stomp"), client_id="app-7")
+            except stomp.exception.ConnectFailedException:  # still node 2's
+                return False
+            c.consume("/topic/ticks", durable)
+            if c.errors:
+                c.close()
+                return False
+            again = c
+            return True
+
+        wait_for(resumed, timeout=60, what="the subscriber back on node 3")
+        assert again is not None
+        want = set(sent) - acked
+        wait_for(lambda: want <= set(again.bodies()), timeout=60, what="every tick not acked")
+        time.sleep(2)  # (past an ack wait: nothing more comes)
+        ticks = [b for b in again.bodies() if b.startswith("tick")]
+        assert sorted(ticks) == sorted(want)  # none lost, none twice, none acked again
+        flagged = {b for b, h in again.got if h.get("redelivered") == "true"} & set(ticks)
+        assert received - acked <= flagged  # what node 2 delivered is flagged redelivered,
+        assert flagged <= set(sent[:30])     # what came after it died is not
+    finally:
+        for c in (first, sender, again):
+            if c is not None:
+                c.close()
+        for p in (n1, n2, n3):
+            p.stop()
