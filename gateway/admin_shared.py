@@ -210,13 +210,18 @@ def refresh(broker: Any, kind: str, pattern: str) -> None:
         dest.simple = is_simple(props)
 
 
+def _deleted(table: dict[str, Any], name: str, remove: Any) -> bool:
+    """``remove(name)`` if ``table`` has ``name``; whether it had."""
+    if name not in table:
+        return False
+    remove(name)
+    return True
+
+
 def _user(security: Any, name: str, value: dict[str, Any] | None) -> bool:
-    user = security.users.get(name)
     if value is None:
-        if user is None:
-            return False
-        security.remove_user(name)
-        return True
+        return _deleted(security.users, name, security.remove_user)
+    user = security.users.get(name)
     password, description = str(value["password"]), str(value["description"])
     if user is not None and (user.password, user.description) == (password, description):
         return False
@@ -225,12 +230,9 @@ def _user(security: Any, name: str, value: dict[str, Any] | None) -> bool:
 
 
 def _group(security: Any, name: str, value: dict[str, Any] | None) -> bool:
-    group = security.groups.get(name)
     if value is None:
-        if group is None:
-            return False
-        security.remove_group(name)
-        return True
+        return _deleted(security.groups, name, security.remove_group)
+    group = security.groups.get(name)
     members = [str(m) for m in value["members"]]
     if group is not None and list(group.members) == members:
         return False

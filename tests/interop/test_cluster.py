@@ -496,21 +496,27 @@ def test_a_node_without_nats_refuses_persistent_messages_and_serves_local_ones(
         n1.stop()
 
 
+def probe_durable(sender: StompQueueClient, dest: str, subscriber: StompQueueClient) -> None:
+    """Send persistent probes until the durable subscriber has one: the sender's node then
+    knows of the durable subscription (JetStream keeps what is sent to it from then on)."""
+    n = 0
+
+    def probe() -> bool:
+        nonlocal n
+        n += 1
+        sender.send(dest, f"probe {n}")
+        return any(b.startswith("probe") for b in subscriber.bodies())
+
+    wait_for(probe, timeout=60, what="a probe kept for the durable")
+
+
 def test_a_durable_subscription_resumes_on_another_node(nodes):
     durable = {"activemq.subscriptionName": "prices"}
     first = StompQueueClient(nodes[0].port("stomp"), client_id="app-1")
     sender = StompQueueClient(nodes[1].port("stomp"))
     try:
         first.consume("/topic/prices.>", durable)
-        n = 0
-
-        def probe() -> bool:  # until node 2 knows of the durable subscription
-            nonlocal n
-            n += 1
-            sender.send("/topic/prices.probe", f"probe {n}")
-            return any(b.startswith("probe") for b in first.bodies())
-
-        wait_for(probe, timeout=60, what="a probe kept for the durable")
+        probe_durable(sender, "/topic/prices.probe", first)
         acked = first.stop_acking()  # what arrives after this is the subscription's still
         first.close()  # the subscription stays, its subscriber gone
         sent = [f"price {i}" for i in range(50)]
@@ -1168,15 +1174,7 @@ def test_a_durable_subscriber_whose_node_is_killed_resumes_elsewhere_without_los
     again = None
     try:
         first.consume("/topic/ticks", durable)
-        n = 0
-
-        def probe() -> bool:  # until node 1 knows of the durable subscription
-            nonlocal n
-            n += 1
-            sender.send("/topic/ticks", f"probe {n}")
-            return any(b.startswith("probe") for b in first.bodies())
-
-        wait_for(probe, timeout=60, what="a probe kept for the durable")
+        probe_durable(sender, "/topic/ticks", first)
 
         def kept() -> int:  # what JetStream keeps for the durable, delivered or not
             rows = admin_get(n3.port("http"), "/api/v1/cluster/store")["durables"]
