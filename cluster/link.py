@@ -88,6 +88,7 @@ CLOSE_WAIT = 5.0  # seconds a closing link waits for the sends under way
 VIEW_WAIT = 2.0  # seconds a view of every node waits for the nodes' answers
 STORE_POLL = 5.0  # seconds between reads of what JetStream keeps (for /metrics)
 CLIENTS_NS = "clients.jms"  # shared records: JMS client id -> the node it is connected to
+COVER_MAX = 1000  # most NATS patterns a heartbeat lists (see _figures)
 HANDOVER_WAIT = 3.0  # seconds a CONNECT waits for the node that held the session to let go
 JOIN_TIMEOUT = 10.0  # seconds for the first connection, at start, before giving up
 PING_INTERVAL = 2.0  # seconds between pings to the NATS server (a silent one is lost after
@@ -115,6 +116,7 @@ class ClusterLink:
         self.session: Any = None
         self.patterns: dict[str, int] = {}  # local subscription patterns and their counts
         self.cover: dict[str, NatsSubscription | None] = {}  # patterns subscribed in NATS
+        self.wild: dict[str, None] = {}  # those of them with wildcards
         self.ops: asyncio.Queue[tuple[bool, str]] = asyncio.Queue()
         self.outbox: list[tuple[str, bytes]] = []
         self.sending = False
@@ -421,24 +423,41 @@ class ClusterLink:
             if pattern in self.cover:
                 self._cover_remove(pattern)
 
+    # The cover is kept without comparing every pattern with every other: a literal name is
+    # contained only by itself or by a pattern with wildcards (of which there are few; a
+    # device fleet's subscriptions are mostly literal, one or two each), and contains no
+    # pattern but itself.
+
+    def _covered(self, pattern: str) -> bool:
+        if pattern in self.cover:
+            return True
+        if subject.is_wildcard(pattern):
+            return any(subject.contains(c, pattern) for c in self.wild)
+        return any(subject.matches(c, pattern) for c in self.wild)
+
     def _cover_add(self, pattern: str) -> None:
-        if any(subject.contains(c, pattern) for c in self.cover):
+        if self._covered(pattern):
             return
         self.cover[pattern] = None
         self.ops.put_nowait((True, pattern))
-        for narrower in [c for c in self.cover
-                         if c != pattern and subject.contains(pattern, c)]:
-            self._uncover(narrower)
+        if subject.is_wildcard(pattern):
+            self.wild[pattern] = None
+            for narrower in [c for c in self.cover
+                             if c != pattern and subject.contains(pattern, c)]:
+                self._uncover(narrower)
 
     def _cover_remove(self, pattern: str) -> None:
         self._uncover(pattern)
+        if not subject.is_wildcard(pattern):
+            return  # it covered nothing but itself
         orphans = [p for p in self.patterns if subject.contains(pattern, p)
-                   and not any(subject.contains(c, p) for c in self.cover)]
+                   and not self._covered(p)]
         for p in sorted(orphans, key=len):  # broader ones first (a pattern's parents are
             self._cover_add(p)               # no longer than it)
 
     def _uncover(self, pattern: str) -> None:
         self.cover.pop(pattern, None)
+        self.wild.pop(pattern, None)
         self.ops.put_nowait((False, pattern))
 
     async def _apply_ops(self) -> None:
@@ -489,7 +508,11 @@ class ClusterLink:
         info = self.broker.info()
         out = {k: info.get(k, 0) for k in FIGURES}
         out["link"] = dict(self.stats)
-        out["cover"] = sorted(self.cover)
+        # A node with more patterns than COVER_MAX says only how many (the heartbeat stays
+        # small, far below the NATS servers' max_payload): the others take it to want
+        # every topic.
+        out["cover"] = sorted(self.cover) if len(self.cover) <= COVER_MAX else None
+        out["cover_size"] = len(self.cover)
         return out
 
     def wanted_elsewhere(self, topic: str) -> bool:

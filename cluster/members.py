@@ -85,12 +85,17 @@ class Members:
 
     def remote_patterns(self) -> set[str]:
         """The patterns the other nodes that are up subscribe to in NATS, as their last
-        heartbeats said."""
+        heartbeats said (``>``, every topic, for a node whose heartbeat does not list them:
+        it has too many)."""
         now = self.clock()
         out: set[str] = set()
         for heard, beat in self.nodes.values():
             if beat.get("up") and now - heard <= HEARTBEAT * MISSED:
-                out.update(str(p) for p in beat.get("cover", ()))
+                cover = beat.get("cover", ())
+                if cover is None:
+                    out.add(">")
+                else:
+                    out.update(str(p) for p in cover)
         return out
 
     def rows(self) -> list[dict[str, Any]]:

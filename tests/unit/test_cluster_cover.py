@@ -70,3 +70,46 @@ def test_the_cover_is_always_the_minimal_one(pats, rnd: random.Random):
         expected = {p for p in live
                     if not any(q != p and subject.contains(q, p) for q in set(live))}
         assert set(lk.cover) == expected
+
+
+def test_literal_patterns_are_not_compared_with_each_other(monkeypatch):
+    """A device fleet's subscriptions (one literal topic each): adding and removing one
+    compares it only with the few patterns that have wildcards, not with every other."""
+    calls = 0
+    for name in ("contains", "matches"):
+        real = getattr(subject, name)
+
+        def counted(a: str, b: str, real=real) -> bool:
+            nonlocal calls
+            calls += 1
+            return bool(real(a, b))
+
+        monkeypatch.setattr(subject, name, counted)
+    lk = link()
+    change(lk, "fleet.*.status", True)
+    change(lk, "alerts.>", True)
+    calls = 0
+    for i in range(5000):
+        change(lk, f"devices.d{i}.cmd", True)
+    for i in range(0, 5000, 2):
+        change(lk, f"devices.d{i}.cmd", False)
+    assert len(lk.cover) == 2 + 2500
+    assert calls <= 2 * 5000  # each against the two wildcard patterns, once
+
+
+def test_a_heartbeat_lists_a_bounded_cover_and_others_read_a_long_one_as_every_topic():
+    from cluster.link import COVER_MAX
+    from cluster.members import Members
+
+    lk = link()
+    lk.broker = SimpleNamespace(info=lambda: {})  # type: ignore[assignment]
+    for i in range(COVER_MAX):
+        change(lk, f"d.{i}", True)
+    assert len(lk._figures()["cover"]) == COVER_MAX
+    change(lk, "d.extra", True)
+    beat = lk._figures()
+    assert beat["cover"] is None and beat["cover_size"] == COVER_MAX + 1
+    members = Members(SimpleNamespace(), "t", "n2", dict, clock=lambda: 0.0)  # type: ignore[arg-type]
+    members.nodes["n1"] = (0.0, {"up": True, **beat})
+    members.nodes["n3"] = (0.0, {"up": True, "cover": ["x.y"]})
+    assert members.remote_patterns() == {">", "x.y"}
