@@ -135,6 +135,8 @@ class Feeds:
         self.outbox = Ordered(self._handle)
         self.renewer: asyncio.Task[None] | None = None
         self.leases: Leases | None = None  # an exclusive queue's consumer node holds one
+        self.durable_made = False  # since the last mark
+        self.durable_mark: asyncio.Future[None] | None = None
         self.stats = {"queued": 0, "stored": 0, "pulled": 0, "acked": 0, "returned": 0}
 
     async def start(self) -> None:
@@ -220,7 +222,18 @@ class Feeds:
         f.binding = True
         self.send(("bind", f))
         self.send(("record", f.consumer))
+        self.durable_made = True
         return f
+
+    def mark(self) -> asyncio.Future[None] | None:
+        """A future done once the durable subscriptions made so far are in JetStream and
+        in the durables bucket (what goes to NATS goes in order), or None when none was
+        made since the last one (ClusterLink.ready)."""
+        if self.durable_made:
+            self.durable_made = False
+            self.durable_mark = self.broker.loop.create_future()
+            self.send(("mark", self.durable_mark))
+        return self.durable_mark
 
     def _durable_changed(self, consumer: str, entry: tuple[str, bool] | None) -> None:
         """A durable subscription ended, or was made again with another pattern, on some
@@ -272,6 +285,9 @@ class Feeds:
             await item[1].bind()
         elif what == "stream":
             await item[1].make_stream()
+        elif what == "mark":
+            if not item[1].done():
+                item[1].set_result(None)
         elif what == "drop":
             await self._delete_consumer(item[1].stream, item[1].consumer)
         elif what == "forget":

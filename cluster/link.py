@@ -89,6 +89,7 @@ VIEW_WAIT = 2.0  # seconds a view of every node waits for the nodes' answers
 STORE_POLL = 5.0  # seconds between reads of what JetStream keeps (for /metrics)
 CLIENTS_NS = "clients.jms"  # shared records: JMS client id -> the node it is connected to
 COVER_MAX = 1000  # most NATS patterns a heartbeat lists (see _figures)
+READY_WAIT = 2.0  # most seconds a subscription's answer waits for the cluster (ready)
 HANDOVER_WAIT = 3.0  # seconds a CONNECT waits for the node that held the session to let go
 JOIN_TIMEOUT = 10.0  # seconds for the first connection, at start, before giving up
 PING_INTERVAL = 2.0  # seconds between pings to the NATS server (a silent one is lost after
@@ -117,7 +118,11 @@ class ClusterLink:
         self.patterns: dict[str, int] = {}  # local subscription patterns and their counts
         self.cover: dict[str, NatsSubscription | None] = {}  # patterns subscribed in NATS
         self.wild: dict[str, None] = {}  # those of them with wildcards
-        self.ops: asyncio.Queue[tuple[bool, str]] = asyncio.Queue()
+        # the cover's changes for NATS, in order, and markers (futures) done when what was
+        # queued before them is in NATS (see ready)
+        self.ops: asyncio.Queue[tuple[bool, str] | asyncio.Future[None]] = asyncio.Queue()
+        self.cover_changed = False  # since the last marker
+        self.cover_mark: asyncio.Future[None] | None = None
         self.outbox: list[tuple[str, bytes]] = []
         self.sending = False
         self.seen: OrderedDict[str, None] = OrderedDict()
@@ -256,6 +261,35 @@ class ClusterLink:
                 and feeds.durables.wants(dest.name)):
             return feeds.store_for_durables(dest.name, msg)
         return None
+
+    def ready(self) -> asyncio.Future[None] | None:
+        """A future done once the subscriptions made on this node so far are the cluster's:
+        the NATS subscriptions that follow them sent to this node's NATS server and answered
+        (a PING's PONG: the server has passed the interest on to the others), and the
+        durable ones made in JetStream and in the list of durables the other nodes watch.
+        None when nothing is pending. An adapter answers a subscription (SUBACK, RECEIPT, an
+        AMQP attach) when it is done, so that a message published on another node right
+        after reaches it; done after :data:`READY_WAIT` whatever (NATS out of reach)."""
+        if self.cover_changed:
+            self.cover_changed = False
+            self.cover_mark = self.broker.loop.create_future()
+            self.ops.put_nowait(self.cover_mark)
+        marks = [m for m in (self.cover_mark,
+                             self.feeds.mark() if self.feeds is not None else None)
+                 if m is not None and not m.done()]
+        if not marks:
+            return None
+        loop = self.broker.loop
+        out: asyncio.Future[None] = loop.create_future()
+
+        def done(_: Any = None) -> None:
+            if not out.done() and all(m.done() for m in marks):
+                out.set_result(None)
+
+        for m in marks:
+            m.add_done_callback(done)
+        loop.call_later(READY_WAIT, lambda: None if out.done() else out.set_result(None))
+        return out
 
     def forget_durable(self, key: str) -> None:
         """See :meth:`cluster.feeds.Feeds.forget_durable`."""
@@ -440,6 +474,7 @@ class ClusterLink:
             return
         self.cover[pattern] = None
         self.ops.put_nowait((True, pattern))
+        self.cover_changed = True
         if subject.is_wildcard(pattern):
             self.wild[pattern] = None
             for narrower in [c for c in self.cover
@@ -459,14 +494,25 @@ class ClusterLink:
         self.cover.pop(pattern, None)
         self.wild.pop(pattern, None)
         self.ops.put_nowait((False, pattern))
+        self.cover_changed = True
 
     async def _apply_ops(self) -> None:
         """Subscribe and unsubscribe in NATS in the order the cover changed (a broader
         subscription is made before the narrower ones it replaces go)."""
         subs: dict[str, NatsSubscription] = {}
         while True:
-            add, pattern = await self.ops.get()
+            op = await self.ops.get()
             nc = self.nc
+            if isinstance(op, asyncio.Future):  # a marker: once NATS has what came before
+                if nc is not None:
+                    try:
+                        await nc.flush(int(READY_WAIT))
+                    except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
+                        log.debug("subscriptions not confirmed by NATS: %s", exc)
+                if not op.done():
+                    op.set_result(None)
+                continue
+            add, pattern = op
             if nc is None:
                 continue
             try:

@@ -1026,6 +1026,14 @@ class Broker(BrokerMemory):
         """Every record of ``ns`` the cluster shares (empty alone)."""
         return self.cluster.shared_records(ns) if self.cluster is not None else {}
 
+    def cluster_ready(self) -> asyncio.Future[None] | None:
+        """On a cluster node, a future done once the subscriptions made so far reach the
+        other nodes (an adapter answers a subscription then); None when there is nothing to
+        wait for (alone, or nothing pending)."""
+        if self.cluster is None:
+            return None
+        return self.cluster.ready()  # type: ignore[no-any-return]
+
     def node_id(self) -> str | None:
         """This gateway's node id in its cluster (None alone)."""
         return self.cluster.node_id if self.cluster is not None else None  # type: ignore[no-any-return]

@@ -432,8 +432,22 @@ class AmqpConnection:
         h.share_scope = scope if shared else None
         h.dest = dest
         self._register(link, h)
+        ready = self.broker.cluster_ready()
+        if ready is None:
+            link.open()
+            h.start(mc)
+        else:  # on a cluster node: the attach answered once the other nodes have it
+            ready.add_done_callback(lambda _: self._attached(link, h, mc))
+
+    def _attached(self, link: Any, h: Any, mc: Any) -> None:
+        if self.closed:  # the connection went, its consumers with it
+            return
+        if h not in self.links:  # detached meanwhile: its consumer goes
+            mc.close()
+            return
         link.open()
         h.start(mc)
+        self.changed()
 
     def _register(self, link: Any, h: Any) -> None:
         link.gw = h

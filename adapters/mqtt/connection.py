@@ -742,7 +742,19 @@ class MqttConnection:
                 retained.append(rec)
         if self.level < MQTT_5:
             codes = [c if c < 0x80 else 0x80 for c in codes]
-        self.send(SubAck(p.packet_id, codes))
+        suback = SubAck(p.packet_id, codes)
+        ready = self.server.broker.cluster_ready()
+        if ready is None:
+            self._subscribed(suback, retained)
+        else:  # on a cluster node: once the other nodes have the subscriptions
+            ready.add_done_callback(lambda _: self._subscribed(suback, retained))
+
+    def _subscribed(self, suback: SubAck, retained: list[SubRecord]) -> None:
+        """Answer a SUBSCRIBE, then stream the retained messages it is owed."""
+        session = self.session
+        if session is None or self.state is not State.CONNECTED:
+            return
+        self.send(suback)
         session.save()
         for rec in retained:  # streamed as the client's window allows
             session.start_retained(rec)

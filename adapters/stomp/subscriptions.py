@@ -178,6 +178,9 @@ def handle_subscribe(conn: StompConnection, frame: Frame) -> None:
     conn.subscriptions[sid] = sub
     if conn.write_paused:
         sub.consumer.core.pause()
+    ready = conn.broker.cluster_ready()
+    if ready is not None:  # a cluster node: the RECEIPT once the other nodes have it
+        conn.wait_for_confirmation(ready)
     conn.receipt(frame)
 
 

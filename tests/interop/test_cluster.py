@@ -1225,3 +1225,37 @@ def test_a_durable_subscriber_whose_node_is_killed_resumes_elsewhere_without_los
                 c.close()
         for p in (n1, n2, n3):
             p.stop()
+
+
+def test_a_subscription_answered_on_one_node_gets_what_another_publishes_next(nodes):
+    """No probes here: a subscription's answer (SUBACK, RECEIPT, AMQP attach) comes once the
+    other nodes have it, so what is published on another node right after reaches it."""
+    publishers = [MqttClient(p.port("mqtt")) for p in nodes]
+    senders = [StompQueueClient(p.port("stomp")) for p in nodes]
+    opened: list[Any] = []
+    try:
+        for i in range(6):
+            here, there = nodes[i % 3], i % 3 - 2  # the publisher on another node
+            sub = MqttClient(here.port("mqtt"))
+            opened.append(sub)
+            sub.subscribe(f"fresh/{i}/#")
+            publishers[there].publish(f"fresh/{i}/x", b"mqtt")
+            wait_for(lambda sub=sub: sub.payloads(b"mqtt"), timeout=10, what="the MQTT one")
+            session = Mqtt5Session(here.port("mqtt"), f"fresh-{i}")  # a durable
+            opened.append(session)
+            session.subscribe(f"kept/{i}/#")
+            publishers[there].publish(f"kept/{i}/x", b"kept")
+            wait_for(lambda s=session: s.payloads(b"kept"), timeout=10, what="the durable one")
+            stomp_sub = StompQueueClient(here.port("stomp"))
+            opened.append(stomp_sub)
+            stomp_sub.consume(f"/topic/fresh.s{i}")  # with a receipt
+            senders[there].send(f"/topic/fresh.s{i}", "stomp")
+            wait_for(lambda s=stomp_sub: "stomp" in s.bodies(), timeout=10, what="the STOMP one")
+            conn = amqp_connect(here.port("amqp"))
+            opened.append(conn)
+            receiver = conn.create_receiver(f"topic://fresh.a{i}")  # attached: answered
+            senders[there].send(f"/topic/fresh.a{i}", "amqp")
+            assert text(receiver.receive(timeout=10).body) == "amqp"
+    finally:
+        for c in [*publishers, *senders, *opened]:
+            c.close()
