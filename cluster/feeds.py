@@ -464,7 +464,10 @@ class Feed:
         self.deliver_new = deliver_new
         self.consumer = consumer_name(key)
         self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{self.consumer}"
-        self.held: dict[Message, Msg] = {}  # each message on the local endpoint, by JetStream's
+        # each message on the local endpoint, and JetStream's delivery of it (what is
+        # acknowledged); the same messages by message id
+        self.held: dict[Message, Msg] = {}
+        self.held_ids: dict[str, Message] = {}
         self.parked: list[Msg] = []  # what came for no consumer, to give back (_unpark)
         self.hold_until = 0.0  # no pull request before this loop time (see bind)
         self.bound = False  # the JetStream consumer is there
@@ -482,6 +485,7 @@ class Feed:
     def removed(self, msg: Message) -> None:
         jm = self.held.pop(msg, None)
         if jm is not None:
+            self.held_ids.pop(msg.message_id or "", None)
             feeds = self.feeds
             feeds.stats["acked"] += 1
             feeds.send(("ack", jm))
@@ -515,9 +519,12 @@ class Feed:
     def give_back(self, final: bool = False) -> None:
         """Give what this node holds and has not delivered back to JetStream, for the
         other nodes (``final``: the link closes, whatever requests are out)."""
-        back = [jm for jm in (self.held.pop(msg, None)
-                              for msg in self.feeds.broker.feed_return(self.key))
-                if jm is not None]
+        back = []
+        for msg in self.feeds.broker.feed_return(self.key):
+            jm = self.held.pop(msg, None)
+            if jm is not None:
+                self.held_ids.pop(msg.message_id or "", None)
+                back.append(jm)
         self.parked.extend(back)
         if not self.asked or final:
             self._unpark()
@@ -624,14 +631,25 @@ class Feed:
             count = max(jm.metadata.num_delivered - 1, 0)
         except Exception:  # noqa: BLE001 - not a JetStream message after all
             count = 0
-        if count and (msg.message_id or "") in feeds.acked_ids:
+        mid = msg.message_id or ""
+        if count and mid in feeds.acked_ids:
             feeds.send(("ack", jm))  # acknowledged here before: that acknowledgement was lost
             return
+        mine = self.held_ids.get(mid) if count and mid else None
+        if mine is not None and mine in self.held:
+            # JetStream gives again what this node still holds (its renewals did not reach
+            # JetStream in time: NATS away): it stays where it is, not delivered twice, and
+            # is acknowledged through this delivery
+            self.held[mine] = jm
+            return
         self.held[msg] = jm
+        if mid:
+            self.held_ids[mid] = msg
         feeds.stats["pulled"] += 1
         taken = feeds.broker.feed_take(self.key, msg, count)
         if taken != "taken":
             del self.held[msg]
+            self.held_ids.pop(mid, None)
             if taken == "filtered":  # not for this subscription: done with
                 feeds.send(("ack", jm))
             else:
@@ -737,6 +755,7 @@ class DurableFeed(Feed):
         JetStream consumer goes, and with it what it kept."""
         self.ended = True
         self.held.clear()
+        self.held_ids.clear()
         feeds = self.feeds
         if feeds.by_consumer.get(self.consumer) is self:
             del feeds.by_consumer[self.consumer]
