@@ -11,8 +11,12 @@ each node writes for the durables it makes and deletes for those it ends, and wa
 (NATS documentation, "JetStream", "Key/Value Store", watch): a bucket of replicated
 JetStream storage, read again in full by a node that starts.
 
-A durable made on another node reaches this one's view in the time its watch takes (a few
-milliseconds on a LAN): a persistent message published here meanwhile is not kept for it.
+A node that makes a durable subscription also tells every other node that is up of it,
+and answers its subscriber once they all have (``ClusterLink.ready``), rather than when
+their watches bring it: a persistent message published anywhere after the subscriber was
+answered is kept for it. The patterns are in a subscription index (:mod:`gateway.subindex`,
+a trie), so asking about a topic costs a walk down its names, not a look at every durable
+of the cluster (a fleet of MQTT devices has one or more each).
 """
 
 from __future__ import annotations
@@ -23,14 +27,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from cluster.buckets import WatchedBucket
-from gateway import subject
+from gateway.errors import GatewayError
+from gateway.subindex import SubIndex
 
 if TYPE_CHECKING:
     from nats.js.client import JetStreamContext
 
 log = logging.getLogger("cluster")
 
-MATCH_CACHE = 10_000  # topics whose answer is remembered (cleared when a durable changes)
+MATCH_CACHE = 10_000  # topics whose answer the index remembers (until a durable changes)
 
 
 class DurableIndex(WatchedBucket):
@@ -41,44 +46,64 @@ class DurableIndex(WatchedBucket):
     def __init__(self, js: JetStreamContext, cluster_name: str, replicas: int) -> None:
         super().__init__(js, f"GW_{cluster_name}_DURABLES", replicas)
         self.patterns: dict[str, tuple[str, bool]] = {}  # consumer name -> (pattern, parent)
-        self.cache: dict[str, bool] = {}
+        self.index = SubIndex(MATCH_CACHE)  # the consumer names, by their patterns
+        self.names: dict[str, str] = {}  # each name, the very object in the index
         # told of each change, by any node: (consumer name, (pattern, parent) or None)
         self.listener: Callable[[str, tuple[str, bool] | None], None] | None = None
 
     def changed(self, key: str, value: bytes | None) -> None:
+        """A durable subscription made (``value``: its record) or ended (None), on any
+        node: as the bucket's watch tells, or as the node that made it does."""
         entry: tuple[str, bool] | None = None
         if value is None:
-            self.patterns.pop(key, None)
+            self._set(key, None)
         else:
             try:
                 note = json.loads(value)
-                entry = self.patterns[key] = (str(note["pattern"]), bool(note["parent"]))
-            except (ValueError, KeyError, TypeError):
+                entry = (str(note["pattern"]), bool(note["parent"]))
+                self._set(key, entry)
+            except (ValueError, KeyError, TypeError, GatewayError):
                 log.warning("unreadable durable subscription %s in %s", key, self.bucket)
                 return
-        self.cache.clear()
         if self.listener is not None:
             self.listener(key, entry)
+
+    def _set(self, consumer: str, entry: tuple[str, bool] | None) -> None:
+        old = self.patterns.get(consumer)
+        if old == entry:
+            return
+        if old is not None:
+            del self.patterns[consumer]
+            # the index knows an entry by its object: the name as it was inserted
+            self.index.remove(old[0], self.names.pop(consumer), parent_match=old[1])
+        if entry is not None:
+            self.index.insert(entry[0], consumer, parent_match=entry[1])
+            self.patterns[consumer] = entry
+            self.names[consumer] = consumer
 
     # -- this node's durables ---------------------------------------------------------------
 
     def add(self, consumer: str, pattern: str, parent: bool) -> None:
-        self.patterns[consumer] = (pattern, parent)
-        self.cache.clear()
+        self._set(consumer, (pattern, parent))
+
+    def record(self, consumer: str) -> bytes | None:
+        """What the bucket holds for durable subscription ``consumer`` (None: unknown)."""
+        entry = self.patterns.get(consumer)
+        if entry is None:
+            return None
+        return json.dumps({"pattern": entry[0], "parent": entry[1]}).encode()
 
     async def put(self, consumer: str) -> None:
-        entry = self.patterns.get(consumer)
-        if self.kv is None or entry is None:
+        body = self.record(consumer)
+        if self.kv is None or body is None:
             return
-        body = json.dumps({"pattern": entry[0], "parent": entry[1]}).encode()
         try:
             await self.kv.put(consumer, body)
         except Exception as exc:  # noqa: BLE001 - nats-py raises several kinds
             log.warning("cannot record durable subscription %s: %s", consumer, exc)
 
     async def delete(self, consumer: str) -> None:
-        self.patterns.pop(consumer, None)
-        self.cache.clear()
+        self._set(consumer, None)
         if self.kv is None:
             return
         try:
@@ -90,12 +115,4 @@ class DurableIndex(WatchedBucket):
 
     def wants(self, topic: str) -> bool:
         """Whether some durable subscription of the cluster matches ``topic``."""
-        answer = self.cache.get(topic)
-        if answer is None:
-            answer = any(subject.matches(p, topic) or (parent and p.endswith(".>")
-                                                       and topic == p[:-2])
-                         for p, parent in self.patterns.values())
-            if len(self.cache) >= MATCH_CACHE:
-                self.cache.clear()
-            self.cache[topic] = answer
-        return answer
+        return bool(self.index.match(topic))

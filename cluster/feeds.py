@@ -39,7 +39,9 @@ server:
   acknowledges it to JetStream.
 * **Nodes that go.** A node renews what it holds (JetStream's "in progress") every third of
   ``ack_wait``. When the last consumer of an endpoint on a node goes, the node gives back
-  what it had not delivered (a NAK: JetStream delivers it again at once, elsewhere). A node
+  what it had not delivered (a NAK: JetStream delivers it again at once, elsewhere); when
+  they are only paused, a queue's node does so after :data:`PAUSED_WAIT`, a durable
+  subscription's not (:meth:`Feed.consumers_changed`). A node
   that dies holds its messages no longer than ``cluster_ack_wait``: JetStream then delivers
   them to another, with their delivery count, so the consumer sees JMSRedelivered and
   ``maxRedelivery`` counts across nodes. A message JetStream gives again after this node
@@ -96,6 +98,7 @@ PUB_RETRY = 1.0  # seconds between sends of a persistent message JetStream has n
 ACKED_WINDOW = 10_000  # ids of messages acknowledged here, remembered (see Feed._take)
 RETRY_WAIT = 0.5  # seconds before trying again what JetStream refused
 LOST_WAIT = 0.5  # seconds past a pull request's expiry before it counts as lost
+PAUSED_WAIT = 5.0  # seconds a queue's consumers stay paused before its node gives back
 STREAM_NOT_FOUND = 10059  # JetStream's error code for an unknown stream
 
 
@@ -136,6 +139,7 @@ class Feeds:
         self.renewer: asyncio.Task[None] | None = None
         self.leases: Leases | None = None  # an exclusive queue's consumer node holds one
         self.durable_made = False  # since the last mark
+        self.fresh: list[str] = []  # durables made here, to tell the other nodes of
         self.durable_mark: asyncio.Future[None] | None = None
         self.stats = {"queued": 0, "stored": 0, "pulled": 0, "acked": 0, "returned": 0}
 
@@ -223,6 +227,7 @@ class Feeds:
         self.send(("bind", f))
         self.send(("record", f.consumer))
         self.durable_made = True
+        self.fresh.append(f.consumer)
         return f
 
     def mark(self) -> asyncio.Future[None] | None:
@@ -455,6 +460,8 @@ class Feeds:
 class Feed:
     """One local endpoint's link to its JetStream consumer: see the module docstring."""
 
+    shared = False  # consumers on other nodes may take what this node holds (a queue)
+
     def __init__(self, feeds: Feeds, key: str, stream: str, filters: list[str],
                  deliver_new: bool) -> None:
         self.feeds = feeds
@@ -479,6 +486,7 @@ class Feed:
         self.consumers = 0
         self.returning = False
         self.waiting_lease = False  # an exclusive queue's: another node pulls, not this one
+        self.paused_timer: asyncio.TimerHandle | None = None  # see consumers_changed
 
     # -- what the endpoint calls (gateway.endpoint, Endpoint.feed) ------------------------
 
@@ -496,8 +504,22 @@ class Feed:
             if not self.asked:
                 self._ask()
 
-    def consumers_changed(self, n: int) -> None:
+    def consumers_changed(self, n: int, present: int) -> None:
+        """``n`` consumers here take messages now, of ``present`` (the others paused: a
+        window full, an AMQP link without credit, an MQTT session away). Pulls follow
+        ``n``. What this node holds goes back to JetStream at once when the last consumer
+        goes, but not when they are only paused: a message given back counts as delivered
+        when JetStream gives it again (JMSRedelivered, ``maxRedelivery``), so a consumer
+        that pauses after each message (an AMQP link given one credit at a time) would have
+        its queue's messages counted redelivered without ever being delivered. A queue's
+        gives back what it holds after its consumers stayed paused :data:`PAUSED_WAIT`, for
+        the other nodes' consumers; a durable subscription's keeps it (its subscriber comes
+        back here, or resumes elsewhere: :meth:`give_back` then)."""
         self.consumers = n
+        if n or present:
+            if self.paused_timer is not None:
+                self.paused_timer.cancel()
+                self.paused_timer = None
         if n:
             if not self.bound:
                 if not self.binding:
@@ -505,6 +527,10 @@ class Feed:
                     self.feeds.send(("bind", self))
             else:
                 self._ask()
+        elif present:
+            if self.shared and self.paused_timer is None:
+                self.paused_timer = self.feeds.broker.loop.call_later(
+                    PAUSED_WAIT, self._return_if_idle)
         elif not self.returning:
             # after the closing consumer's deliveries came back (they are requeued after
             # it is removed)
@@ -513,6 +539,7 @@ class Feed:
 
     def _return_if_idle(self) -> None:
         self.returning = False
+        self.paused_timer = None
         if not self.consumers:
             self.give_back()
 
@@ -659,6 +686,8 @@ class Feed:
 class QueueFeed(Feed):
     """A queue's feed: producers' messages go to its subject."""
 
+    shared = True
+
     def __init__(self, feeds: Feeds, name: str) -> None:
         self.subject = feeds.queue_prefix + name
         super().__init__(feeds, "queue:" + name, feeds.queue_stream(name), [self.subject],
@@ -670,21 +699,21 @@ class QueueFeed(Feed):
         self.lease = "queue/" + name
         self.leasing = False  # this node holds, or tries to take, the exclusive queue's lease
 
-    def consumers_changed(self, n: int) -> None:
+    def consumers_changed(self, n: int, present: int) -> None:
         """An exclusive queue (EMS's ``exclusive``: every message to one consumer while it
         is there) is pulled by one node at a time, the holder of lease ``queue/<name>``,
-        whose first consumer gets every message; a node whose consumers are all gone gives
-        the lease up, and a node with consumers takes it."""
+        whose first consumer gets every message; a node whose consumers are all gone (not
+        only paused) gives the lease up, and a node with consumers takes it."""
         leases = self.feeds.leases
         q = self.feeds.broker.queues.get(self.name)
         if leases is not None and q is not None and q.exclusive:
-            if n and not self.leasing:
+            if present and not self.leasing:
                 self.leasing = self.waiting_lease = True
                 leases.hold(self.lease, self._lease_taken, self._lease_lost)
-            elif not n and self.leasing:
+            elif not present and self.leasing:
                 self.leasing = self.waiting_lease = False
                 leases.release(self.lease)
-        super().consumers_changed(n)
+        super().consumers_changed(n, present)
 
     def _lease_taken(self) -> None:
         self.waiting_lease = False

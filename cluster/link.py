@@ -123,6 +123,7 @@ class ClusterLink:
         self.ops: asyncio.Queue[tuple[bool, str] | asyncio.Future[None]] = asyncio.Queue()
         self.cover_changed = False  # since the last marker
         self.cover_mark: asyncio.Future[None] | None = None
+        self.told_mark: asyncio.Future[Any] | None = None  # the other nodes told of durables
         self.outbox: list[tuple[str, bytes]] = []
         self.sending = False
         self.seen: OrderedDict[str, None] = OrderedDict()
@@ -177,6 +178,7 @@ class ClusterLink:
         await self.nc.subscribe(f"gw.{self.cluster_name}.handover.{self.node_id}",
                                 cb=self._handover_asked)
         self.broker.local_actions["purge-queue"] = self._purge_here
+        self.broker.local_actions["durables"] = self._durables_made_elsewhere
         self.broker.cluster = self
         self.broker.info_sources.append(self._info_source)
         self.broker.watch_shared(CLIENTS_NS, self._claim_changed)
@@ -266,7 +268,8 @@ class ClusterLink:
         """A future done once the subscriptions made on this node so far are the cluster's:
         the NATS subscriptions that follow them sent to this node's NATS server and answered
         (a PING's PONG: the server has passed the interest on to the others), and the
-        durable ones made in JetStream and in the list of durables the other nodes watch.
+        durable ones made in JetStream, written to the durables bucket, and known to every
+        other node that is up (told, and each one's answer waited for).
         None when nothing is pending. An adapter answers a subscription (SUBACK, RECEIPT, an
         AMQP attach) when it is done, so that a message published on another node right
         after reaches it; done after :data:`READY_WAIT` whatever (NATS out of reach)."""
@@ -275,8 +278,16 @@ class ClusterLink:
             self.cover_mark = self.broker.loop.create_future()
             self.ops.put_nowait(self.cover_mark)
         marks = [m for m in (self.cover_mark,
-                             self.feeds.mark() if self.feeds is not None else None)
+                             self.feeds.mark() if self.feeds is not None else None,
+                             self.told_mark)
                  if m is not None and not m.done()]
+        feeds = self.feeds
+        if feeds is not None and feeds.fresh:
+            fresh, feeds.fresh = feeds.fresh, []
+            records = {c: (feeds.durables.record(c) or b"").decode() for c in fresh}
+            self.told_mark = asyncio.ensure_future(self._ask_all(
+                "actions.durables", json.dumps(records).encode(), None))
+            marks.append(self.told_mark)
         if not marks:
             return None
         loop = self.broker.loop
@@ -672,6 +683,21 @@ class ClusterLink:
     async def browse_queue(self, name: str, limit: int) -> list[Message]:
         """Admin browse on a cluster node: see :meth:`cluster.feeds.Feeds.browse_queue`."""
         return await self.feeds.browse_queue(name, limit) if self.feeds is not None else []
+
+    def _durables_made_elsewhere(self, arg: str) -> bool:
+        """Another node made durable subscriptions (``arg``: consumer name -> record, as
+        its durables bucket has them) and waits for every node to know before answering
+        their subscribers (ready): this node knows from now on, its watch or not."""
+        if self.feeds is None:
+            return False
+        try:
+            records = dict(json.loads(arg))
+        except (ValueError, TypeError):
+            return False
+        for consumer, record in records.items():
+            if record:
+                self.feeds.durables.changed(str(consumer), str(record).encode())
+        return True
 
     def _purge_here(self, name: str) -> dict[str, int] | None:
         q = self.broker.queues.get(name)

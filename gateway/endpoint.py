@@ -567,10 +567,12 @@ class Endpoint:
             self.tell_feed()
 
     def tell_feed(self) -> None:
-        """Tell the feed how many consumers take messages here now (not paused)."""
+        """Tell the feed how many consumers take messages here now (not paused), of how
+        many there are."""
         feed = self.feed
         if feed is not None:
-            feed.consumers_changed(sum(1 for c in self.consumers if not c.paused))
+            feed.consumers_changed(sum(1 for c in self.consumers if not c.paused),
+                                   len(self.consumers))
 
     # -- properties the broker asks for ----------------------------------------------------
 

@@ -397,8 +397,12 @@ def test_what_a_killed_node_held_goes_to_a_consumer_on_another(tmp_path, nats_cl
             got[text(m.body)] = m.delivery_count
         assert sorted(got) == sorted(sent)
         assert held <= set(got)
-        for body, count in got.items():  # JMSRedelivered for what node 2 had delivered
-            assert (count >= 1) == (body in held), (body, count)
+        # JMSRedelivered for what node 2 had delivered (and perhaps for what it had taken
+        # from JetStream and not yet delivered: JetStream counts those as delivered too),
+        # once: node 1's consumer takes one at a time (its link's credit), and node 1 does
+        # not give back what waits for it meanwhile
+        assert all(got[body] >= 1 for body in held), got
+        assert max(got.values()) <= 1, got
     finally:
         holder.close()
         sender.close()

@@ -65,3 +65,20 @@ def test_a_message_given_again_after_it_went_back_is_delivered_again():
     f.held.clear()  # given back (a NAK): the node holds it no more
     f._take(delivery(msg, 2, 8))
     assert [count for _, count in core.taken] == [0, 1]  # again, flagged redelivered
+
+
+def test_the_durables_index_answers_by_pattern_and_forgets_what_ends():
+    from cluster.durables import DurableIndex
+
+    index = DurableIndex(None, "t", 1)  # type: ignore[arg-type]
+    index.add("s-1", "plant.line1.>", True)  # MQTT's plant/line1/#: the parent too
+    assert index.wants("plant.line1.temp") and index.wants("plant.line1")
+    assert not index.wants("plant.line2.temp")
+    index.changed("s-2", b'{"pattern": "plant.*.alarm", "parent": false}')  # another node's
+    assert index.wants("plant.line2.alarm")
+    index.changed("".join(["s-", "2"]), None)  # ended (the name, another string object)
+    assert not index.wants("plant.line2.alarm")
+    index.changed("s-1", b'{"pattern": "plant.line9", "parent": false}')  # made again
+    assert not index.wants("plant.line1.temp") and index.wants("plant.line9")
+    index.changed("s-3", b"not json")  # unreadable: left out
+    assert set(index.patterns) == {"s-1"}
