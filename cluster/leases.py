@@ -102,6 +102,17 @@ class Leases:
         except Exception as exc:  # noqa: BLE001 - renewed meanwhile, or NATS away
             log.debug("cannot give up lease %s: %s", key, exc)
 
+    async def holder(self, name: str) -> str | None:
+        """The node that holds lease ``name`` now, as JetStream has it (None: nobody, or
+        JetStream does not answer)."""
+        if self.kv is None:
+            return None
+        try:
+            entry = await self.kv.get(_key(name))
+        except Exception:  # noqa: BLE001 - no such key (nobody holds it), or NATS away
+            return None
+        return entry.value.decode() if entry.value else None
+
     def holds(self, name: str) -> bool:
         """Whether this node holds lease ``name`` now."""
         lease = self.leases.get(name)

@@ -318,6 +318,10 @@ class ClusterLink:
     def holds_lease(self, name: str) -> bool:
         return self.leases is not None and self.leases.holds(name)
 
+    async def lease_holder(self, name: str) -> str | None:
+        """The node that holds lease ``name`` (None: nobody)."""
+        return await self.leases.holder(name) if self.leases is not None else None
+
     # -- JMS client ids (one connection per client id in the cluster) ---------------------
 
     def claim_client(self, client_id: str, connected: bool) -> None:

@@ -10,7 +10,8 @@ importing transports when local subscriptions come and go (a topic imports only 
 subscribers), and holds the duplicate window all its transports share, seeded at start from the
 store (:meth:`TransportManager.seed_duplicates`). A transport marked ``required = true`` (or
 any, with ``startup_abort_list`` naming ``TRANSPORTS``) that cannot connect in time stops the
-start with :class:`TransportRequiredError`; the others keep trying in the background. What each
+start with :class:`TransportRequiredError` (on a cluster node: that no node runs in time);
+the others keep trying in the background. What each
 transport does is described in :mod:`transports.base`.
 """
 
@@ -28,6 +29,8 @@ from gateway.message import PROP_IMPORTED, QUEUE, TOPIC
 from transports.base import CLIENT_PREFIX, DEDUP_WINDOW, Held, Transport
 
 log = logging.getLogger("transports")
+
+REQUIRED_POLL = 0.2  # seconds between looks at who runs a required transport (a cluster's)
 
 
 class TransportRequiredError(GatewayError):
@@ -57,6 +60,10 @@ class TransportManager:
                         "transport." + tdef.name,
                         lambda name=tdef.name: self._lease_taken(name),
                         lambda name=tdef.name: asyncio.ensure_future(self.stop_one(name)))
+            for tdef in config.transports.values():
+                if gw.transports_enabled(tdef.type) and (
+                        tdef.params.get("required") or gw.aborts_on("TRANSPORTS")):
+                    await self._required_in_cluster(tdef)
             return
         for tdef in config.transports.values():
             if not gw.transports_enabled(tdef.type):
@@ -88,6 +95,35 @@ class TransportManager:
                 raise TransportRequiredError(
                     f"{t.tdef.where()}: transport {t.name!r} is required and could not "
                     f"connect in {limit:g} s: {t.last_error}") from None
+
+    async def _required_in_cluster(self, tdef: Any) -> None:
+        """A required transport on a cluster node: the start waits until the cluster runs it
+        (this node, up; or another node, which holds its lease), at most its
+        ``reconnect_max``.
+
+        Raises:
+            TransportRequiredError: no node runs it by then.
+        """
+        cluster = self.broker.cluster
+        name = tdef.name
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + float(tdef.params.get("reconnect_max", 60.0))
+        while loop.time() < deadline:
+            t = self.transports.get(name)
+            if cluster.holds_lease("transport." + name) and t is not None:
+                try:
+                    await asyncio.wait_for(t.up_event.wait(), deadline - loop.time())
+                    return
+                except TimeoutError:
+                    break
+            holder = await cluster.lease_holder("transport." + name)
+            if holder is not None and holder != cluster.node_id:
+                return  # another node runs it
+            await asyncio.sleep(REQUIRED_POLL)
+        t = self.transports.get(name)
+        raise TransportRequiredError(
+            f"{tdef.where()}: transport {name!r} is required and no node of the cluster "
+            f"runs it: {t.last_error if t is not None else 'this node does not hold it'}")
 
     def seed_duplicates(self) -> None:
         """Remember the imports the store kept from before a restart (still waiting in a

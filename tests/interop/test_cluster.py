@@ -1263,3 +1263,29 @@ def test_a_subscription_answered_on_one_node_gets_what_another_publishes_next(no
     finally:
         for c in [*publishers, *senders, *opened]:
             c.close()
+
+
+def test_a_required_transport_holds_the_start_until_some_node_runs_it(tmp_path, nats_cluster):
+    from peers.mosquitto import start_mosquitto
+
+    with start_mosquitto(tmp_path / "mosq") as mosq:
+        # node 1 takes the lease and connects before it is ready; node 2 starts because
+        # node 1 runs it
+        both = far_nodes(tmp_path, nats_cluster, mosq.port, "required = true\n")
+        try:
+            assert sorted(transport_state(p) for p in both) == ["standby", "up"]
+        finally:
+            for p in both:
+                p.stop()
+    # nobody can run one whose far side is not there: the node does not start
+    d = tmp_path / "alone"
+    write_config(d, gateway=f"listen = mqtt://127.0.0.1:0\ncluster = {nats_cluster.urls[2]}\n"
+                 f"cluster_name = t\nnode_id = n3\nstore = {d / 'data'}\n"
+                 "mqtt_transports = enabled\n",
+                 transports=f"[far]\ntype = mqtt\nurl = mqtt://127.0.0.1:{free_port()}\n"
+                 "required = true\nreconnect_min = 100msec\nreconnect_max = 2 sec\n")
+    done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config-dir", str(d)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1
+    assert "transport 'far' is required and no node of the cluster runs it" in done.stderr
