@@ -41,6 +41,7 @@ from typing import Any
 
 from gateway import subject
 from gateway.config import writeback
+from gateway.errors import GatewayError
 from gateway.message import Destination
 from gateway.routing import is_simple
 
@@ -114,7 +115,7 @@ def apply(broker: Any, key: str, raw: bytes | None) -> None:
             what = ["acl"]
         else:
             raise ValueError(f"no such kind of record: {kind!r}")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, GatewayError) as exc:
         log.error("admin: cannot apply the cluster's change %s: %s", key, exc)
         return
     if changed:
