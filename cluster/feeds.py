@@ -26,7 +26,9 @@ server:
   replicas), and is sent again every :data:`PUB_RETRY` until then (a lost acknowledgement, a
   stream electing its leader); a non-persistent one is sent and not waited for (JMS allows
   its loss when something fails), but for one to a queue with limits, whose producer learns
-  that the queue is full as on one gateway.
+  that the queue is full as on one gateway, and for one to a queue whose stream JetStream
+  has not yet said is there (made by another node at the same moment, or slow to answer
+  under load): sent before the stream is, it would be lost.
 * **Consumers.** One durable JetStream consumer per queue and per durable subscription (its
   name a digest of the endpoint's key, which may hold characters JetStream's names may not),
   shared by every node: a queue's filtered on its subject, a durable subscription's on its
@@ -759,9 +761,14 @@ class QueueFeed(Feed):
         """A producer's message to the queue (``Broker.publish``)."""
         feeds = self.feeds
         feeds.stats["queued"] += 1
-        if not self.stream_made and not self.stream_asked:  # (NATS was out of reach):
-            self.ask_stream()                                # asked again, first
-        return feeds.publish(self.subject, msg, confirm=self.limited)
+        if self.stream_made:
+            return feeds.publish(self.subject, msg, confirm=self.limited)
+        if not self.stream_asked:  # (NATS was out of reach, or JetStream slow to answer):
+            self.ask_stream()      # asked again, first
+        # Until JetStream has said the stream is there, every message is confirmed, so one
+        # sent before the stream is (made by another node meanwhile, or JetStream slow to
+        # make it) is sent again until it is kept, not lost.
+        return feeds.publish(self.subject, msg, confirm=True)
 
     def dropped(self) -> None:  # a queue is never dropped by its feed's endpoint
         pass

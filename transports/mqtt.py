@@ -208,6 +208,7 @@ class MqttTransport(Transport):
             self.ticker.cancel()
             self.ticker = None
         self.write_full = False
+        self.subscribing.clear()  # a SUBACK cannot come on another connection
         m = self.mqtt
         if m.state is not DISCONNECTED:
             m.connection_lost("closed by the gateway")
@@ -343,6 +344,11 @@ class MqttTransport(Transport):
             if code >= 0x80:
                 log.warning("transport %s: the far side refused the subscription %r: %s",
                             self.name, topic_filter, reason_name(code))
+
+    def info(self) -> dict[str, Any]:
+        out = super().info()
+        out["subscribing"] = len(self.subscribing)  # SUBSCRIBEs the far side has not answered
+        return out
 
     def remote_subscribe(self, pattern: str, kind: Any) -> None:
         self._subscribe(self.prefix + pattern_to_filter(pattern), True)

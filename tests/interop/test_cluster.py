@@ -639,9 +639,20 @@ def far_nodes(tmp: Path, nats: NatsCluster, port: int, options: str = "",
     return [node(tmp, nats, i, extra=extra, **files) for i in (1, 2)]
 
 
+def transport_row(p: ServeProcess, name: str = "far") -> dict[str, Any]:
+    return dict(next(t for t in admin_get(p.port("http"), "/api/v1/transports")
+                     if t["name"] == name))
+
+
 def transport_state(p: ServeProcess, name: str = "far") -> str:
-    return str(next(t["state"] for t in admin_get(p.port("http"), "/api/v1/transports")
-                    if t["name"] == name))
+    return str(transport_row(p, name)["state"])
+
+
+def far_subscribed(p: ServeProcess) -> bool:
+    """Transport ``far`` is up on ``p`` and the far side has answered its SUBSCRIBEs, so what
+    is published there from now on is imported."""
+    row = transport_row(p)
+    return row["state"] == "up" and row["subscribing"] == 0
 
 
 def holder_and_other(both: list[ServeProcess]) -> tuple[ServeProcess, ServeProcess]:
@@ -649,6 +660,7 @@ def holder_and_other(both: list[ServeProcess]) -> tuple[ServeProcess, ServeProce
     wait_for(lambda: sorted(transport_state(p) for p in both) == ["standby", "up"],
              timeout=30, what="the transport up on one node, on standby on the other")
     holder = next(p for p in both if transport_state(p) == "up")
+    wait_for(lambda: far_subscribed(holder), timeout=30, what="the far side's SUBACKs")
     return holder, next(p for p in both if p is not holder)
 
 
@@ -669,8 +681,8 @@ def test_a_transport_runs_on_one_node_and_moves_when_that_one_dies(tmp_path, nat
             wait_for(lambda: len(consumer.bodies()) >= 10, timeout=30,
                      what="imports on one node consumed on the other")
             holder.kill()  # SIGKILL: its lease expires, the other node takes it
-            wait_for(lambda: transport_state(other) == "up", timeout=60,
-                     what="the transport up on the other node")
+            wait_for(lambda: far_subscribed(other), timeout=60,
+                     what="the transport up and subscribed on the other node")
             then = [f"order {i}".encode() for i in range(10, 20)]
             for body in then:
                 far.publish("orders", body)
@@ -1066,8 +1078,8 @@ def test_a_resend_imported_again_after_a_transport_moved_is_dropped_by_jetstream
             send(far, b"first", "trace-1")
             wait_for(lambda: consumer.bodies() == ["first"], timeout=30, what="the first copy")
             holder.kill()  # the node that imported it dies, its duplicate window with it
-            wait_for(lambda: transport_state(other) == "up", timeout=60,
-                     what="the transport up on the other node")
+            wait_for(lambda: far_subscribed(other), timeout=60,
+                     what="the transport up and subscribed on the other node")
             send(far, b"first", "trace-1")  # the far side's resend: the same trace id
             send(far, b"second", "trace-2")
             wait_for(lambda: "second" in consumer.bodies(), timeout=60, what="the second")

@@ -82,6 +82,13 @@ def info(g: GatewayThread) -> dict[str, Any]:
     return {t["name"]: t for t in g.admin_get("/api/v1/transports")}
 
 
+def subscribed(g: GatewayThread) -> bool:
+    """Transport ``far`` is up and the far side answered every SUBSCRIBE it sent, so what is
+    published there from now on is imported."""
+    far = info(g)["far"]
+    return far["state"] == "up" and far["subscribing"] == 0
+
+
 @pytest.fixture
 def mosq(tmp_path):
     with start_mosquitto(tmp_path / "mosq") as m:
@@ -129,7 +136,7 @@ def test_export_and_import_at_every_qos_and_version(tmp_path, mosq, version, qos
         wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
         g.call(lambda: g.broker.connect().session().consumer(
             Destination.topic("im.>"), listener=got.append))
-        time.sleep(0.2)
+        wait_for(lambda: subscribed(g), what="the far side's SUBACK")
         g.call(lambda: g.broker.connect().session().producer(Destination.topic("ex.q")).send(
             Message(b"out")))
         remote.publish("im/q", b"in", qos=2)
@@ -158,7 +165,7 @@ def test_topic_import_only_while_subscribed_and_marked_imported(tmp_path, mosq):
 
         consumer = g.call(subscribe)
         assert info(g)["far"]["imports"] == {"in.>": ["in.x"]}
-        time.sleep(0.2)  # the far-side SUBSCRIBE is asynchronous
+        wait_for(lambda: subscribed(g), what="the far side's SUBACK")
         remote.publish("in/x", b"42", qos=1, UserProperty=[("k", "v")])
         wait_for(lambda: got, what="the import")
         msg = got[0].msg
@@ -178,7 +185,7 @@ def test_wildcard_queue_import_creates_child_queues_without_receivers(tmp_path, 
     remote = Remote(mosq.port)
     try:
         wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
-        time.sleep(0.2)
+        wait_for(lambda: subscribed(g), what="the far side's SUBACK")
         remote.publish("jobs/a", b"1")
         remote.publish("jobs/b", b"2")
         wait_for(lambda: g.call(lambda: "jobs.a" in g.broker.queues and
@@ -208,7 +215,7 @@ def test_two_gateways_bridged_through_mosquitto_neither_loop_nor_duplicate(tmp_p
             Destination.topic("b.x"), listener=got1.append))
         g2.call(lambda: g2.broker.connect().session().consumer(
             Destination.topic("b.x"), listener=got2.append))
-        time.sleep(0.3)
+        wait_for(lambda: subscribed(g1) and subscribed(g2), what="the far side's SUBACKs")
 
         def send(g: GatewayThread, text: str) -> None:
             g.broker.connect().session().producer(Destination.topic("b.x")).send(
@@ -285,7 +292,7 @@ def test_import_and_export_bound_at_run_time_through_the_admin_api(tmp_path, mos
                .send(Message.text("now")))
         wait_for(lambda: remote.got, what="the export")
         assert remote.got[0].payload == b"now"
-        time.sleep(0.2)
+        wait_for(lambda: subscribed(g), what="the far side's SUBACK")
         remote.publish("inq", b"queued")
         wait_for(lambda: g.call(lambda: "inq" in g.broker.queues and
                                 [m.body for m in g.broker.queues["inq"].iter_pending()]),
@@ -303,7 +310,7 @@ def test_a_burst_read_in_one_go_is_imported_whole_and_in_order(tmp_path, mosq):
     try:
         wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
         wait_for(lambda: info(g)["far"]["imports"], what="the far-side subscription")
-        time.sleep(0.2)
+        wait_for(lambda: subscribed(g), what="the far side's SUBACK")
         infos = [remote.c.publish("burst", b"%04d" % i, qos=0) for i in range(300)]
         for i in infos:
             i.wait_for_publish(5)
@@ -357,7 +364,7 @@ def test_mqtts_to_another_gateway_both_ways(tmp_path):
         wait_for(lambda: info(g)["far"]["exported"] == 50, what="the PUBACKs over TLS")
         t = g.gateway.transports.transports["far"]  # type: ignore[union-attr]
         assert t.wire.transport.get_extra_info("sslcontext") is not None  # TLS
-        time.sleep(0.2)  # the far-side SUBSCRIBE is asynchronous
+        wait_for(lambda: subscribed(g), what="the far side's SUBACK")
         far.call(lambda: send(far, "tls.in", 50))
         wait_for(lambda: len(got) == 50, what="the imports over TLS")
         assert [d.msg.body for d in got] == [f"m{i}" for i in range(50)]

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from cluster.feeds import Feed
-from gateway.message import Destination, Message
+from gateway.message import DeliveryMode, Destination, Message
 from gateway.serial import encode_message
 
 
@@ -82,3 +82,27 @@ def test_the_durables_index_answers_by_pattern_and_forgets_what_ends():
     assert not index.wants("plant.line1.temp") and index.wants("plant.line9")
     index.changed("s-3", b"not json")  # unreadable: left out
     assert set(index.patterns) == {"s-1"}
+
+
+def test_a_queue_s_messages_are_confirmed_until_jetstream_has_its_stream():
+    """Sent before JetStream said the queue's stream is there (another node making it, or
+    JetStream slow to answer), a message is confirmed, and so sent again until it is kept;
+    after, a non-persistent one to a queue without limits goes unconfirmed."""
+    from cluster.feeds import QueueFeed
+
+    published: list[bool] = []
+    sent: list[tuple[Any, ...]] = []
+    feeds = SimpleNamespace(
+        queue_prefix="gw.t.q.", queue_stream=lambda name: "GW_t_Q_" + name, pulls="pulls",
+        stats={"queued": 0}, send=sent.append,
+        publish=lambda subject, msg, confirm: published.append(confirm))
+    f = QueueFeed(feeds, "orders")  # type: ignore[arg-type]
+    msg = Message.text("order 0", destination=Destination.queue("orders"),
+                       delivery_mode=DeliveryMode.NON_PERSISTENT)
+    f.enqueue(msg)
+    f.enqueue(msg)
+    assert sent == [("stream", f)]  # asked once
+    assert published == [True, True]
+    f.stream_made = True  # JetStream answered
+    f.enqueue(msg)
+    assert published == [True, True, False]
