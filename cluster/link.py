@@ -354,8 +354,7 @@ class ClusterLink:
         node = raw.decode(errors="replace")
         if node == self.node_id:
             return None  # a claim this node left behind (it has no such connection now)
-        up = {row["node_id"] for row in self.nodes() if row.get("up")}
-        return node if node in up else None
+        return node if node in self.up_nodes() else None
 
     # -- shared records (cluster.records) -------------------------------------------------
 
@@ -398,9 +397,8 @@ class ClusterLink:
         in-flight exchanges included, to the shared records and lets go of it; its answer
         is that state. None when ``node`` is not up, or did not answer within
         :data:`HANDOVER_WAIT`, or holds no such session."""
-        up = {row["node_id"] for row in self.nodes() if row.get("up")}
         nc = self.nc
-        if node not in up or node == self.node_id or nc is None or not nc.is_connected:
+        if node not in self.up_nodes() or node == self.node_id or nc is None or not nc.is_connected:
             return None
         body = json.dumps({"protocol": protocol, "client_id": client_id,
                            "to": self.node_id}).encode()
@@ -602,6 +600,10 @@ class ClusterLink:
         """Every node of the cluster as heard (``GET /api/v1/cluster``, ``/metrics``)."""
         return self.members.rows() if self.members is not None else []
 
+    def up_nodes(self) -> set[str]:
+        """The ids of the nodes heard to be up (this one among them)."""
+        return {row["node_id"] for row in self.nodes() if row.get("up")}
+
     # -- views of every node, and actions on every node ---------------------------------
 
     async def _asked(self, nmsg: Msg) -> None:
@@ -636,7 +638,7 @@ class ClusterLink:
 
     async def _ask_all(self, what: str, payload: bytes, local: Any) -> dict[str, Any]:
         out: dict[str, Any] = {self.node_id: local}
-        others = {row["node_id"] for row in self.nodes() if row.get("up")} - {self.node_id}
+        others = self.up_nodes() - {self.node_id}
         nc = self.nc
         if not others or nc is None:
             return out

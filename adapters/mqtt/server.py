@@ -193,12 +193,8 @@ class MqttServer:
         there: its connection here, if any, is taken over ([MQTT-3.1.4-3]), its state
         written to the shared records for ``node`` and given as the answer, and the session
         let go of (None: this node holds no persistent session of ``cid``)."""
-        session = self.sessions.get(cid)
-        if session is not None and session.conn is not None:
-            session.conn.disconnect(ReasonCode.SESSION_TAKEN_OVER,
-                                    "session taken over on another node")
-            session = self.sessions.get(cid)  # a persistent one outlives its connection
-        if session is None or session.conn is not None:
+        session = self._taken_over(cid)
+        if session is None:
             return None
         record = session.handover_record(node)
         self.broker.share_record(SESSION_NS, cid, record)
@@ -473,13 +469,20 @@ class MqttServer:
     def take_over(self, client_id: str) -> None:
         """The client ``client_id`` connected to another node of the cluster: its
         connection here, if any, is taken over as by a CONNECT here ([MQTT-3.1.4-3])."""
-        session = self.sessions.get(client_id)
+        session = self._taken_over(client_id)
+        if session is not None:
+            self.release(session)
+
+    def _taken_over(self, cid: str) -> MqttSession | None:
+        """Disconnect the client ``cid`` connected here, if it is, as a CONNECT on another
+        node takes it over; its persistent session, which outlives the connection (None if
+        there is none)."""
+        session = self.sessions.get(cid)
         if session is not None and session.conn is not None:
             session.conn.disconnect(ReasonCode.SESSION_TAKEN_OVER,
                                     "session taken over on another node")
-        session = self.sessions.get(client_id)  # a persistent one outlives its connection
-        if session is not None and session.conn is None:
-            self.release(session)
+            session = self.sessions.get(cid)
+        return session if session is not None and session.conn is None else None
 
     def close(self) -> None:
         for conn in list(self.connections):
