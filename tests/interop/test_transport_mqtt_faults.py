@@ -18,7 +18,7 @@ from faultproxy import toxiproxy_fixture  # noqa: F401
 from gw import GatewayThread
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from peers.mosquitto import free_port, start_mosquitto
-from test_transport_mqtt import Remote, gateway, info, wait_for
+from test_transport_mqtt import Remote, gateway, info, subscribed, wait_for
 
 from gateway.message import DeliveryMode, Destination, Message
 
@@ -206,8 +206,7 @@ def test_imports_survive_a_cut_link_exactly_once_at_qos_2(tmp_path, toxiproxy):
                                    queue_import_dm="PERSISTENT", clean_start="false")
         far = Remote(mosq.port)
         try:
-            wait_for(lambda: info(g)["far"]["state"] == "up", what="transport up")
-            time.sleep(0.3)
+            wait_for(lambda: subscribed(g), what="the far side's SUBACK")
             for i in range(N // 2):
                 far.publish("in/q", f"m{i:04d}".encode(), qos=2)
             proxy.disable()  # the link is cut; mosquitto keeps the session's messages
