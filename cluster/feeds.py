@@ -761,14 +761,12 @@ class QueueFeed(Feed):
         """A producer's message to the queue (``Broker.publish``)."""
         feeds = self.feeds
         feeds.stats["queued"] += 1
-        if self.stream_made:
-            return feeds.publish(self.subject, msg, confirm=self.limited)
-        if not self.stream_asked:  # (NATS was out of reach, or JetStream slow to answer):
-            self.ask_stream()      # asked again, first
+        if not self.stream_made and not self.stream_asked:  # (NATS was out of reach, or
+            self.ask_stream()                                # JetStream slow): asked again
         # Until JetStream has said the stream is there, every message is confirmed, so one
         # sent before the stream is (made by another node meanwhile, or JetStream slow to
         # make it) is sent again until it is kept, not lost.
-        return feeds.publish(self.subject, msg, confirm=True)
+        return feeds.publish(self.subject, msg, confirm=self.limited or not self.stream_made)
 
     def dropped(self) -> None:  # a queue is never dropped by its feed's endpoint
         pass
