@@ -121,14 +121,18 @@ def test_mqtt_messages_reach_subscribers_on_every_node_once_in_order(nodes):
         for c in (local, remote2, remote3):
             assert c.payloads(b"m") == sent  # once each, in order
         # each node's delivery log is written under its node id (its writer flushes in
-        # batches: wait for the first file)
+        # batches: wait for the first file's first whole record)
         for i, p in enumerate(nodes, start=1):
             logs = p.config_dir / "data" / "delivery-log"
-            wait_for(lambda logs=logs: list(logs.glob("dlog-*.jsonl")), timeout=30,
-                     what="a delivery log file")
+
+            def first_line(logs: Path = logs) -> str | None:
+                files = sorted(logs.glob("dlog-*.jsonl"))
+                text = files[0].read_text() if files else ""
+                return text.split("\n", 1)[0] if "\n" in text else None
+
+            first = json.loads(wait_for(first_line, timeout=30, what="a delivery log record"))
             files = sorted(logs.glob("dlog-*.jsonl"))
             assert all(f.name.startswith(f"dlog-t_n{i}-") for f in files)
-            first = json.loads(files[0].read_text().splitlines()[0])
             assert first["gw"] == f"t/n{i}"  # the cluster, and the node
     finally:
         for c in (publisher, local, remote2, remote3):

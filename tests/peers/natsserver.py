@@ -34,6 +34,7 @@ from peers.mosquitto import (
 
 START_TIMEOUT = 30.0  # a JetStream cluster elects its meta leader within seconds; CI is slow
 HOST = "127.0.0.1"
+START_ATTEMPTS = 3  # starts on fresh ports when one picked free was taken meanwhile
 
 
 class NatsServer:
@@ -133,18 +134,34 @@ class NatsCluster:
 @contextlib.contextmanager
 def start_nats_cluster(workdir: Path, nodes: int = 3,
                        cluster: str = "gwtest") -> Iterator[NatsCluster]:
-    """Run ``nodes`` NATS servers (JetStream, one cluster) on loopback; stop them at the end."""
+    """Run ``nodes`` NATS servers (JetStream, one cluster) on loopback; stop them at the end.
+
+    A port picked free may be taken before its server binds it (by an outgoing connection's
+    ephemeral port, the servers' own routes among them): the cluster is then started again
+    on other ports, at most :data:`START_ATTEMPTS` times."""
     find_command("nats-server")
-    workdir.mkdir(parents=True, exist_ok=True)
-    servers = [NatsServer(f"n{i + 1}", workdir, free_port(HOST), free_port(HOST),
-                          free_port(HOST)) for i in range(nodes)]
-    for s in servers:
-        s.write_config(cluster, [o.route_port for o in servers if o is not s])
-    group = NatsCluster(servers)
-    try:
+    for attempt in range(START_ATTEMPTS):
+        where = workdir if attempt == 0 else workdir / f"again-{attempt}"
+        where.mkdir(parents=True, exist_ok=True)
+        servers = [NatsServer(f"n{i + 1}", where, free_port(HOST), free_port(HOST),
+                              free_port(HOST)) for i in range(nodes)]
         for s in servers:
-            s.start()
-        group.wait_ready()
-        yield group
-    finally:
-        group.stop()
+            s.write_config(cluster, [o.route_port for o in servers if o is not s])
+        group = NatsCluster(servers)
+        try:
+            for s in servers:
+                s.start()
+            group.wait_ready()
+        except PeerFailedToStart as exc:
+            group.stop()
+            if "address already in use" in str(exc) and attempt + 1 < START_ATTEMPTS:
+                continue
+            raise
+        except BaseException:
+            group.stop()
+            raise
+        try:
+            yield group
+        finally:
+            group.stop()
+        return
